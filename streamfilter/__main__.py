@@ -1,0 +1,5 @@
+import sys
+
+from streamfilter.cli import main
+
+sys.exit(main())

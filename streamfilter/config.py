@@ -1,0 +1,246 @@
+"""Configuration: one TOML file, validated by pydantic-settings, ``STREAMFILTER_*`` env overrides.
+
+Environment variables override the file, with ``__`` between section and key, e.g.
+``STREAMFILTER_PRIVACY__RHO=0.25`` or ``STREAMFILTER_SINK__PATH=/data/releases.jsonl``. Relative
+paths in the file are resolved against the file's directory. Errors name the key and the
+problem (``ConfigError``).
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from streamfilter.engine.params import PrivacyParams
+
+__all__ = ["ConfigError", "Settings", "load_config", "parse_duration"]
+
+
+class ConfigError(ValueError):
+    """A configuration problem; the message names the key."""
+
+
+_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
+
+
+def parse_duration(value: str | float | int) -> float:
+    """``"2h"``, ``"10m"``, ``"30s"``, ``"250ms"`` or a number of seconds → seconds."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        if value < 0:
+            raise ValueError("a duration must not be negative")
+        return float(value)
+    if not isinstance(value, str):
+        raise ValueError("a duration is a string like '2h', '10m', '30s' or a number of seconds")
+    m = _DURATION_RE.match(value)
+    if not m:
+        raise ValueError("a duration is a string like '2h', '10m', '30s' or a number of seconds")
+    return float(m.group(1)) * _UNIT_SECONDS[m.group(2)]
+
+
+Seconds = Annotated[float, Field(ge=0)]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class PrivacySection(_Section):
+    b_norm: float = Field(4.0, gt=0, allow_inf_nan=False)
+    rho: float | None = Field(None, gt=0, allow_inf_nan=False)
+    epsilon: float | None = Field(None, gt=0, allow_inf_nan=False)
+    delta: float | None = Field(None, gt=0, lt=1)
+    granularity: float = Field(2.0**-10, gt=0, allow_inf_nan=False)
+    exhaustion: Literal["skip", "retire", "clip"] = "skip"
+    mechanism: Literal["discrete_gaussian", "gaussian"] = "discrete_gaussian"
+
+    @model_validator(mode="after")
+    def _rho_or_epsilon(self) -> PrivacySection:
+        if self.rho is not None and self.epsilon is not None:
+            raise ValueError("give either rho or epsilon (with delta), not both")
+        if self.rho is None and (self.epsilon is None or self.delta is None):
+            raise ValueError("give rho, or epsilon and delta")
+        return self
+
+
+class WindowSection(_Section):
+    allowed_lateness: Seconds = 7200.0
+    idle_timeout: Seconds = 600.0
+    poll_interval: Seconds = 0.5
+
+    @field_validator("allowed_lateness", "idle_timeout", "poll_interval", mode="before")
+    @classmethod
+    def _duration(cls, v: Any) -> float:
+        return parse_duration(v)
+
+
+class SyntheticSection(_Section):
+    users: int = Field(100_000, ge=1, le=50_000_000)
+    days: int = Field(60, ge=1, le=10_000)
+    start_day: str = "2026-01-01"
+    p_active: float = Field(0.1, gt=0, le=1)
+    seed: int = 0
+
+
+class SourceSection(_Section):
+    kind: Literal["file", "synthetic", "kafka"] = "file"
+    path: Path | None = None
+    topic: str | None = None
+    synthetic: SyntheticSection = SyntheticSection()
+
+    @model_validator(mode="after")
+    def _needs(self) -> SourceSection:
+        if self.kind == "file" and self.path is None:
+            raise ValueError("source.kind = 'file' needs source.path")
+        if self.kind == "kafka" and not self.topic:
+            raise ValueError("source.kind = 'kafka' needs source.topic")
+        return self
+
+
+class QueriesSection(_Section):
+    kind: Literal["file", "kafka", "policy", "none"] = "file"
+    path: Path | None = None
+    policy: str | None = Field(None, description="'module:function' for kind = 'policy'")
+    topic: str | None = None
+
+    @model_validator(mode="after")
+    def _needs(self) -> QueriesSection:
+        if self.kind == "file" and self.path is None:
+            raise ValueError("queries.kind = 'file' needs queries.path")
+        if self.kind == "policy":
+            spec = self.policy or (str(self.path) if self.path else None)
+            if not spec or ":" not in spec:
+                raise ValueError("queries.kind = 'policy' needs queries.policy = 'module:function'")
+            self.policy = spec
+        return self
+
+
+class SinkSection(_Section):
+    kind: Literal["file", "stdout", "kafka"] = "file"
+    path: Path | None = None
+    topic: str | None = None
+
+    @model_validator(mode="after")
+    def _needs(self) -> SinkSection:
+        if self.kind == "file" and self.path is None:
+            raise ValueError("sink.kind = 'file' needs sink.path")
+        return self
+
+
+class RejectsSection(_Section):
+    kind: Literal["file", "stdout", "kafka"] = "file"
+    path: Path | None = None  # default: rejects.jsonl beside the releases
+    topic: str | None = None
+
+
+class StateSection(_Section):
+    path: Path = Path("state.db")
+
+
+class MetricsSection(_Section):
+    enabled: bool = False
+    host: str = "127.0.0.1"
+    port: int = Field(9464, ge=0, le=65535)
+    trusted_operator_metrics: bool = False
+
+
+class TestingSection(_Section):
+    """Reproducible noise for tests only; ``run`` refuses it without ``--testing``."""
+
+    noise_seed: int | None = None
+
+
+class Settings(BaseSettings):
+    """The whole configuration (DESIGN.md §3 "Config")."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="STREAMFILTER_", env_nested_delimiter="__", extra="forbid"
+    )
+
+    privacy: PrivacySection
+    window: WindowSection = WindowSection()
+    source: SourceSection = SourceSection(kind="synthetic")
+    queries: QueriesSection = QueriesSection(kind="none")
+    sink: SinkSection = SinkSection(kind="stdout")
+    rejects: RejectsSection = RejectsSection()
+    state: StateSection = StateSection()
+    metrics: MetricsSection = MetricsSection()
+    testing: TestingSection = TestingSection()
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # environment overrides the file (the file arrives as init kwargs)
+        return (env_settings, init_settings)
+
+    def privacy_params(self) -> PrivacyParams:
+        p = self.privacy
+        try:
+            return PrivacyParams.create(
+                b_norm=p.b_norm,
+                rho=p.rho,
+                epsilon=p.epsilon,
+                delta=p.delta,
+                granularity=p.granularity,
+                exhaustion=p.exhaustion,
+                mechanism=p.mechanism,
+            )
+        except ValueError as exc:
+            raise ConfigError(f"[privacy]: {exc}") from None
+
+    def rejects_path(self) -> Path:
+        if self.rejects.path is not None:
+            return self.rejects.path
+        base = self.sink.path.parent if self.sink.path is not None else self.state.path.parent
+        return base / "rejects.jsonl"
+
+
+def _resolve_paths(data: dict[str, Any], base: Path) -> None:
+    for section in ("source", "queries", "sink", "rejects", "state"):
+        sec = data.get(section)
+        if isinstance(sec, dict) and isinstance(sec.get("path"), str):
+            p = Path(sec["path"])
+            if section == "queries" and sec.get("kind") == "policy":
+                continue
+            sec["path"] = str(p if p.is_absolute() else base / p)
+
+
+def _format_errors(exc: ValidationError) -> str:
+    lines = []
+    for err in exc.errors():
+        key = ".".join(str(p) for p in err["loc"]) or "config"
+        lines.append(f"{key}: {err['msg']}")
+    return "invalid configuration:\n  " + "\n  ".join(lines)
+
+
+def load_config(path: str | Path | None = None, **overrides: Any) -> Settings:
+    """Read and validate a TOML config (``None``: defaults + env only)."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        path = Path(path)
+        try:
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ConfigError(f"config file not found: {path}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+        _resolve_paths(data, path.resolve().parent)
+    for key, value in overrides.items():
+        data.setdefault(key, {}).update(value)
+    try:
+        settings = Settings(**data)
+    except ValidationError as exc:
+        raise ConfigError(_format_errors(exc)) from None
+    settings.privacy_params()  # derived checks (lattice, overflow) name [privacy]
+    return settings

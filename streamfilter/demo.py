@@ -1,0 +1,109 @@
+"""``streamfilter demo``: the main job on the embedded default.
+
+A synthetic sparse-monitoring stream (each user active on a day with a small probability) runs
+through the real daemon path — synthetic source, adaptive policy, SQLite state, file sink — and
+the releases are printed as a table with their 95% error bars, under the guarantee.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+from streamfilter.config import load_config
+from streamfilter.runtime.app import build_daemon
+
+DEMO_CONFIG = """\
+# streamfilter demo: written by `streamfilter demo`
+[privacy]
+b_norm = 8.0
+rho = 0.5
+granularity = 0.0009765625
+exhaustion = "skip"
+mechanism = "discrete_gaussian"
+
+[source]
+kind = "synthetic"
+[source.synthetic]
+users = {users}
+days = {days}
+start_day = "2026-01-01"
+p_active = {p_active}
+seed = 7
+
+[queries]
+kind = "policy"
+policy = "streamfilter.policies:drill_down"
+
+[sink]
+kind = "file"
+path = "releases.jsonl"
+
+[state]
+path = "state.db"
+"""
+
+
+def run_demo(out_dir: Path, users: int, days: int, p_active: float) -> int:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    cfg = out_dir / "streamfilter.toml"
+    cfg.write_text(DEMO_CONFIG.format(users=users, days=days, p_active=p_active))
+    settings = load_config(cfg)
+    params = settings.privacy_params()
+    g = params.guarantee()
+    started = time.perf_counter()
+    parts = build_daemon(settings, follow=False)
+    try:
+        summary = parts.daemon.run(until_end=True)
+    finally:
+        parts.close()
+    elapsed = time.perf_counter() - started
+
+    rows: dict[str, dict[str, dict[str, object]]] = defaultdict(dict)
+    for line in (out_dir / "releases.jsonl").read_text().splitlines():
+        rel = json.loads(line)
+        rows[rel["day"]][rel["query_id"]] = rel
+    w = sys.stdout.write
+    w(
+        f"streamfilter demo — {users:,} synthetic users, {days} days, "
+        f"~{p_active:.0%} base daily activity\n"
+        f"guarantee: {g.rho:g}-zCDP per user for the whole run (any number of queries); "
+        f"({g.epsilon:.3f}, {g.delta:g})-DP by {g.method}\n"
+        f"noise: {params.mechanism}, σ = {params.sigma_released:.3f} per coordinate, "
+        f"95% half-width ±{params.ci95_halfwidth:.2f}; per-user budget B_norm = {params.b_norm:g}\n"
+        f"queries: active (sum), plans (histogram free/pro/team), hours (linear, minutes/60), "
+        f"focus (adaptive: next day's count of yesterday's top plan)\n\n"
+    )
+    w(f"{'day':<11} {'active':>9} {'free':>9} {'pro':>9} {'team':>9} {'hours':>9}  focus\n")
+
+    def cell(rel: dict[str, object] | None, i: int = 0) -> str:
+        if rel is None:
+            return f"{'-':>9}"
+        value = rel["value"]
+        assert isinstance(value, list)
+        return f"{value[i]:>9.1f}"
+
+    for day in sorted(rows):
+        r = rows[day]
+        focus = next((v for k, v in r.items() if k.startswith("focus-")), None)
+        focus_txt = ""
+        if focus is not None:
+            labels, value = focus["labels"], focus["value"]
+            assert isinstance(labels, list) and isinstance(value, list)
+            focus_txt = f"{labels[0]} {value[0]:.1f}"
+        w(
+            f"{day:<11} {cell(r.get('active'))} {cell(r.get('plans'), 0)} {cell(r.get('plans'), 1)} "
+            f"{cell(r.get('plans'), 2)} {cell(r.get('hours'))}  {focus_txt}\n"
+        )
+    s = summary.as_dict()
+    w(
+        f"\nevery value ± {params.ci95_halfwidth:.2f} (95%); answers cover the active set (users "
+        f"whose budget still admits the query)\n"
+        f"{s['records_read']:,} events read, {s['rejected']} rejected, {s['days_closed']} days "
+        f"closed, {s['releases_published']} releases in {elapsed:.1f}s\n"
+        f"output: {out_dir / 'releases.jsonl'} (state {out_dir / 'state.db'})\n"
+    )
+    return 0

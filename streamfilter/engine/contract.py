@@ -1,0 +1,336 @@
+"""The public data contract: events, queries and releases (DESIGN.md §3).
+
+Events are validated by a hand-written fast path (``parse_event``): it is on the hot path (every
+input line) and must reject bad input with a *reason* and never a quoted value. ``EventModel`` is
+the same contract as a pydantic model (JSON schema, documentation; a test checks they agree).
+Queries are rare and validated with pydantic (``parse_query``).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+import re
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
+
+__all__ = [
+    "MAX_ABS_VALUE",
+    "MAX_EVENT_BYTES",
+    "Event",
+    "EventModel",
+    "Query",
+    "Reject",
+    "Release",
+    "parse_event",
+    "parse_query",
+]
+
+MAX_EVENT_BYTES = 65_536
+MAX_ID_CHARS = 256
+MAX_FEATURES_PER_EVENT = 256
+MAX_FEATURE_CHARS = 128
+MAX_STRING_VALUE_CHARS = 256
+#: numbers beyond this magnitude are rejected as overflowing (sums of many stay finite in float64)
+MAX_ABS_VALUE = 1e12
+MAX_QUERY_DIM = 4096
+_DAY_RE = re.compile(r"\d{4}-\d{2}-\d{2}")
+_EVENT_KEYS = frozenset({"user_id", "day", "values", "event_id"})
+
+
+class Reject(ValueError):
+    """A record refused before it reaches the accounting. ``reason`` is a stable short code;
+    ``detail`` names the field and the problem but never quotes the offending value."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """A validated event. ``values`` maps feature → finite float or category string."""
+
+    user_id: str
+    day: str
+    values: dict[str, float | str]
+    event_id: str | None = None
+
+
+def _parse_day(value: Any, field: str) -> str:
+    if not isinstance(value, str) or not _DAY_RE.fullmatch(value):
+        raise Reject("invalid_day", f"{field} must be an ISO date YYYY-MM-DD")
+    try:
+        dt.date.fromisoformat(value)
+    except ValueError:
+        raise Reject("invalid_day", f"{field} is not a valid calendar date") from None
+    return value
+
+
+def _check_id(value: Any, field: str, reason: str) -> str:
+    if not isinstance(value, str):
+        raise Reject(reason, f"{field} must be a string")
+    if not value or len(value) > MAX_ID_CHARS:
+        raise Reject(reason, f"{field} must have 1 to {MAX_ID_CHARS} characters")
+    return value
+
+
+def parse_event(raw: bytes | str | dict[str, Any]) -> Event:
+    """Validate one event (a JSON line, or an already-decoded dict); raise ``Reject``."""
+    if isinstance(raw, dict):
+        obj: Any = raw
+    else:
+        if len(raw) > MAX_EVENT_BYTES:
+            raise Reject("oversized", f"event exceeds {MAX_EVENT_BYTES} bytes")
+        try:
+            obj = json.loads(raw, parse_constant=_refuse_constant)
+        except Reject:
+            raise
+        except (ValueError, UnicodeDecodeError, RecursionError):
+            raise Reject("malformed_json", "not valid UTF-8 JSON") from None
+    if not isinstance(obj, dict):
+        raise Reject("not_an_object", "an event must be a JSON object")
+    extra = obj.keys() - _EVENT_KEYS
+    if extra:
+        raise Reject("unknown_field", "unknown field(s): " + ", ".join(sorted(map(str, extra))[:5]))
+    for key in ("user_id", "day", "values"):
+        if key not in obj:
+            raise Reject("missing_field", f"missing required field {key}")
+    user_id = _check_id(obj["user_id"], "user_id", "invalid_user_id")
+    day = _parse_day(obj["day"], "day")
+    event_id = obj.get("event_id")
+    if event_id is not None:
+        event_id = _check_id(event_id, "event_id", "invalid_event_id")
+    values = obj["values"]
+    if not isinstance(values, dict):
+        raise Reject("invalid_values", "values must be an object")
+    if len(values) > MAX_FEATURES_PER_EVENT:
+        raise Reject("invalid_values", f"values has more than {MAX_FEATURES_PER_EVENT} features")
+    clean: dict[str, float | str] = {}
+    for name, v in values.items():
+        if not name or len(name) > MAX_FEATURE_CHARS or "=" in name:
+            raise Reject(
+                "invalid_values",
+                f"feature names must have 1 to {MAX_FEATURE_CHARS} characters and no '='",
+            )
+        if isinstance(v, bool) or v is None:
+            raise Reject("invalid_values", f"values.{name} must be a number or a string")
+        if isinstance(v, int | float):
+            fv = float(v) if abs(v) <= MAX_ABS_VALUE else math.inf
+            if not math.isfinite(fv):
+                raise Reject("invalid_number", f"values.{name} must be finite, |x| ≤ {MAX_ABS_VALUE:g}")
+            clean[name] = fv
+        elif isinstance(v, str):
+            if len(v) > MAX_STRING_VALUE_CHARS:
+                raise Reject("invalid_values", f"values.{name} is longer than {MAX_STRING_VALUE_CHARS}")
+            clean[name] = v
+        else:
+            raise Reject("invalid_values", f"values.{name} must be a number or a string")
+    return Event(user_id=user_id, day=day, values=clean, event_id=event_id)
+
+
+def _refuse_constant(name: str) -> Any:
+    raise Reject("invalid_number", "NaN and Infinity are not valid JSON numbers")
+
+
+# --------------------------------------------------------------------------- pydantic schema
+
+FiniteFloat = Annotated[float, Field(allow_inf_nan=False, ge=-MAX_ABS_VALUE, le=MAX_ABS_VALUE)]
+Identifier = Annotated[str, Field(min_length=1, max_length=MAX_ID_CHARS)]
+FeatureName = Annotated[str, Field(min_length=1, max_length=MAX_FEATURE_CHARS, pattern=r"^[^=]+$")]
+
+
+class EventModel(BaseModel):
+    """The event contract as a pydantic model (schema and docs; ``parse_event`` is the fast path)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    user_id: Identifier
+    day: dt.date
+    values: dict[FeatureName, FiniteFloat | Annotated[str, Field(max_length=256)]]
+    event_id: Identifier | None = None
+
+
+class _QueryBase(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    query_id: Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:\-]+$")]
+    clip: Annotated[float, Field(gt=0, allow_inf_nan=False)]
+    from_day: dt.date
+    until_day: dt.date | None = None
+
+    @model_validator(mode="after")
+    def _check_days(self) -> _QueryBase:
+        if self.until_day is not None and self.until_day < self.from_day:
+            raise ValueError("until_day must not be before from_day")
+        return self
+
+    def applies_to(self, day: str) -> bool:
+        d = dt.date.fromisoformat(day)
+        return self.from_day <= d and (self.until_day is None or d <= self.until_day)
+
+    # coordinates (record columns) read by the query and the (k × d) weight matrix
+    def coordinates(self) -> list[str]:
+        raise NotImplementedError
+
+    def weights(self) -> np.ndarray:
+        raise NotImplementedError
+
+    def labels(self) -> list[str]:
+        raise NotImplementedError
+
+    def canonical_json(self) -> str:
+        return json.dumps(self.model_dump(mode="json", exclude_none=True), sort_keys=True)
+
+
+class SumQuery(_QueryBase):
+    kind: Literal["sum"]
+    features: Annotated[list[FeatureName], Field(min_length=1, max_length=MAX_QUERY_DIM)]
+
+    @model_validator(mode="after")
+    def _unique(self) -> SumQuery:
+        if len(set(self.features)) != len(self.features):
+            raise ValueError("features must be unique")
+        return self
+
+    def coordinates(self) -> list[str]:
+        return list(self.features)
+
+    def weights(self) -> np.ndarray:
+        return np.eye(len(self.features))
+
+    def labels(self) -> list[str]:
+        return list(self.features)
+
+
+class HistogramQuery(_QueryBase):
+    kind: Literal["histogram"]
+    feature: FeatureName
+    categories: Annotated[
+        list[Annotated[str, Field(max_length=256)]], Field(min_length=1, max_length=MAX_QUERY_DIM)
+    ]
+
+    @model_validator(mode="after")
+    def _unique(self) -> HistogramQuery:
+        if len(set(self.categories)) != len(self.categories):
+            raise ValueError("categories must be unique")
+        return self
+
+    def coordinates(self) -> list[str]:
+        return [f"{self.feature}={c}" for c in self.categories]
+
+    def weights(self) -> np.ndarray:
+        return np.eye(len(self.categories))
+
+    def labels(self) -> list[str]:
+        return list(self.categories)
+
+
+class LinearQuery(_QueryBase):
+    """``weights`` maps a coordinate (a numeric feature ``f`` or a category ``f=v``) to a row of d
+    weights; the user's vector is ``Σ_coord record[coord]·weights[coord]``."""
+
+    kind: Literal["linear"]
+    weights_: Annotated[
+        dict[
+            Annotated[str, Field(min_length=1, max_length=400)],
+            Annotated[list[FiniteFloat], Field(min_length=1, max_length=MAX_QUERY_DIM)],
+        ],
+        Field(alias="weights", min_length=1, max_length=MAX_QUERY_DIM),
+    ]
+    output_labels: list[Annotated[str, Field(max_length=128)]] | None = Field(
+        default=None, alias="labels"
+    )
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    @model_validator(mode="after")
+    def _same_dim(self) -> LinearQuery:
+        dims = {len(v) for v in self.weights_.values()}
+        if len(dims) != 1:
+            raise ValueError("every weights row must have the same length d")
+        if self.output_labels is not None and len(self.output_labels) != dims.pop():
+            raise ValueError("labels must have length d")
+        return self
+
+    def coordinates(self) -> list[str]:
+        return list(self.weights_)
+
+    def weights(self) -> np.ndarray:
+        return np.array(list(self.weights_.values()), dtype=np.float64)
+
+    def labels(self) -> list[str]:
+        d = len(next(iter(self.weights_.values())))
+        return list(self.output_labels) if self.output_labels else [f"{i}" for i in range(d)]
+
+    def canonical_json(self) -> str:
+        return json.dumps(
+            self.model_dump(mode="json", exclude_none=True, by_alias=True), sort_keys=True
+        )
+
+
+Query = Annotated[SumQuery | HistogramQuery | LinearQuery, Field(discriminator="kind")]
+_QUERY_ADAPTER: TypeAdapter[SumQuery | HistogramQuery | LinearQuery] = TypeAdapter(Query)
+
+
+def parse_query(raw: bytes | str | dict[str, Any]) -> SumQuery | HistogramQuery | LinearQuery:
+    """Validate one query; raise ``Reject`` with reason ``unknown_query_kind`` or ``invalid_query``."""
+    if isinstance(raw, dict):
+        obj: Any = raw
+    else:
+        try:
+            obj = json.loads(raw, parse_constant=_refuse_constant)
+        except Reject:
+            raise
+        except (ValueError, UnicodeDecodeError, RecursionError):
+            raise Reject("malformed_json", "not valid UTF-8 JSON") from None
+    if not isinstance(obj, dict):
+        raise Reject("not_an_object", "a query must be a JSON object")
+    if obj.get("kind") not in ("sum", "histogram", "linear"):
+        raise Reject("unknown_query_kind", "kind must be one of sum, histogram, linear")
+    try:
+        return _QUERY_ADAPTER.validate_python(obj)
+    except ValidationError as exc:
+        fields = sorted({".".join(str(p) for p in e["loc"][1:]) or "query" for e in exc.errors()})
+        msgs = sorted({e["msg"] for e in exc.errors()})
+        raise Reject("invalid_query", f"invalid {', '.join(fields)}: {'; '.join(msgs)}") from None
+
+
+# --------------------------------------------------------------------------- releases
+
+
+@dataclass(frozen=True)
+class Release:
+    """One noisy answer for one (day, query). ``value``/``ci95`` are in data units, length d."""
+
+    day: str
+    query_id: str
+    labels: list[str]
+    value: list[float]
+    sigma: float
+    ci95: list[float]
+    mechanism: str
+    granularity: float
+
+    def to_json(self) -> str:
+        """The exact bytes that leave the process (key order fixed by the contract)."""
+        return json.dumps(
+            {
+                "day": self.day,
+                "query_id": self.query_id,
+                "labels": self.labels,
+                "value": self.value,
+                "sigma": self.sigma,
+                "ci95": self.ci95,
+                "mechanism": self.mechanism,
+                "granularity": self.granularity,
+            },
+            allow_nan=False,
+        )
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> Release:
+        obj = json.loads(text)
+        return cls(**obj)

@@ -1,0 +1,123 @@
+"""The pure day step: records + queries + ledger state → releases and debits (no I/O).
+
+``close_day`` runs Algorithm 3 for one day: the day's queries in registration order, each user's
+contribution admitted by the individual filter against their running budget, the exact integer
+sum of admitted contributions, and one batch of ``d`` noise draws per query (the batch size is
+fixed by the query, never by the data: DESIGN.md §6). Nothing is mutated: the caller commits the
+returned :class:`DayOutcome` (state store first, then the in-memory ledger).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from streamfilter.engine.contract import Release
+from streamfilter.engine.ledger import BudgetLedger
+from streamfilter.engine.params import PrivacyParams
+from streamfilter.engine.queries import AnyQuery
+from streamfilter.engine.records import DayRecords
+from streamfilter.privacy.individual import filter_contributions
+from streamfilter.privacy.noise import RandomBits, discrete_gaussian, gaussian
+
+__all__ = ["DayOutcome", "ExactDayStats", "close_day", "noisy_release"]
+
+
+@dataclass(frozen=True)
+class ExactDayStats:
+    """Exact, data-dependent counts of one day. SENSITIVE: never released or exported unless the
+    operator opted into ``trusted_operator_metrics`` (DESIGN.md §6.9)."""
+
+    users_with_records: int
+    admitted_per_query: dict[str, int] = field(default_factory=dict)
+    refused_per_query: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class DayOutcome:
+    """Everything one closed day changes; committed atomically by the caller."""
+
+    day: str
+    releases: list[Release]
+    changed_users: np.ndarray
+    spent_units: np.ndarray
+    retired: np.ndarray
+    exact_stats: ExactDayStats
+
+
+def noisy_release(
+    day: str,
+    query: AnyQuery,
+    total_units: np.ndarray,
+    params: PrivacyParams,
+    bits: RandomBits,
+) -> Release:
+    """Add one noise batch of size d to an exact integer sum and build the release.
+
+    Discrete Gaussian: value = γ·(S + Z), Z ~ N_Z(0, s²)^d (CKS 2020), so the value is on the
+    lattice. Continuous Gaussian: value = γ·S + N(0, σ²)^d.
+    """
+    d = len(total_units)
+    gamma = params.granularity
+    if params.mechanism == "discrete_gaussian":
+        z = discrete_gaussian(bits, params.sigma2_units, d)
+        value = [float(int(s) + int(n)) * gamma for s, n in zip(total_units, z, strict=True)]
+    else:
+        g = gaussian(bits, params.sigma, d)
+        value = [float(int(s)) * gamma + float(n) for s, n in zip(total_units, g, strict=True)]
+    half = params.ci95_halfwidth
+    return Release(
+        day=day,
+        query_id=query.query_id,
+        labels=query.labels(),
+        value=value,
+        sigma=params.sigma_released,
+        ci95=[half] * d,
+        mechanism=params.mechanism,
+        granularity=gamma,
+    )
+
+
+def close_day(
+    records: DayRecords,
+    queries: Sequence[AnyQuery],
+    ledger: BudgetLedger,
+    params: PrivacyParams,
+    bits: RandomBits,
+) -> DayOutcome:
+    """Algorithm 3 for one day (Theorem 4.5); see ``privacy.individual`` for the argument."""
+    users = records.users
+    spent, retired = ledger.state(users)
+    spent_before, retired_before = spent.copy(), retired.copy()
+    lattice = params.lattice
+    budget = params.budget_units
+    releases: list[Release] = []
+    admitted_counts: dict[str, int] = {}
+    refused_counts: dict[str, int] = {}
+    for query in queries:
+        x = records.matrix(query.coordinates()) @ query.weights()
+        step = filter_contributions(
+            x, query.clip, lattice, spent, retired, budget, params.exhaustion
+        )
+        total = step.units.sum(axis=0, dtype=np.int64)
+        spent = spent + step.cost_units
+        retired = retired | step.newly_retired
+        releases.append(noisy_release(records.day, query, total, params, bits))
+        nonzero = np.abs(x).sum(axis=1) > 0
+        admitted_counts[query.query_id] = int((step.admitted & nonzero).sum())
+        refused_counts[query.query_id] = int((~step.admitted & nonzero).sum())
+    changed = (spent != spent_before) | (retired != retired_before)
+    return DayOutcome(
+        day=records.day,
+        releases=releases,
+        changed_users=users[changed],
+        spent_units=spent[changed],
+        retired=retired[changed],
+        exact_stats=ExactDayStats(
+            users_with_records=records.n_users,
+            admitted_per_query=admitted_counts,
+            refused_per_query=refused_counts,
+        ),
+    )

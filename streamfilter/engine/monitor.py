@@ -1,0 +1,157 @@
+"""The engine (stateful, no I/O) and the ``Monitor`` Python API built on it.
+
+``Engine`` holds the ledger, the query book and the release history, and exposes the day close as
+check-then-commit: :meth:`Engine.prepare_day` computes a :class:`DayOutcome` without mutating
+anything; :meth:`Engine.commit_day` applies it. The runtime puts a durable store commit between
+the two; ``Monitor`` (for notebooks and tests) calls them back to back. Both run this same code.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from streamfilter.engine.contract import Event, Reject, Release, parse_event, parse_query
+from streamfilter.engine.day import DayOutcome, close_day
+from streamfilter.engine.ledger import BudgetLedger
+from streamfilter.engine.params import PrivacyParams
+from streamfilter.engine.queries import AnyQuery, QueryBook
+from streamfilter.engine.records import DayAccumulator
+from streamfilter.privacy.accounting import Guarantee
+from streamfilter.privacy.noise import RandomBits, SeededRandomBits, SystemRandomBits
+
+__all__ = ["Engine", "Monitor", "RejectedRecord"]
+
+
+@dataclass(frozen=True)
+class RejectedRecord:
+    reason: str
+    detail: str
+    raw: str
+
+
+class Engine:
+    """Ledger + query book + history; one day at a time, in day order."""
+
+    def __init__(self, params: PrivacyParams, bits: RandomBits) -> None:
+        self.params = params
+        self.bits = bits
+        self.ledger = BudgetLedger()
+        self.queries = QueryBook()
+        self.last_closed_day: str | None = None
+        self.history: list[Release] = []
+
+    def register_query(self, query: AnyQuery) -> bool:
+        """Register (True), accept an identical re-registration (False), or raise ``Reject``."""
+        return self.queries.register(query, self.last_closed_day)
+
+    def check_day(self, day: str) -> None:
+        dt.date.fromisoformat(day)
+        if self.last_closed_day is not None and day <= self.last_closed_day:
+            raise ValueError(f"day {day} is not after the last closed day {self.last_closed_day}")
+
+    def is_closed(self, day: str) -> bool:
+        return self.last_closed_day is not None and day <= self.last_closed_day
+
+    def prepare_day(self, acc: DayAccumulator) -> DayOutcome:
+        """Compute the day's releases and debits; mutates nothing."""
+        self.check_day(acc.day)
+        return close_day(
+            acc.finish(), self.queries.for_day(acc.day), self.ledger, self.params, self.bits
+        )
+
+    def commit_day(self, outcome: DayOutcome) -> None:
+        """Apply a prepared (and, in the runtime, durably stored) day."""
+        self.check_day(outcome.day)
+        self.ledger.apply(outcome.changed_users, outcome.spent_units, outcome.retired)
+        self.last_closed_day = outcome.day
+        self.history.extend(outcome.releases)
+
+
+class Monitor:
+    """Private continual monitoring in a notebook: the same engine as ``streamfilter run``.
+
+    >>> m = Monitor(b_norm=4.0, rho=0.5, granularity=2**-10, exhaustion="skip", test_seed=None)
+
+    ``test_seed`` makes noise reproducible and is for tests only: releases produced with it are
+    not private (the noise can be recomputed).
+    """
+
+    def __init__(
+        self,
+        b_norm: float,
+        rho: float | None = None,
+        *,
+        epsilon: float | None = None,
+        delta: float | None = None,
+        granularity: float = 2.0**-10,
+        exhaustion: str = "skip",
+        mechanism: str = "discrete_gaussian",
+        test_seed: int | None = None,
+    ) -> None:
+        self.params = PrivacyParams.create(
+            b_norm=b_norm,
+            rho=rho,
+            epsilon=epsilon,
+            delta=delta,
+            granularity=granularity,
+            exhaustion=exhaustion,
+            mechanism=mechanism,
+        )
+        bits: RandomBits = SystemRandomBits() if test_seed is None else SeededRandomBits(test_seed)
+        self._engine = Engine(self.params, bits)
+        self.rejects: list[RejectedRecord] = []
+
+    def add_query(self, query: dict[str, Any] | str | bytes) -> AnyQuery:
+        """Register a query (same JSON shape as the query feed); raises ``ValueError`` if invalid."""
+        parsed = parse_query(query)
+        self._engine.register_query(parsed)
+        return parsed
+
+    def close_day(self, day: str, events: Iterable[dict[str, Any] | str | bytes | Event]) -> list[Release]:
+        """Close ``day`` with its events and return its releases (in query registration order).
+
+        Invalid events, and events of another day, are recorded in :attr:`rejects` and skipped.
+        """
+        self._engine.check_day(day)
+        acc = DayAccumulator(day)
+        for raw in events:
+            try:
+                event = raw if isinstance(raw, Event) else parse_event(raw)
+                if event.day != day:
+                    raise Reject("wrong_day", "event day differs from the day being closed")
+            except Reject as rej:
+                self.rejects.append(RejectedRecord(rej.reason, rej.detail, _raw_text(raw)))
+                continue
+            acc.add(event)
+        outcome = self._engine.prepare_day(acc)
+        self._engine.commit_day(outcome)
+        return outcome.releases
+
+    def spent(self, user_id: str) -> float:
+        """Budget spent by ``user_id`` in data units (Σ‖q‖² of admitted contributions).
+
+        Sensitive: show it to that user only (paper §4.4; Yu et al. §3.4).
+        """
+        return float(self._engine.ledger.spent_units(user_id)) * self.params.granularity**2
+
+    def guarantee(self) -> Guarantee:
+        return self.params.guarantee()
+
+    @property
+    def releases(self) -> list[Release]:
+        return list(self._engine.history)
+
+    @property
+    def engine(self) -> Engine:
+        return self._engine
+
+
+def _raw_text(raw: object) -> str:
+    if isinstance(raw, bytes):
+        return raw.decode("utf-8", errors="backslashreplace")
+    if isinstance(raw, Event):
+        return repr(raw)
+    return raw if isinstance(raw, str) else repr(raw)

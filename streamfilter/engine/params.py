@@ -1,0 +1,141 @@
+"""Data-independent privacy parameters of a run, derived once (DESIGN.md §6.7).
+
+σ, γ, the integer budget ``B`` and the integer noise variance ``s²`` depend only on the
+configuration, never on the data.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from fractions import Fraction
+from functools import cached_property
+from typing import Literal
+
+from streamfilter.privacy.accounting import Guarantee, calibrate_rho, guarantee, sigma_for_rho
+from streamfilter.privacy.accuracy import gaussian_halfwidth
+from streamfilter.privacy.individual import Exhaustion
+from streamfilter.privacy.lattice import Lattice
+from streamfilter.privacy.noise import discrete_gaussian_halfwidth
+
+__all__ = ["Mechanism", "PrivacyParams"]
+
+Mechanism = Literal["discrete_gaussian", "gaussian"]
+DEFAULT_DELTA = 1e-6
+
+
+@dataclass(frozen=True)
+class PrivacyParams:
+    """``b_norm`` (data units²), ``rho`` (zCDP), lattice step, exhaustion policy, mechanism.
+
+    Build with :meth:`create`, which accepts either ``rho`` or ``epsilon`` + ``delta`` and then
+    calibrates ρ with the tightest conversion proven for the mechanism.
+    """
+
+    b_norm: float
+    rho: float
+    granularity: float
+    exhaustion: Exhaustion
+    mechanism: Mechanism
+    delta: float
+    rho_method: str
+
+    @classmethod
+    def create(
+        cls,
+        *,
+        b_norm: float,
+        rho: float | None = None,
+        epsilon: float | None = None,
+        delta: float | None = None,
+        granularity: float = 2.0**-10,
+        exhaustion: str = "skip",
+        mechanism: str = "discrete_gaussian",
+    ) -> PrivacyParams:
+        if mechanism not in ("discrete_gaussian", "gaussian"):
+            raise ValueError(
+                f"mechanism must be 'discrete_gaussian' or 'gaussian', got mechanism={mechanism!r}"
+            )
+        try:
+            policy = Exhaustion(exhaustion)
+        except ValueError:
+            raise ValueError(
+                f"exhaustion must be one of skip, retire, clip, got exhaustion={exhaustion!r}"
+            ) from None
+        if rho is not None and epsilon is not None:
+            raise ValueError("give either rho or epsilon (with delta), not both")
+        if rho is None:
+            if epsilon is None or delta is None:
+                raise ValueError("give rho, or epsilon and delta")
+            rho, method = calibrate_rho(epsilon, delta, mechanism)  # type: ignore[arg-type]
+        else:
+            method = "configured"
+            if not (math.isfinite(rho) and rho > 0):
+                raise ValueError(f"rho must be a positive finite number, got rho={rho!r}")
+        params = cls(
+            b_norm=float(b_norm),
+            rho=float(rho),
+            granularity=float(granularity),
+            exhaustion=policy,
+            mechanism=mechanism,  # type: ignore[arg-type]
+            delta=float(delta if delta is not None else DEFAULT_DELTA),
+            rho_method=method,
+        )
+        params.check()
+        return params
+
+    def check(self) -> None:
+        """Validate everything derived (lattice, budget and noise fit in 64-bit integers)."""
+        lattice = self.lattice
+        lattice.budget_units(self.b_norm)
+        lattice.sigma2_units(self.sigma)
+        if not 0 < self.delta < 1:
+            raise ValueError(f"delta must be in (0, 1), got delta={self.delta!r}")
+
+    @property
+    def lattice(self) -> Lattice:
+        return Lattice(self.granularity)
+
+    @property
+    def sigma(self) -> float:
+        """Calibrated σ = sqrt(B_norm/(2ρ)) (Corollary 4.7), data units."""
+        return sigma_for_rho(self.b_norm, self.rho)
+
+    @cached_property
+    def budget_units(self) -> int:
+        return self.lattice.budget_units(self.b_norm)
+
+    @cached_property
+    def sigma2_units(self) -> int:
+        """Noise variance in lattice units, ceil(σ²/γ²) (rounded up: conservative)."""
+        return self.lattice.sigma2_units(self.sigma)
+
+    @cached_property
+    def sigma_released(self) -> float:
+        """σ actually used, data units (≥ the calibrated σ by the upward rounding)."""
+        if self.mechanism == "gaussian":
+            return self.sigma
+        return float(math.sqrt(Fraction(self.sigma2_units)) * self.granularity)
+
+    @property
+    def rho_effective(self) -> float:
+        """The zCDP actually guaranteed: B/(2 s²) ≤ ρ (integer budget and variance)."""
+        if self.mechanism == "gaussian":
+            return float(Fraction(self.budget_units) * Fraction(self.granularity) ** 2 / (2 * Fraction(self.sigma) ** 2))
+        return float(Fraction(self.budget_units, 2 * self.sigma2_units))
+
+    @cached_property
+    def ci95_halfwidth(self) -> float:
+        """95% half-width of one coordinate's noise, data units."""
+        if self.mechanism == "gaussian":
+            return gaussian_halfwidth(self.sigma, 0.95)
+        return discrete_gaussian_halfwidth(self.sigma2_units, 0.95) * self.granularity
+
+    def guarantee(self) -> Guarantee:
+        return guarantee(
+            b_norm=self.b_norm,
+            rho=self.rho,
+            sigma=self.sigma_released,
+            mechanism=self.mechanism,
+            delta=self.delta,
+        )

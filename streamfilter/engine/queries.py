@@ -1,0 +1,53 @@
+"""The query book: registered queries in registration order (DESIGN.md §3, §5).
+
+Queries for day ``t`` are those registered before ``t`` closes whose ``[from_day, until_day]``
+covers ``t``; within a day they are evaluated in registration order (Algorithm 3's rounds).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from streamfilter.engine.contract import HistogramQuery, LinearQuery, Reject, SumQuery
+
+__all__ = ["AnyQuery", "QueryBook"]
+
+AnyQuery = SumQuery | HistogramQuery | LinearQuery
+
+
+class QueryBook:
+    def __init__(self) -> None:
+        self._queries: dict[str, AnyQuery] = {}
+
+    def __iter__(self) -> Iterator[AnyQuery]:
+        return iter(self._queries.values())
+
+    def __len__(self) -> int:
+        return len(self._queries)
+
+    def __contains__(self, query_id: object) -> bool:
+        return query_id in self._queries
+
+    def check(self, query: AnyQuery, last_closed_day: str | None) -> bool:
+        """Dry run of :meth:`register`: True if new, False if an identical query is registered.
+
+        Raises ``Reject('closed_day')`` when the query starts on or before the last closed day, and
+        ``Reject('duplicate_query_id')`` when a different query already uses the id.
+        """
+        existing = self._queries.get(query.query_id)
+        if existing is not None:
+            if existing.canonical_json() == query.canonical_json():
+                return False
+            raise Reject("duplicate_query_id", "query_id is already registered with another definition")
+        if last_closed_day is not None and query.from_day.isoformat() <= last_closed_day:
+            raise Reject("closed_day", "from_day is a day that is already closed")
+        return True
+
+    def register(self, query: AnyQuery, last_closed_day: str | None) -> bool:
+        is_new = self.check(query, last_closed_day)
+        if is_new:
+            self._queries[query.query_id] = query
+        return is_new
+
+    def for_day(self, day: str) -> list[AnyQuery]:
+        return [q for q in self._queries.values() if q.applies_to(day)]

@@ -1,0 +1,316 @@
+"""The daemon loop: read events, register queries, close days, commit, relay the outbox.
+
+Closing a day (``Daemon._close_day``) is the one ordered checkpoint:
+
+1. prepare the day in the engine (noise drawn; nothing mutated),
+2. commit debits + releases + input positions to the state store in ONE transaction,
+3. apply the committed day to the in-memory engine,
+4. relay the outbox: publish each unsent release, flush the sink (acknowledged / fsync'd),
+   then mark it sent in the store.
+
+A crash before 2 loses nothing (the input is re-read from the stored positions); a crash after 2
+republishes the stored bytes (never new noise). If the store cannot commit, nothing is released
+and the error propagates (fail closed).
+
+When a day closes (DESIGN.md §5): with ``until_end`` every open day closes once the input is
+exhausted. In follow mode day ``t`` closes when (a) the UTC wall clock has passed the end of ``t``
+plus ``allowed_lateness`` and (b) every partition has delivered an event of a later day or has been
+idle for ``idle_timeout``. Days between the first open day and the last closable one close even
+when they had no events, so releases leave on a data-independent schedule.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from streamfilter.engine.contract import Reject, Release, parse_event, parse_query
+from streamfilter.engine.monitor import Engine
+from streamfilter.engine.records import DayAccumulator
+from streamfilter.runtime.faults import crash_point
+from streamfilter.runtime.feeds import QueryFeed
+from streamfilter.runtime.sinks import Sink, reject_payload
+from streamfilter.runtime.sources import Source
+from streamfilter.runtime.store import DayCommit, Position, StateStore
+
+__all__ = ["Daemon", "RunSummary"]
+
+log = logging.getLogger("streamfilter.daemon")
+DAY = dt.timedelta(days=1)
+
+
+@dataclass
+class RunSummary:
+    """Operator-side counts of this process's run (input volume and reject reasons; never
+    per-user or admitted/refused counts)."""
+
+    records_read: int = 0
+    events_accepted: int = 0
+    events_duplicate: int = 0
+    rejects: Counter[str] = field(default_factory=Counter)
+    queries_registered: int = 0
+    days_closed: int = 0
+    releases_published: int = 0
+    replayed_skipped: int = 0
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "records_read": self.records_read,
+            "events_accepted": self.events_accepted,
+            "events_duplicate": self.events_duplicate,
+            "rejected": sum(self.rejects.values()),
+            "rejects_by_reason": dict(sorted(self.rejects.items())),
+            "queries_registered": self.queries_registered,
+            "days_closed": self.days_closed,
+            "releases_published": self.releases_published,
+        }
+
+
+def _next_day(day: str) -> str:
+    return (dt.date.fromisoformat(day) + DAY).isoformat()
+
+
+def _day_end_utc(day: str) -> float:
+    d = dt.date.fromisoformat(day) + DAY
+    return dt.datetime(d.year, d.month, d.day, tzinfo=dt.UTC).timestamp()
+
+
+class Daemon:
+    def __init__(
+        self,
+        engine: Engine,
+        store: StateStore,
+        source: Source,
+        feed: QueryFeed,
+        sink: Sink,
+        reject_sink: Sink,
+        *,
+        allowed_lateness_s: float = 7200.0,
+        idle_timeout_s: float = 600.0,
+        poll_interval_s: float = 0.5,
+        batch_size: int = 50_000,
+        wall_clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+        on_day_closed: Callable[[str, list[Release]], None] | None = None,
+    ) -> None:
+        self.engine = engine
+        self.store = store
+        self.source = source
+        self.feed = feed
+        self.sink = sink
+        self.reject_sink = reject_sink
+        self.allowed_lateness_s = allowed_lateness_s
+        self.idle_timeout_s = idle_timeout_s
+        self.poll_interval_s = poll_interval_s
+        self.batch_size = batch_size
+        self.wall_clock = wall_clock
+        self.monotonic = monotonic
+        self.on_day_closed = on_day_closed
+        self.stop_event = threading.Event()
+        self.summary = RunSummary()
+        self._open: dict[str, DayAccumulator] = {}
+        self._min_offset: dict[str, dict[str, int]] = {}  # day -> partition -> first offset
+        self._read_offset: dict[str, int] = {}
+        self._high: dict[str, int] = {}
+        self._max_day: dict[str, str] = {}
+        self._last_seen: dict[str, float] = {}
+        self._started = monotonic()
+        self._restore()
+
+    # ------------------------------------------------------------------ start-up
+    def _restore(self) -> None:
+        state = self.store.load()
+        eng = self.engine
+        import numpy as np
+
+        if state.budgets:
+            users, spent, retired = zip(*state.budgets, strict=True)
+            eng.ledger.apply(
+                np.array(users, dtype=object), np.array(spent, np.int64), np.array(retired, bool)
+            )
+        for payload in state.queries:
+            eng.queries.register(parse_query(payload), None)
+        eng.last_closed_day = state.last_closed_day
+        eng.history = [Release.from_json(p) for p in state.releases]
+        self._positions = state.positions
+        feed_pos = self.feed.position()
+        if feed_pos is not None and feed_pos[0] in state.positions:
+            self.feed.seek(state.positions[feed_pos[0]].resume_offset)
+        offsets = {p: pos.resume_offset for p, pos in state.positions.items()}
+        self._high = {p: pos.high_offset for p, pos in state.positions.items()}
+        self.source.seek(offsets)
+        for p in self.source.partitions():
+            self._read_offset[p] = offsets.get(p, 0)
+
+    # ------------------------------------------------------------------ main loop
+    def run(self, until_end: bool = False) -> RunSummary:
+        self._relay_outbox()
+        while not self.stop_event.is_set():
+            self._poll_queries()
+            records = self.source.poll(self.batch_size)
+            for rec in records:
+                self._ingest(rec.partition, rec.offset, rec.next_offset, rec.value)
+            if until_end and not records and self.source.at_end():
+                self._close_through(self._last_open_day())
+                break
+            if not until_end:
+                self._close_ready()
+            if not records:
+                self.stop_event.wait(self.poll_interval_s)
+        self.reject_sink.flush()
+        self.sink.flush()
+        return self.summary
+
+    def stop(self) -> None:
+        self.stop_event.set()
+
+    # ------------------------------------------------------------------ input
+    def _reject(self, reason: str, detail: str, raw: bytes, where: str) -> None:
+        self.summary.rejects[reason] += 1
+        self.reject_sink.publish(where, reject_payload(reason, detail, raw, where))
+
+    def _poll_queries(self) -> None:
+        for where, raw in self.feed.poll():
+            self._register_query(where, raw)
+
+    def _register_query(self, where: str, raw: bytes) -> None:
+        try:
+            query = parse_query(raw)
+            if self.engine.queries.check(query, self.engine.last_closed_day):
+                self.store.add_query(query.canonical_json().encode())
+                self.engine.register_query(query)
+                self.summary.queries_registered += 1
+        except Reject as rej:
+            self._reject(rej.reason, rej.detail, raw, where)
+
+    def _ingest(self, partition: str, offset: int, next_offset: int, raw: bytes) -> None:
+        self.summary.records_read += 1
+        self._read_offset[partition] = next_offset
+        self._last_seen[partition] = self.monotonic()
+        replay = offset < self._high.get(partition, 0)
+        try:
+            event = parse_event(raw)
+        except Reject as rej:
+            if replay:
+                self.summary.replayed_skipped += 1
+            else:
+                self._reject(rej.reason, rej.detail, raw, f"{partition}:{offset}")
+            return
+        if self.engine.is_closed(event.day):
+            if replay:
+                self.summary.replayed_skipped += 1
+            else:
+                self._reject("late", "event day is already closed", raw, f"{partition}:{offset}")
+            return
+        if event.day > self._max_day.get(partition, ""):
+            self._max_day[partition] = event.day
+        acc = self._open.get(event.day)
+        if acc is None:
+            acc = self._open[event.day] = DayAccumulator(event.day)
+        mins = self._min_offset.setdefault(event.day, {})
+        if partition not in mins:
+            mins[partition] = offset
+        if acc.add(event):
+            self.summary.events_accepted += 1
+        else:
+            self.summary.events_duplicate += 1
+
+    # ------------------------------------------------------------------ closing days
+    def _first_open_day(self) -> str | None:
+        last = self.engine.last_closed_day
+        if last is not None:
+            return _next_day(last)
+        return min(self._open) if self._open else None
+
+    def _last_open_day(self) -> str | None:
+        return max(self._open) if self._open else None
+
+    def _closable(self, day: str) -> bool:
+        if self.wall_clock() < _day_end_utc(day) + self.allowed_lateness_s:
+            return False
+        now = self.monotonic()
+        for p in self.source.partitions():
+            if self._max_day.get(p, "") > day:
+                continue
+            if now - self._last_seen.get(p, self._started) >= self.idle_timeout_s:
+                continue
+            return False
+        return True
+
+    def _close_ready(self) -> None:
+        last_open = self._last_open_day()
+        day = self._first_open_day()
+        target = None
+        # the latest day that may close; every earlier day then closes too (in order)
+        while day is not None and last_open is not None and day <= last_open and self._closable(day):
+            target = day
+            day = _next_day(day)
+        if target is not None:
+            self._close_through(target)
+
+    def _close_through(self, last: str | None) -> None:
+        day = self._first_open_day()
+        while day is not None and last is not None and day <= last and not self.stop_event.is_set():
+            self._close_day(day)
+            day = _next_day(day)
+
+    def _positions_after(self, day: str) -> dict[str, Position]:
+        positions: dict[str, Position] = {}
+        for p, read in self._read_offset.items():
+            pending = [m[p] for d, m in self._min_offset.items() if d > day and p in m]
+            resume = min(pending) if pending else read
+            positions[p] = Position(resume, max(read, self._high.get(p, 0)))
+        feed_pos = self.feed.position()
+        if feed_pos is not None:
+            positions[feed_pos[0]] = Position(feed_pos[1], feed_pos[1])
+        return positions
+
+    def _close_day(self, day: str) -> None:
+        """The checkpoint: prepare → commit (one transaction) → apply → relay (see module doc)."""
+        for where, raw in self.feed.on_day(self.engine.history, day):
+            self._register_query(where, raw)
+        acc = self._open.pop(day, None) or DayAccumulator(day)
+        started = time.perf_counter()
+        # 1. prepare: releases with noise drawn, debits computed; nothing mutated yet
+        outcome = self.engine.prepare_day(acc)
+        positions = self._positions_after(day)
+        self.reject_sink.flush()
+        # 2. commit debits + releases + positions in one transaction (raises: fail closed)
+        self.store.commit_day(
+            DayCommit(
+                day=day,
+                releases=[(r.query_id, r.to_json().encode()) for r in outcome.releases],
+                changed_users=outcome.changed_users,
+                spent_units=outcome.spent_units,
+                retired=outcome.retired,
+                positions=positions,
+            )
+        )
+        crash_point("after_commit")
+        # 3. apply the committed day in memory
+        self.engine.commit_day(outcome)
+        self._min_offset.pop(day, None)
+        self._high.update({p: pos.high_offset for p, pos in positions.items()})
+        self.summary.days_closed += 1
+        log.info("closed day %s: %d releases in %.3fs", day, len(outcome.releases), time.perf_counter() - started)
+        # 4. relay the outbox
+        self._relay_outbox()
+        if self.on_day_closed is not None:
+            self.on_day_closed(day, outcome.releases)
+
+    def _relay_outbox(self) -> None:
+        unsent = self.store.unsent_releases()
+        if not unsent:
+            return
+        for day, query_id, payload in unsent:
+            self.sink.publish(f"{day}/{query_id}", payload)
+        crash_point("after_publish")
+        self.sink.flush()
+        crash_point("before_mark_sent")
+        self.store.mark_sent([(day, query_id) for day, query_id, _ in unsent])
+        self.summary.releases_published += len(unsent)

@@ -1,0 +1,311 @@
+"""The state store: the durable source of truth (DESIGN.md §5).
+
+One transaction per closed day holds the budget debits, the day's releases (noise already drawn,
+unique per ``(day, query_id)``) and the input positions. Releases leave through the outbox:
+they are published from the store and marked sent only after the sink acknowledged, so a restart
+republishes the stored bytes and never draws noise twice.
+
+``StateStore`` is the interface (one contract test suite runs against every implementation);
+``SQLiteStateStore`` is the embedded default (WAL, ``synchronous=FULL``, one writer enforced by an
+exclusive ``flock`` on ``<path>.lock``). A planned PostgreSQL ledger implements the same methods.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import fcntl
+import json
+import os
+import sqlite3
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+import numpy as np
+
+__all__ = [
+    "DayCommit",
+    "Position",
+    "StateStore",
+    "StoreError",
+    "StoreLockedError",
+    "SQLiteStateStore",
+    "StoredState",
+]
+
+
+class StoreError(RuntimeError):
+    """The store cannot be read or written: the daemon fails closed."""
+
+
+class StoreLockedError(StoreError):
+    """Another process owns this state."""
+
+
+@dataclass(frozen=True)
+class Position:
+    """Where to resume one input partition.
+
+    ``resume_offset``: seek here on start (no event of a still-open day lies before it).
+    ``high_offset``: everything before it was already read; on replay, records below it that
+    belong to closed days (or were rejected) are skipped silently.
+    """
+
+    resume_offset: int
+    high_offset: int
+
+
+@dataclass(frozen=True)
+class DayCommit:
+    """One closed day, written in a single transaction."""
+
+    day: str
+    releases: list[tuple[str, bytes]]  # (query_id, payload) in publication order
+    changed_users: np.ndarray
+    spent_units: np.ndarray
+    retired: np.ndarray
+    positions: dict[str, Position]
+
+
+@dataclass
+class StoredState:
+    config_fingerprint: str | None
+    last_closed_day: str | None
+    seq: int
+    budgets: list[tuple[str, int, bool]] = field(default_factory=list)
+    queries: list[bytes] = field(default_factory=list)  # canonical JSON, registration order
+    positions: dict[str, Position] = field(default_factory=dict)
+    releases: list[bytes] = field(default_factory=list)  # every stored release, day order
+
+
+class StateStore(abc.ABC):
+    """Durable run state. Every method either completes or raises ``StoreError``."""
+
+    @abc.abstractmethod
+    def load(self) -> StoredState: ...
+
+    @abc.abstractmethod
+    def set_config_fingerprint(self, fingerprint: str) -> None: ...
+
+    @abc.abstractmethod
+    def add_query(self, canonical_json: bytes) -> None: ...
+
+    @abc.abstractmethod
+    def commit_day(self, commit: DayCommit) -> int:
+        """Write the day atomically; return the new monotonic sequence number."""
+
+    @abc.abstractmethod
+    def save_positions(self, positions: dict[str, Position]) -> None: ...
+
+    @abc.abstractmethod
+    def unsent_releases(self) -> list[tuple[str, str, bytes]]:
+        """(day, query_id, payload) not yet acknowledged, in publication order."""
+
+    @abc.abstractmethod
+    def mark_sent(self, keys: list[tuple[str, str]]) -> None:
+        """Mark releases ``(day, query_id)`` as acknowledged by the sink (one transaction)."""
+
+    @abc.abstractmethod
+    def spent_units(self, user_id: str) -> tuple[int, bool] | None: ...
+
+    @abc.abstractmethod
+    def close(self) -> None: ...
+
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS budgets (
+    user_id TEXT PRIMARY KEY, spent_units INTEGER NOT NULL, retired INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS queries (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT, query_id TEXT UNIQUE NOT NULL, payload BLOB NOT NULL
+);
+CREATE TABLE IF NOT EXISTS days (day TEXT PRIMARY KEY, seq INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS releases (
+    day TEXT NOT NULL, query_id TEXT NOT NULL, ord INTEGER NOT NULL, payload BLOB NOT NULL,
+    sent INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (day, query_id)
+);
+CREATE TABLE IF NOT EXISTS positions (
+    partition TEXT PRIMARY KEY, resume_offset INTEGER NOT NULL, high_offset INTEGER NOT NULL
+);
+"""
+
+
+class SQLiteStateStore(StateStore):
+    """SQLite in WAL mode with ``synchronous=FULL``; single writer via ``flock``."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self._lock_file: IO[bytes] | None = None
+        self._acquire_lock()
+        try:
+            self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")
+            self._db.execute("PRAGMA foreign_keys=ON")
+            self._db.executescript(_SCHEMA)
+            self._db.execute("PRAGMA integrity_check(1)").fetchone()
+        except sqlite3.Error as exc:
+            self._release_lock()
+            raise StoreError(f"cannot open state store {self.path}: {exc}") from exc
+
+    # -- single writer -------------------------------------------------------------------
+    def _acquire_lock(self) -> None:
+        lock_path = self.path.with_name(self.path.name + ".lock")
+        try:
+            fh = open(lock_path, "a+b")  # noqa: SIM115 - held for the store's lifetime
+        except OSError as exc:
+            raise StoreError(f"cannot open lock file {lock_path}: {exc}") from exc
+        try:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fh.close()
+            raise StoreLockedError(
+                f"state store {self.path} is in use by another streamfilter process "
+                f"(lock {lock_path} is held); only one writer may own a state"
+            ) from None
+        fh.seek(0)
+        fh.truncate()
+        fh.write(f"{os.getpid()}\n".encode())
+        fh.flush()
+        self._lock_file = fh
+
+    def _release_lock(self) -> None:
+        if self._lock_file is not None:
+            with contextlib.suppress(OSError):
+                fcntl.flock(self._lock_file.fileno(), fcntl.LOCK_UN)
+            self._lock_file.close()
+            self._lock_file = None
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        try:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+        except sqlite3.Error as exc:
+            with contextlib.suppress(sqlite3.Error):
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
+            raise StoreError(f"state store {self.path} failed to commit: {exc}") from exc
+
+    def _meta(self, key: str) -> str | None:
+        row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return None if row is None else str(row[0])
+
+    # -- StateStore ----------------------------------------------------------------------
+    def load(self) -> StoredState:
+        try:
+            db = self._db
+            state = StoredState(
+                config_fingerprint=self._meta("config_fingerprint"),
+                last_closed_day=self._meta("last_closed_day"),
+                seq=int(self._meta("seq") or 0),
+            )
+            state.budgets = [
+                (u, int(s), bool(r))
+                for u, s, r in db.execute("SELECT user_id, spent_units, retired FROM budgets")
+            ]
+            state.queries = [bytes(p) for (p,) in db.execute("SELECT payload FROM queries ORDER BY seq")]
+            state.positions = {
+                p: Position(int(r), int(h))
+                for p, r, h in db.execute("SELECT partition, resume_offset, high_offset FROM positions")
+            }
+            state.releases = [
+                bytes(p) for (p,) in db.execute("SELECT payload FROM releases ORDER BY day, ord")
+            ]
+            return state
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot read state store {self.path}: {exc}") from exc
+
+    def set_config_fingerprint(self, fingerprint: str) -> None:
+        with self._transaction() as db:
+            db.execute(
+                "INSERT INTO meta(key, value) VALUES('config_fingerprint', ?) "
+                "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                (fingerprint,),
+            )
+
+    def add_query(self, canonical_json: bytes) -> None:
+        query_id = json.loads(canonical_json)["query_id"]
+        with self._transaction() as db:
+            db.execute(
+                "INSERT INTO queries(query_id, payload) VALUES(?, ?) ON CONFLICT(query_id) DO NOTHING",
+                (query_id, canonical_json),
+            )
+
+    def commit_day(self, commit: DayCommit) -> int:
+        """One transaction: 1. budgets, 2. releases (unsent), 3. positions, 4. day + sequence."""
+        with self._transaction() as db:
+            # 1. budget debits (exact integers)
+            db.executemany(
+                "INSERT INTO budgets(user_id, spent_units, retired) VALUES(?, ?, ?) "
+                "ON CONFLICT(user_id) DO UPDATE SET spent_units = excluded.spent_units, "
+                "retired = excluded.retired",
+                zip(
+                    commit.changed_users.tolist(),
+                    commit.spent_units.tolist(),
+                    commit.retired.astype(int).tolist(),
+                    strict=True,
+                ),
+            )
+            # 2. releases, noise already drawn; the primary key refuses a second (day, query)
+            db.executemany(
+                "INSERT INTO releases(day, query_id, ord, payload) VALUES(?, ?, ?, ?)",
+                [(commit.day, qid, i, payload) for i, (qid, payload) in enumerate(commit.releases)],
+            )
+            # 3. input positions
+            self._write_positions(db, commit.positions)
+            # 4. the day and the monotonic sequence
+            seq = int(self._meta("seq") or 0) + 1
+            db.execute("INSERT INTO days(day, seq) VALUES(?, ?)", (commit.day, seq))
+            for key, value in (("seq", str(seq)), ("last_closed_day", commit.day)):
+                db.execute(
+                    "INSERT INTO meta(key, value) VALUES(?, ?) "
+                    "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                    (key, value),
+                )
+        return seq
+
+    @staticmethod
+    def _write_positions(db: sqlite3.Connection, positions: dict[str, Position]) -> None:
+        db.executemany(
+            "INSERT INTO positions(partition, resume_offset, high_offset) VALUES(?, ?, ?) "
+            "ON CONFLICT(partition) DO UPDATE SET resume_offset = excluded.resume_offset, "
+            "high_offset = excluded.high_offset",
+            [(p, pos.resume_offset, pos.high_offset) for p, pos in positions.items()],
+        )
+
+    def save_positions(self, positions: dict[str, Position]) -> None:
+        with self._transaction() as db:
+            self._write_positions(db, positions)
+
+    def unsent_releases(self) -> list[tuple[str, str, bytes]]:
+        try:
+            rows = self._db.execute(
+                "SELECT day, query_id, payload FROM releases WHERE sent = 0 ORDER BY day, ord"
+            ).fetchall()
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot read state store {self.path}: {exc}") from exc
+        return [(str(d), str(q), bytes(p)) for d, q, p in rows]
+
+    def mark_sent(self, keys: list[tuple[str, str]]) -> None:
+        with self._transaction() as db:
+            db.executemany("UPDATE releases SET sent = 1 WHERE day = ? AND query_id = ?", keys)
+
+    def spent_units(self, user_id: str) -> tuple[int, bool] | None:
+        row = self._db.execute(
+            "SELECT spent_units, retired FROM budgets WHERE user_id = ?", (user_id,)
+        ).fetchone()
+        return None if row is None else (int(row[0]), bool(row[1]))
+
+    def close(self) -> None:
+        with contextlib.suppress(sqlite3.Error):
+            self._db.close()
+        self._release_lock()

@@ -1,0 +1,81 @@
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from streamfilter.privacy.individual import Exhaustion, filter_contributions
+from streamfilter.privacy.lattice import Lattice, cost_units
+
+LAT = Lattice(2.0**-6)
+
+
+def run(x, clip, spent, retired, budget, policy):
+    return filter_contributions(np.atleast_2d(np.asarray(x, float)), clip, LAT, np.asarray(spent, np.int64), np.asarray(retired, bool), budget, policy)
+
+
+def test_skip_admits_iff_spent_plus_cost_fits():
+    budget = 2 * 4096  # b_norm = 2 at γ = 2^-6
+    s = run([[1.0], [1.0], [1.0]], 1.0, [0, 4096, 4097], [False] * 3, budget, Exhaustion.SKIP)
+    assert s.admitted.tolist() == [True, True, False]
+    assert s.cost_units.tolist() == [4096, 4096, 0]
+    assert s.units[2].tolist() == [0]
+
+
+def test_skip_lets_a_later_cheaper_query_in():
+    budget = 4096
+    s = run([[1.0]], 1.0, [2048], [False], budget, Exhaustion.SKIP)
+    assert not s.admitted[0]
+    s = run([[0.5]], 1.0, [2048], [False], budget, Exhaustion.SKIP)
+    assert s.admitted[0] and s.cost_units[0] == 1024
+
+
+def test_retire_never_admits_again():
+    budget = 4096
+    s = run([[1.0]], 1.0, [2048], [False], budget, Exhaustion.RETIRE)
+    assert not s.admitted[0] and s.newly_retired[0]
+    s = run([[0.1]], 1.0, [2048], [True], budget, Exhaustion.RETIRE)
+    assert not s.admitted[0] and s.cost_units[0] == 0
+
+
+def test_clip_policy_fits_remaining_exactly():
+    budget = 4096
+    s = run([[1.0, 1.0]], 2.0, [4000], [False], budget, Exhaustion.CLIP)
+    assert s.admitted[0]
+    assert s.cost_units[0] <= 96
+    assert s.cost_units[0] == cost_units(s.units)[0]
+    # close to the remaining budget: rounding loses at most sqrt(d) lattice units of norm
+    assert s.cost_units[0] >= (np.sqrt(96) - np.sqrt(2)) ** 2
+    s = run([[1.0]], 1.0, [4096], [False], budget, Exhaustion.CLIP)
+    assert s.cost_units[0] == 0 and s.units[0].tolist() == [0]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    policy=st.sampled_from(list(Exhaustion)),
+    b_norm=st.floats(0.05, 5.0),
+    days=st.lists(
+        st.tuples(
+            st.floats(0.05, 3.0),  # clip
+            st.lists(st.lists(st.floats(-5, 5), min_size=2, max_size=2), min_size=4, max_size=4),
+        ),
+        min_size=1,
+        max_size=25,
+    ),
+)
+def test_no_user_ever_exceeds_budget(policy, b_norm, days):
+    budget = LAT.budget_units(b_norm)
+    spent = np.zeros(4, np.int64)
+    retired = np.zeros(4, bool)
+    for clip, x in days:
+        s = filter_contributions(np.array(x), clip, LAT, spent, retired, budget, policy)
+        # the cost charged is the squared norm of exactly the vector added
+        assert (s.cost_units == cost_units(s.units)).all()
+        assert (s.units[~s.admitted] == 0).all()
+        spent = spent + s.cost_units
+        retired |= s.newly_retired
+        assert (spent <= budget).all()
+
+
+def test_corrupt_ledger_is_refused():
+    with pytest.raises(ValueError, match="corrupt"):
+        run([[1.0]], 1.0, [5000], [False], 4096, Exhaustion.SKIP)
