@@ -9,6 +9,7 @@ returned :class:`DayOutcome` (state store first, then the in-memory ledger).
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -20,9 +21,31 @@ from streamfilter.engine.params import PrivacyParams
 from streamfilter.engine.queries import AnyQuery
 from streamfilter.engine.records import DayRecords
 from streamfilter.privacy.individual import filter_contributions
-from streamfilter.privacy.noise import RandomBits, discrete_gaussian, gaussian
+from streamfilter.privacy.noise import RandomBits, SeededRandomBits, discrete_gaussian, gaussian
 
-__all__ = ["DayOutcome", "ExactDayStats", "close_day", "noisy_release"]
+__all__ = ["DayOutcome", "ExactDayStats", "SeededPerRelease", "close_day", "noisy_release"]
+
+
+class SeededPerRelease:
+    """FOR TESTS ONLY: noise of each (day, query) from PCG64 seeded by (seed, day, query_id).
+
+    A restarted process then draws exactly the noise an uninterrupted one would have drawn, so
+    restart tests can compare releases byte for byte. Releases made with it are not private.
+    """
+
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+
+    def for_release(self, day: str, query_id: str) -> RandomBits:
+        digest = hashlib.sha256(f"{self.seed}\x00{day}\x00{query_id}".encode()).digest()
+        return SeededRandomBits(int.from_bytes(digest[:16], "little"))
+
+    def uint64(self, size: int) -> np.ndarray:
+        return self.for_release("", "").uint64(size)
+
+
+def _bits_for(bits: RandomBits, day: str, query_id: str) -> RandomBits:
+    return bits.for_release(day, query_id) if isinstance(bits, SeededPerRelease) else bits
 
 
 @dataclass(frozen=True)
@@ -61,6 +84,7 @@ def noisy_release(
     """
     d = len(total_units)
     gamma = params.granularity
+    bits = _bits_for(bits, day, query.query_id)
     if params.mechanism == "discrete_gaussian":
         z = discrete_gaussian(bits, params.sigma2_units, d)
         value = [float(int(s) + int(n)) * gamma for s, n in zip(total_units, z, strict=True)]

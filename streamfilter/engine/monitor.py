@@ -14,13 +14,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from streamfilter.engine.contract import Event, Reject, Release, parse_event, parse_query
-from streamfilter.engine.day import DayOutcome, close_day
+from streamfilter.engine.day import DayOutcome, SeededPerRelease, close_day
 from streamfilter.engine.ledger import BudgetLedger
 from streamfilter.engine.params import PrivacyParams
 from streamfilter.engine.queries import AnyQuery, QueryBook
 from streamfilter.engine.records import DayAccumulator
 from streamfilter.privacy.accounting import Guarantee
-from streamfilter.privacy.noise import RandomBits, SeededRandomBits, SystemRandomBits
+from streamfilter.privacy.noise import RandomBits, SystemRandomBits
 
 __all__ = ["Engine", "Monitor", "RejectedRecord"]
 
@@ -100,7 +100,7 @@ class Monitor:
             exhaustion=exhaustion,
             mechanism=mechanism,
         )
-        bits: RandomBits = SystemRandomBits() if test_seed is None else SeededRandomBits(test_seed)
+        bits: RandomBits = SystemRandomBits() if test_seed is None else SeededPerRelease(test_seed)
         self._engine = Engine(self.params, bits)
         self.rejects: list[RejectedRecord] = []
 

@@ -7,9 +7,10 @@ import json
 from dataclasses import dataclass
 
 from streamfilter.config import ConfigError, Settings
+from streamfilter.engine.day import SeededPerRelease
 from streamfilter.engine.monitor import Engine
 from streamfilter.engine.params import PrivacyParams
-from streamfilter.privacy.noise import RandomBits, SeededRandomBits, SystemRandomBits
+from streamfilter.privacy.noise import RandomBits, SystemRandomBits
 from streamfilter.runtime.daemon import Daemon
 from streamfilter.runtime.feeds import FileQueryFeed, NoQueryFeed, PolicyFeed, QueryFeed
 from streamfilter.runtime.sinks import FileSink, Sink, StdoutSink
@@ -96,7 +97,7 @@ def build_daemon(
             "testing.noise_seed makes the noise reproducible and the releases NOT private; "
             "`run` refuses it unless --testing is given"
         )
-    bits: RandomBits = SeededRandomBits(seed) if seed is not None else SystemRandomBits()
+    bits: RandomBits = SeededPerRelease(seed) if seed is not None else SystemRandomBits()
     settings.state.path.parent.mkdir(parents=True, exist_ok=True)
     store = SQLiteStateStore(settings.state.path)
     try:

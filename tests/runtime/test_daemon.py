@@ -1,0 +1,148 @@
+"""The daemon loop with in-memory source/sink, a fake clock and a real SQLite store."""
+
+import datetime as dt
+import json
+
+import pytest
+
+from streamfilter.engine.monitor import Engine
+from streamfilter.engine.params import PrivacyParams
+from streamfilter.privacy.noise import SeededRandomBits
+from streamfilter.runtime.daemon import Daemon
+from streamfilter.runtime.feeds import QueryFeed
+from streamfilter.runtime.store import SQLiteStateStore
+from streamfilter.testing import FakeClock, MemorySink, MemorySource
+
+PARAMS = PrivacyParams.create(b_norm=2.0, rho=0.5, granularity=2.0**-8)
+Q = {"query_id": "active", "kind": "sum", "features": ["active"], "clip": 1.0, "from_day": "2026-01-01"}
+
+
+class ListFeed(QueryFeed):
+    def __init__(self, queries):
+        self.pending = [json.dumps(q).encode() for q in queries]
+
+    def poll(self):
+        out, self.pending = [("test", q) for q in self.pending], []
+        return out
+
+
+def event(user, day, **values):
+    return json.dumps({"user_id": user, "day": day, "values": values or {"active": 1}}).encode()
+
+
+def utc(day, hours=0.0):
+    d = dt.date.fromisoformat(day)
+    return dt.datetime(d.year, d.month, d.day, tzinfo=dt.UTC).timestamp() + hours * 3600
+
+
+@pytest.fixture
+def world(tmp_path):
+    clock = FakeClock(wall=utc("2026-01-01", 1))
+    parts = {}
+
+    def make(source=None, queries=(Q,), seed=1):
+        store = SQLiteStateStore(tmp_path / "state.db")
+        src = source or MemorySource({"p0": [], "p1": []})
+        sink, rejects = MemorySink(), MemorySink()
+        d = Daemon(
+            Engine(PARAMS, SeededRandomBits(seed)), store, src, ListFeed(queries), sink, rejects,
+            allowed_lateness_s=7200, idle_timeout_s=600, poll_interval_s=0,
+            wall_clock=clock.time, monotonic=clock.monotonic,
+        )
+        parts.update(store=store, source=src, sink=sink, rejects=rejects, daemon=d)
+        return d
+
+    yield make, clock, parts
+    if "store" in parts:
+        parts["store"].close()
+
+
+def step(daemon):
+    """One loop iteration without waiting."""
+    daemon._poll_queries()
+    for rec in daemon.source.poll(1000):
+        daemon._ingest(rec.partition, rec.offset, rec.next_offset, rec.value)
+    daemon._close_ready()
+
+
+def days_of(sink):
+    return [json.loads(p)["day"] for p in sink.payloads]
+
+
+def test_day_closes_only_after_lateness_and_when_every_partition_moved_on(world):
+    make, clock, parts = world
+    d = make()
+    src = parts["source"]
+    src.append("p0", event("a", "2026-01-01"))
+    src.append("p1", event("b", "2026-01-01"))
+    step(d)
+    clock.wall = utc("2026-01-02", 1.9)  # within allowed lateness (2h)
+    src.append("p0", event("a", "2026-01-02"))
+    step(d)
+    assert parts["sink"].payloads == []
+    clock.wall = utc("2026-01-02", 2.1)  # lateness passed, but p1 has not moved past day 1
+    clock.mono += 60
+    step(d)
+    assert parts["sink"].payloads == []
+    src.append("p1", event("b", "2026-01-02"))  # p1 moves on
+    step(d)
+    assert days_of(parts["sink"]) == ["2026-01-01"]
+
+
+def test_idle_partition_stops_holding_the_watermark(world):
+    make, clock, parts = world
+    d = make()
+    src = parts["source"]
+    src.append("p0", event("a", "2026-01-01"))
+    src.append("p1", event("b", "2026-01-01"))
+    step(d)
+    src.append("p0", event("a", "2026-01-02"))
+    clock.wall = utc("2026-01-02", 3)
+    step(d)
+    assert parts["sink"].payloads == []
+    clock.mono += 601  # p1 idle longer than idle_timeout
+    step(d)
+    assert days_of(parts["sink"]) == ["2026-01-01"]
+
+
+def test_backfill_does_not_close_a_day_before_its_events_were_read(world):
+    make, clock, parts = world
+    clock.wall = utc("2026-03-01")  # long after the days in the input
+    d = make()
+    src = parts["source"]
+    src.append("p0", event("a", "2026-01-01"))
+    src.append("p1", event("b", "2026-01-01"))
+    step(d)
+    assert parts["sink"].payloads == []  # neither partition has moved past day 1 yet
+    src.append("p0", event("a", "2026-01-03"))
+    src.append("p1", event("b", "2026-01-02"))
+    step(d)
+    # days 1 closes; day 2 waits for p0? p0 is at day 3, p1 at day 2 → only day 1 is past everywhere
+    assert days_of(parts["sink"]) == ["2026-01-01"]
+
+
+def test_late_events_are_rejected_and_gap_days_still_release(world):
+    make, clock, parts = world
+    clock.wall = utc("2026-03-01")
+    d = make(source=MemorySource({"p0": []}))
+    src = parts["source"]
+    src.append("p0", event("a", "2026-01-01"))
+    src.append("p0", event("a", "2026-01-04"))
+    step(d)
+    assert days_of(parts["sink"]) == ["2026-01-01", "2026-01-02", "2026-01-03"]
+    src.append("p0", event("z", "2026-01-02"))
+    step(d)
+    rejects = [json.loads(p) for p in parts["rejects"].payloads]
+    assert [r["reason"] for r in rejects] == ["late"]
+    assert json.loads(rejects[0]["raw"])["user_id"] == "z"
+
+
+def test_until_end_closes_everything_and_bad_input_goes_to_rejects(world):
+    make, clock, parts = world
+    src = MemorySource({"p0": [event("a", "2026-01-01"), b"{broken", event("a", "2026-01-02"), b'{"user_id": "", "day": "2026-01-02", "values": {}}']})
+    d = make(source=src, queries=(Q, {"query_id": "bad", "kind": "nope"}))
+    summary = d.run(until_end=True)
+    assert days_of(parts["sink"]) == ["2026-01-01", "2026-01-02"]
+    assert summary.rejects == {"malformed_json": 1, "invalid_user_id": 1, "unknown_query_kind": 1}
+    reasons = sorted(json.loads(p)["reason"] for p in parts["rejects"].payloads)
+    assert reasons == ["invalid_user_id", "malformed_json", "unknown_query_kind"]
