@@ -73,7 +73,7 @@ def _guarantee_text(g: dict[str, object]) -> str:
     eps = g["epsilon_by_method"]
     assert isinstance(eps, dict)
     lines = [
-        f"streamfilter guarantee — per user, over the whole run, for any number of queries",
+        "streamfilter guarantee — per user, over the whole run, for any number of queries",
         f"  {g['rho']:.6g}-zCDP (Feldman & Zrnic Thm 4.5 / Cor 4.7; effective {g['rho_effective']:.6g})",
         f"  ({g['epsilon']:.6g}, {g['delta']:.3g})-DP by {g['method']}",
     ]
@@ -102,8 +102,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="run the stream processor")
     run.add_argument("--config", required=True, help="TOML configuration file")
-    run.add_argument("--until-end", action="store_true", help="close every open day at end of input and exit")
-    run.add_argument("--testing", action="store_true", help="allow [testing] noise_seed (releases are NOT private)")
+    run.add_argument(
+        "--until-end", action="store_true", help="close every open day at end of input and exit"
+    )
+    run.add_argument(
+        "--testing",
+        action="store_true",
+        help="allow [testing] noise_seed (releases are NOT private)",
+    )
     run.set_defaults(func=cmd_run)
 
     gua = sub.add_parser("guarantee", help="print the privacy guarantee of a configuration")
@@ -115,7 +121,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--users", type=int, default=100_000)
     demo.add_argument("--days", type=int, default=60)
     demo.add_argument("--p-active", type=float, default=0.1)
-    demo.add_argument("--out", help="directory for config, state and releases (default: a temp dir)")
+    demo.add_argument(
+        "--out", help="directory for config, state and releases (default: a temp dir)"
+    )
     demo.set_defaults(func=cmd_demo)
     return parser
 

@@ -21,7 +21,13 @@ def standing_monitoring(history: Sequence[Release], next_day: str) -> list[dict[
     if history:
         return []
     return [
-        {"query_id": "active", "kind": "sum", "features": ["active"], "clip": 1.0, "from_day": next_day},
+        {
+            "query_id": "active",
+            "kind": "sum",
+            "features": ["active"],
+            "clip": 1.0,
+            "from_day": next_day,
+        },
         {
             "query_id": "plans",
             "kind": "histogram",

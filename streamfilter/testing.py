@@ -15,6 +15,7 @@ from streamfilter.runtime.sources import Source, SourceRecord
 
 __all__ = ["FakeClock", "MemorySink", "MemorySource", "crash_point"]
 
+
 @dataclass
 class FakeClock:
     """Injectable clock: ``wall`` (UTC epoch seconds) and ``mono`` advance only when told."""
@@ -53,7 +54,9 @@ class MemorySource(Source):
     """Records per partition, appended by the test (``append``); offsets are list indices."""
 
     def __init__(self, partitions: dict[str, list[bytes]] | None = None) -> None:
-        self.data: dict[str, list[bytes]] = {p: list(v) for p, v in (partitions or {"p0": []}).items()}
+        self.data: dict[str, list[bytes]] = {
+            p: list(v) for p, v in (partitions or {"p0": []}).items()
+        }
         self.offsets = {p: 0 for p in self.data}
 
     def append(self, partition: str, value: bytes) -> None:

@@ -17,7 +17,9 @@ def test_importing_the_cores_loads_no_io_library():
         "bad = [m for m in ('kafka', 'prometheus_client', 'sqlite3', '_sqlite3') if m in sys.modules]\n"
         "print(','.join(bad))\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
     assert out.stdout.strip() == ""
 
 
@@ -48,6 +50,12 @@ def test_layers_only_import_downward():
                     violations.append(f"{path.relative_to(PKG)} imports {name}")
                 if sub == "client" and target not in ("privacy", "client"):
                     violations.append(f"{path.relative_to(PKG)} imports {name}")
-                if sub in ("privacy", "engine") and target in ("config", "cli", "metrics", "runtime", "testing"):
+                if sub in ("privacy", "engine") and target in (
+                    "config",
+                    "cli",
+                    "metrics",
+                    "runtime",
+                    "testing",
+                ):
                     violations.append(f"{path.relative_to(PKG)} imports {name}")
     assert violations == []

@@ -39,28 +39,75 @@ noise_seed = 11
 """
 
 QUERIES = [
-    {"query_id": "active", "kind": "sum", "features": ["active"], "clip": 1.0, "from_day": "2026-01-01"},
-    {"query_id": "plans", "kind": "histogram", "feature": "plan", "categories": ["free", "pro", "team"], "clip": 1.0, "from_day": "2026-01-02", "until_day": "2026-01-04"},
-    {"query_id": "mix", "kind": "linear", "weights": {"active": [1, 0], "minutes": [0, 0.01]}, "clip": 2.0, "from_day": "2026-01-03", "until_day": "2026-01-03"},
+    {
+        "query_id": "active",
+        "kind": "sum",
+        "features": ["active"],
+        "clip": 1.0,
+        "from_day": "2026-01-01",
+    },
+    {
+        "query_id": "plans",
+        "kind": "histogram",
+        "feature": "plan",
+        "categories": ["free", "pro", "team"],
+        "clip": 1.0,
+        "from_day": "2026-01-02",
+        "until_day": "2026-01-04",
+    },
+    {
+        "query_id": "mix",
+        "kind": "linear",
+        "weights": {"active": [1, 0], "minutes": [0, 0.01]},
+        "clip": 2.0,
+        "from_day": "2026-01-03",
+        "until_day": "2026-01-03",
+    },
 ]
 
 
 def write_world(tmp: Path, days: int = 5, users: int = 30, bad: bool = True) -> None:
     (tmp / "streamfilter.toml").write_text(CONFIG)
-    (tmp / "queries.jsonl").write_text("".join(json.dumps(q) + "\n" for q in QUERIES) + '{"query_id": "x", "kind": "median"}\n')
+    (tmp / "queries.jsonl").write_text(
+        "".join(json.dumps(q) + "\n" for q in QUERIES) + '{"query_id": "x", "kind": "median"}\n'
+    )
     lines = []
     for d in range(days):
         day = f"2026-01-{d + 1:02d}"
         for u in range(users):
             if (u * 7 + d) % 3:
-                lines.append(json.dumps({"user_id": f"u-{u}", "day": day, "values": {"active": 1, "minutes": u * 3.0, "plan": ["free", "pro", "team"][u % 3]}, "event_id": f"e{d}-{u}"}))
+                lines.append(
+                    json.dumps(
+                        {
+                            "user_id": f"u-{u}",
+                            "day": day,
+                            "values": {
+                                "active": 1,
+                                "minutes": u * 3.0,
+                                "plan": ["free", "pro", "team"][u % 3],
+                            },
+                            "event_id": f"e{d}-{u}",
+                        }
+                    )
+                )
         if bad:
-            lines += ["{oops", json.dumps({"user_id": "", "day": day, "values": {}}), '{"user_id": "u-1", "day": "2026-02-31", "values": {}}']
+            lines += [
+                "{oops",
+                json.dumps({"user_id": "", "day": day, "values": {}}),
+                '{"user_id": "u-1", "day": "2026-02-31", "values": {}}',
+            ]
     (tmp / "events.jsonl").write_text("\n".join(lines) + "\n")
 
 
 def cli(*args, cwd, env=None, check=True, timeout=120):
-    proc = subprocess.run([sys.executable, "-m", "streamfilter", *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})})
+    proc = subprocess.run(
+        [sys.executable, "-m", "streamfilter", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
     if check and proc.returncode != 0:
         raise AssertionError(f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
     return proc
@@ -77,17 +124,28 @@ def test_end_to_end_on_files(tmp_path):
     keys = [(r["day"], r["query_id"]) for r in rel]
     assert keys == [
         ("2026-01-01", "active"),
-        ("2026-01-02", "active"), ("2026-01-02", "plans"),
-        ("2026-01-03", "active"), ("2026-01-03", "plans"), ("2026-01-03", "mix"),
-        ("2026-01-04", "active"), ("2026-01-04", "plans"),
+        ("2026-01-02", "active"),
+        ("2026-01-02", "plans"),
+        ("2026-01-03", "active"),
+        ("2026-01-03", "plans"),
+        ("2026-01-03", "mix"),
+        ("2026-01-04", "active"),
+        ("2026-01-04", "plans"),
         ("2026-01-05", "active"),
     ]
     for r in rel:
-        assert r["mechanism"] == "discrete_gaussian" and len(r["value"]) == len(r["labels"]) == len(r["ci95"])
+        assert r["mechanism"] == "discrete_gaussian" and len(r["value"]) == len(r["labels"]) == len(
+            r["ci95"]
+        )
         # values are on the lattice
         assert all(float(v / r["granularity"]).is_integer() for v in r["value"])
     rejects = [json.loads(x) for x in (tmp_path / "out" / "rejects.jsonl").read_text().splitlines()]
-    assert sorted({r["reason"] for r in rejects}) == ["invalid_day", "invalid_user_id", "malformed_json", "unknown_query_kind"]
+    assert sorted({r["reason"] for r in rejects}) == [
+        "invalid_day",
+        "invalid_user_id",
+        "malformed_json",
+        "unknown_query_kind",
+    ]
     assert all("raw" in r for r in rejects)
     summary = json.loads(proc.stderr.strip().splitlines()[-1])["summary"]
     assert summary["rejected"] == len(rejects) == 16 and summary["days_closed"] == 5
@@ -111,7 +169,16 @@ def test_config_errors_name_the_key(tmp_path):
 
 def test_env_overrides_the_file(tmp_path):
     (tmp_path / "c.toml").write_text("[privacy]\nb_norm = 4\nrho = 0.5\n")
-    out = json.loads(cli("guarantee", "--config", "c.toml", "--json", cwd=tmp_path, env={"STREAMFILTER_PRIVACY__RHO": "0.125"}).stdout)
+    out = json.loads(
+        cli(
+            "guarantee",
+            "--config",
+            "c.toml",
+            "--json",
+            cwd=tmp_path,
+            env={"STREAMFILTER_PRIVACY__RHO": "0.125"},
+        ).stdout
+    )
     assert out["rho"] == 0.125 and abs(out["sigma"] - (4 / 0.25) ** 0.5) < 1e-3
 
 
@@ -136,24 +203,51 @@ def test_restart_after_sigkill_publishes_identical_releases_without_double_debit
     cli("run", "--config", "streamfilter.toml", "--until-end", "--testing", cwd=ref)
     ref_seconds = time.monotonic() - started
     expected = (ref / "out" / "releases.jsonl").read_bytes()
-    ref_budgets = sorted(sqlite3.connect(ref / "state.db").execute("SELECT * FROM budgets").fetchall())
+    ref_budgets = sorted(
+        sqlite3.connect(ref / "state.db").execute("SELECT * FROM budgets").fetchall()
+    )
 
     for point in ("after_commit:3", "after_publish:2", "before_mark_sent:4"):
         work = tmp_path / point.replace(":", "_")
         work.mkdir()
         write_world(work, days=8, users=200, bad=False)
-        crashed = cli("run", "--config", "streamfilter.toml", "--until-end", "--testing", cwd=work, env={"STREAMFILTER_CRASH_AT": point}, check=False)
+        crashed = cli(
+            "run",
+            "--config",
+            "streamfilter.toml",
+            "--until-end",
+            "--testing",
+            cwd=work,
+            env={"STREAMFILTER_CRASH_AT": point},
+            check=False,
+        )
         assert crashed.returncode == -signal.SIGKILL
         cli("run", "--config", "streamfilter.toml", "--until-end", "--testing", cwd=work)
         assert (work / "out" / "releases.jsonl").read_bytes() == expected, point
-        budgets = sorted(sqlite3.connect(work / "state.db").execute("SELECT * FROM budgets").fetchall())
+        budgets = sorted(
+            sqlite3.connect(work / "state.db").execute("SELECT * FROM budgets").fetchall()
+        )
         assert budgets == ref_budgets, point
 
     # a real SIGKILL at a random moment of a slower run
     work = tmp_path / "random"
     work.mkdir()
     write_world(work, days=8, users=200, bad=False)
-    proc = subprocess.Popen([sys.executable, "-m", "streamfilter", "run", "--config", "streamfilter.toml", "--until-end", "--testing"], cwd=work, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "streamfilter",
+            "run",
+            "--config",
+            "streamfilter.toml",
+            "--until-end",
+            "--testing",
+        ],
+        cwd=work,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     time.sleep(random.uniform(0.4, 0.9) * ref_seconds)
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
@@ -169,7 +263,15 @@ def test_second_process_on_the_same_state_refuses(tmp_path):
 
     store = SQLiteStateStore(tmp_path / "state.db")
     try:
-        proc = cli("run", "--config", "streamfilter.toml", "--until-end", "--testing", cwd=tmp_path, check=False)
+        proc = cli(
+            "run",
+            "--config",
+            "streamfilter.toml",
+            "--until-end",
+            "--testing",
+            cwd=tmp_path,
+            check=False,
+        )
     finally:
         store.close()
     assert proc.returncode == 3 and "another streamfilter process" in proc.stderr
@@ -178,7 +280,16 @@ def test_second_process_on_the_same_state_refuses(tmp_path):
 def test_changed_privacy_config_on_existing_state_is_refused(tmp_path):
     write_world(tmp_path)
     cli("run", "--config", "streamfilter.toml", "--until-end", "--testing", cwd=tmp_path)
-    proc = cli("run", "--config", "streamfilter.toml", "--until-end", "--testing", cwd=tmp_path, env={"STREAMFILTER_PRIVACY__B_NORM": "30"}, check=False)
+    proc = cli(
+        "run",
+        "--config",
+        "streamfilter.toml",
+        "--until-end",
+        "--testing",
+        cwd=tmp_path,
+        env={"STREAMFILTER_PRIVACY__B_NORM": "30"},
+        check=False,
+    )
     assert proc.returncode == 2 and "cannot change during a run" in proc.stderr
 
 

@@ -123,11 +123,15 @@ def parse_event(raw: bytes | str | dict[str, Any]) -> Event:
         if isinstance(v, int | float):
             fv = float(v) if abs(v) <= MAX_ABS_VALUE else math.inf
             if not math.isfinite(fv):
-                raise Reject("invalid_number", f"values.{name} must be finite, |x| ≤ {MAX_ABS_VALUE:g}")
+                raise Reject(
+                    "invalid_number", f"values.{name} must be finite, |x| ≤ {MAX_ABS_VALUE:g}"
+                )
             clean[name] = fv
         elif isinstance(v, str):
             if len(v) > MAX_STRING_VALUE_CHARS:
-                raise Reject("invalid_values", f"values.{name} is longer than {MAX_STRING_VALUE_CHARS}")
+                raise Reject(
+                    "invalid_values", f"values.{name} is longer than {MAX_STRING_VALUE_CHARS}"
+                )
             clean[name] = v
         else:
             raise Reject("invalid_values", f"values.{name} must be a number or a string")

@@ -110,7 +110,9 @@ class Monitor:
         self._engine.register_query(parsed)
         return parsed
 
-    def close_day(self, day: str, events: Iterable[dict[str, Any] | str | bytes | Event]) -> list[Release]:
+    def close_day(
+        self, day: str, events: Iterable[dict[str, Any] | str | bytes | Event]
+    ) -> list[Release]:
         """Close ``day`` with its events and return its releases (in query registration order).
 
         Invalid events, and events of another day, are recorded in :attr:`rejects` and skipped.

@@ -121,7 +121,11 @@ class PrivacyParams:
     def rho_effective(self) -> float:
         """The zCDP actually guaranteed: B/(2 s²) ≤ ρ (integer budget and variance)."""
         if self.mechanism == "gaussian":
-            return float(Fraction(self.budget_units) * Fraction(self.granularity) ** 2 / (2 * Fraction(self.sigma) ** 2))
+            return float(
+                Fraction(self.budget_units)
+                * Fraction(self.granularity) ** 2
+                / (2 * Fraction(self.sigma) ** 2)
+            )
         return float(Fraction(self.budget_units, 2 * self.sigma2_units))
 
     @cached_property

@@ -38,7 +38,9 @@ class QueryBook:
         if existing is not None:
             if existing.canonical_json() == query.canonical_json():
                 return False
-            raise Reject("duplicate_query_id", "query_id is already registered with another definition")
+            raise Reject(
+                "duplicate_query_id", "query_id is already registered with another definition"
+            )
         if last_closed_day is not None and query.from_day.isoformat() <= last_closed_day:
             raise Reject("closed_day", "from_day is a day that is already closed")
         return True

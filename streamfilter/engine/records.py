@@ -88,7 +88,14 @@ class DayRecords:
     ) -> DayRecords:
         if len(users) == 0:
             empty_i = np.zeros(0, np.int64)
-            return cls(day, np.array([], dtype=object), empty_i, empty_i, np.zeros(0), np.array([], dtype=object))
+            return cls(
+                day,
+                np.array([], dtype=object),
+                empty_i,
+                empty_i,
+                np.zeros(0),
+                np.array([], dtype=object),
+            )
         uniq_users, user_pos = np.unique(users, return_inverse=True)
         coord_names, coord = np.unique(coords, return_inverse=True)
         order = np.lexsort((values, coord, user_pos))

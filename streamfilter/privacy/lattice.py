@@ -44,8 +44,12 @@ MAX_COST_UNITS = 2**62
 
 
 def _check_power_of_two(granularity: float) -> int:
-    if not (isinstance(granularity, float | int) and math.isfinite(granularity) and granularity > 0):
-        raise ValueError(f"granularity must be a positive power of two, got granularity={granularity!r}")
+    if not (
+        isinstance(granularity, float | int) and math.isfinite(granularity) and granularity > 0
+    ):
+        raise ValueError(
+            f"granularity must be a positive power of two, got granularity={granularity!r}"
+        )
     mantissa, exponent = math.frexp(float(granularity))
     if mantissa != 0.5:
         raise ValueError(f"granularity must be a power of two, got granularity={granularity!r}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 from dataclasses import dataclass
@@ -42,11 +43,14 @@ class Components:
     reject_sink: Sink
 
     def close(self) -> None:
-        for closer in (self.source.close, self.sink.close, self.reject_sink.close, self.store.close):
-            try:
+        for closer in (
+            self.source.close,
+            self.sink.close,
+            self.reject_sink.close,
+            self.store.close,
+        ):
+            with contextlib.suppress(Exception):  # close everything we can
                 closer()
-            except Exception:  # noqa: BLE001 - close everything we can
-                pass
 
 
 def _source(settings: Settings, follow: bool) -> Source:

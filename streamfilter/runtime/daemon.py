@@ -247,7 +247,9 @@ class Daemon:
         day = self._first_open_day()
         target = None
         # the latest day that may close; every earlier day then closes too (in order)
-        while day is not None and last_open is not None and day <= last_open and self._closable(day):
+        while (
+            day is not None and last_open is not None and day <= last_open and self._closable(day)
+        ):
             target = day
             day = _next_day(day)
         if target is not None:
@@ -297,7 +299,12 @@ class Daemon:
         self._min_offset.pop(day, None)
         self._high.update({p: pos.high_offset for p, pos in positions.items()})
         self.summary.days_closed += 1
-        log.info("closed day %s: %d releases in %.3fs", day, len(outcome.releases), time.perf_counter() - started)
+        log.info(
+            "closed day %s: %d releases in %.3fs",
+            day,
+            len(outcome.releases),
+            time.perf_counter() - started,
+        )
         # 4. relay the outbox
         self._relay_outbox()
         if self.on_day_closed is not None:

@@ -8,7 +8,6 @@ earlier release, DESIGN.md §1).
 
 from __future__ import annotations
 
-import abc
 import importlib
 import json
 from collections.abc import Callable, Iterable, Sequence
@@ -22,7 +21,7 @@ __all__ = ["FileQueryFeed", "NoQueryFeed", "PolicyFeed", "QueryFeed", "load_poli
 Policy = Callable[[Sequence[Release], str], Iterable[dict[str, Any]]]
 
 
-class QueryFeed(abc.ABC):
+class QueryFeed:
     def poll(self) -> list[tuple[str, bytes]]:
         """New raw query records as (source label, bytes)."""
         return []
@@ -34,7 +33,7 @@ class QueryFeed(abc.ABC):
     def position(self) -> tuple[str, int] | None:
         return None
 
-    def seek(self, offset: int) -> None:  # noqa: B027 - optional hook
+    def seek(self, offset: int) -> None:
         pass
 
 
@@ -79,7 +78,7 @@ def load_policy(spec: str) -> Policy:
     func = getattr(module, func_name, None)
     if not callable(func):
         raise ValueError(f"policy {spec} is not a callable")
-    return func  # type: ignore[no-any-return]
+    return func
 
 
 class PolicyFeed(QueryFeed):

@@ -204,6 +204,8 @@ class SyntheticSource(Source):
         return False
 
 
-def _chain_one(first: tuple[int, bytes], rest: Iterator[tuple[int, bytes]]) -> Iterator[tuple[int, bytes]]:
+def _chain_one(
+    first: tuple[int, bytes], rest: Iterator[tuple[int, bytes]]
+) -> Iterator[tuple[int, bytes]]:
     yield first
     yield from rest

@@ -28,10 +28,10 @@ import numpy as np
 __all__ = [
     "DayCommit",
     "Position",
+    "SQLiteStateStore",
     "StateStore",
     "StoreError",
     "StoreLockedError",
-    "SQLiteStateStore",
     "StoredState",
 ]
 
@@ -212,10 +212,14 @@ class SQLiteStateStore(StateStore):
                 (u, int(s), bool(r))
                 for u, s, r in db.execute("SELECT user_id, spent_units, retired FROM budgets")
             ]
-            state.queries = [bytes(p) for (p,) in db.execute("SELECT payload FROM queries ORDER BY seq")]
+            state.queries = [
+                bytes(p) for (p,) in db.execute("SELECT payload FROM queries ORDER BY seq")
+            ]
             state.positions = {
                 p: Position(int(r), int(h))
-                for p, r, h in db.execute("SELECT partition, resume_offset, high_offset FROM positions")
+                for p, r, h in db.execute(
+                    "SELECT partition, resume_offset, high_offset FROM positions"
+                )
             }
             state.releases = [
                 bytes(p) for (p,) in db.execute("SELECT payload FROM releases ORDER BY day, ord")

@@ -7,7 +7,12 @@ from pydantic import ValidationError
 
 from streamfilter.engine.contract import EventModel, Reject, Release, parse_event, parse_query
 
-GOOD = {"user_id": "u-17", "day": "2026-01-05", "values": {"active": 1, "minutes": 12.5, "plan": "pro"}, "event_id": "e-991"}
+GOOD = {
+    "user_id": "u-17",
+    "day": "2026-01-05",
+    "values": {"active": 1, "minutes": 12.5, "plan": "pro"},
+    "event_id": "e-991",
+}
 
 
 def test_contract_example_event_is_accepted():
@@ -94,26 +99,119 @@ def test_fast_path_agrees_with_pydantic_model(user_id, day, values):
 
 
 def test_queries_of_each_kind():
-    s = parse_query({"query_id": "active", "kind": "sum", "features": ["active"], "clip": 1.0, "from_day": "2026-01-01"})
+    s = parse_query(
+        {
+            "query_id": "active",
+            "kind": "sum",
+            "features": ["active"],
+            "clip": 1.0,
+            "from_day": "2026-01-01",
+        }
+    )
     assert s.coordinates() == ["active"] and s.labels() == ["active"] and s.applies_to("2030-01-01")
-    h = parse_query({"query_id": "plans", "kind": "histogram", "feature": "plan", "categories": ["free", "pro", "team"], "clip": 1.0, "from_day": "2026-01-10", "until_day": "2026-01-20"})
+    h = parse_query(
+        {
+            "query_id": "plans",
+            "kind": "histogram",
+            "feature": "plan",
+            "categories": ["free", "pro", "team"],
+            "clip": 1.0,
+            "from_day": "2026-01-10",
+            "until_day": "2026-01-20",
+        }
+    )
     assert h.coordinates() == ["plan=free", "plan=pro", "plan=team"]
-    assert h.applies_to("2026-01-20") and not h.applies_to("2026-01-21") and not h.applies_to("2026-01-09")
-    m = parse_query({"query_id": "mix", "kind": "linear", "weights": {"active": [1, 0], "minutes": [0, 0.01]}, "clip": 2.0, "from_day": "2026-01-10", "until_day": "2026-01-10"})
+    assert (
+        h.applies_to("2026-01-20")
+        and not h.applies_to("2026-01-21")
+        and not h.applies_to("2026-01-09")
+    )
+    m = parse_query(
+        {
+            "query_id": "mix",
+            "kind": "linear",
+            "weights": {"active": [1, 0], "minutes": [0, 0.01]},
+            "clip": 2.0,
+            "from_day": "2026-01-10",
+            "until_day": "2026-01-10",
+        }
+    )
     assert m.weights().tolist() == [[1, 0], [0, 0.01]] and len(m.labels()) == 2
 
 
 @pytest.mark.parametrize(
     ("obj", "reason"),
     [
-        ({"query_id": "q", "kind": "median", "clip": 1, "from_day": "2026-01-01"}, "unknown_query_kind"),
-        ({"query_id": "q", "kind": "sum", "features": ["a"], "clip": 0, "from_day": "2026-01-01"}, "invalid_query"),
-        ({"query_id": "q", "kind": "sum", "features": ["a"], "clip": 1, "from_day": "2026-01-05", "until_day": "2026-01-01"}, "invalid_query"),
-        ({"query_id": "q", "kind": "sum", "features": [], "clip": 1, "from_day": "2026-01-01"}, "invalid_query"),
-        ({"query_id": "q", "kind": "sum", "features": ["a", "a"], "clip": 1, "from_day": "2026-01-01"}, "invalid_query"),
-        ({"query_id": "q", "kind": "linear", "weights": {"a": [1], "b": [1, 2]}, "clip": 1, "from_day": "2026-01-01"}, "invalid_query"),
-        ({"query_id": "q", "kind": "sum", "features": ["a"], "clip": 1, "from_day": "2026-13-01"}, "invalid_query"),
-        ({"query_id": "q", "kind": "sum", "features": ["a"], "clip": 1, "from_day": "2026-01-01", "x": 1}, "invalid_query"),
+        (
+            {"query_id": "q", "kind": "median", "clip": 1, "from_day": "2026-01-01"},
+            "unknown_query_kind",
+        ),
+        (
+            {
+                "query_id": "q",
+                "kind": "sum",
+                "features": ["a"],
+                "clip": 0,
+                "from_day": "2026-01-01",
+            },
+            "invalid_query",
+        ),
+        (
+            {
+                "query_id": "q",
+                "kind": "sum",
+                "features": ["a"],
+                "clip": 1,
+                "from_day": "2026-01-05",
+                "until_day": "2026-01-01",
+            },
+            "invalid_query",
+        ),
+        (
+            {"query_id": "q", "kind": "sum", "features": [], "clip": 1, "from_day": "2026-01-01"},
+            "invalid_query",
+        ),
+        (
+            {
+                "query_id": "q",
+                "kind": "sum",
+                "features": ["a", "a"],
+                "clip": 1,
+                "from_day": "2026-01-01",
+            },
+            "invalid_query",
+        ),
+        (
+            {
+                "query_id": "q",
+                "kind": "linear",
+                "weights": {"a": [1], "b": [1, 2]},
+                "clip": 1,
+                "from_day": "2026-01-01",
+            },
+            "invalid_query",
+        ),
+        (
+            {
+                "query_id": "q",
+                "kind": "sum",
+                "features": ["a"],
+                "clip": 1,
+                "from_day": "2026-13-01",
+            },
+            "invalid_query",
+        ),
+        (
+            {
+                "query_id": "q",
+                "kind": "sum",
+                "features": ["a"],
+                "clip": 1,
+                "from_day": "2026-01-01",
+                "x": 1,
+            },
+            "invalid_query",
+        ),
     ],
 )
 def test_bad_queries(obj, reason):
@@ -125,7 +223,18 @@ def test_bad_queries(obj, reason):
 
 
 def test_release_json_shape_and_key_order():
-    r = Release("2026-01-05", "active", ["active"], [1204.0], 3.16, [6.2], "discrete_gaussian", 0.0009765625)
+    r = Release(
+        "2026-01-05", "active", ["active"], [1204.0], 3.16, [6.2], "discrete_gaussian", 0.0009765625
+    )
     text = r.to_json()
-    assert list(json.loads(text)) == ["day", "query_id", "labels", "value", "sigma", "ci95", "mechanism", "granularity"]
+    assert list(json.loads(text)) == [
+        "day",
+        "query_id",
+        "labels",
+        "value",
+        "sigma",
+        "ci95",
+        "mechanism",
+        "granularity",
+    ]
     assert Release.from_json(text) == r

@@ -7,8 +7,20 @@ from hypothesis import strategies as st
 
 from streamfilter import Monitor
 
-ACTIVE = {"query_id": "active", "kind": "sum", "features": ["active"], "clip": 1.0, "from_day": "2026-01-01"}
-MIX = {"query_id": "mix", "kind": "linear", "weights": {"active": [1, 0], "minutes": [0, 0.01]}, "clip": 2.0, "from_day": "2026-01-01"}
+ACTIVE = {
+    "query_id": "active",
+    "kind": "sum",
+    "features": ["active"],
+    "clip": 1.0,
+    "from_day": "2026-01-01",
+}
+MIX = {
+    "query_id": "mix",
+    "kind": "linear",
+    "weights": {"active": [1, 0], "minutes": [0, 0.01]},
+    "clip": 2.0,
+    "from_day": "2026-01-01",
+}
 
 
 def day(n):
@@ -21,7 +33,9 @@ def test_api_shape_and_exact_sums_with_test_seed():
     events = [{"user_id": f"u-{i}", "day": day(5), "values": {"active": 1}} for i in range(100)]
     rel = m.close_day(day(5), events)
     assert rel[0].day == day(5) and rel[0].query_id == "active" and len(rel[0].value) == 1
-    assert rel[0].sigma == pytest.approx(2.0, rel=1e-6) and rel[0].ci95[0] == pytest.approx(1.96 * 2, rel=0.01)
+    assert rel[0].sigma == pytest.approx(2.0, rel=1e-6) and rel[0].ci95[0] == pytest.approx(
+        1.96 * 2, rel=0.01
+    )
     assert m.spent("u-17") == 1.0 and m.spent("never-seen") == 0.0
     assert abs(rel[0].value[0] - 100) < 12  # 6σ
 
@@ -31,7 +45,10 @@ def test_budget_exhaustion_drops_users_from_the_active_set():
     m.add_query(ACTIVE)
     values = []
     for d in range(1, 6):
-        rel = m.close_day(day(d), [{"user_id": f"u-{i}", "day": day(d), "values": {"active": 1}} for i in range(50)])
+        rel = m.close_day(
+            day(d),
+            [{"user_id": f"u-{i}", "day": day(d), "values": {"active": 1}} for i in range(50)],
+        )
         values.append(rel[0].value[0])
     # each user can pay for two days (cost 1 each, B = 2.5): 50, 50, then nobody
     assert [round(v) for v in values] == [50, 50, 0, 0, 0]
@@ -42,7 +59,10 @@ def test_clip_policy_uses_the_remaining_budget():
     m = Monitor(b_norm=2.5, rho=1e5, granularity=2**-10, exhaustion="clip", test_seed=1)
     m.add_query(ACTIVE)
     sigma = m.params.sigma_released  # 0.005: 10σ bounds below
-    vals = [m.close_day(day(d), [{"user_id": "u", "day": day(d), "values": {"active": 1}}])[0].value[0] for d in range(1, 5)]
+    vals = [
+        m.close_day(day(d), [{"user_id": "u", "day": day(d), "values": {"active": 1}}])[0].value[0]
+        for d in range(1, 5)
+    ]
     assert abs(vals[0] - 1) < 10 * sigma and abs(vals[1] - 1) < 10 * sigma
     assert abs(vals[2] - 0.5**0.5) < 10 * sigma + 2**-9  # sqrt(remaining 0.5), up to rounding
     assert abs(vals[3]) < 10 * sigma
@@ -62,7 +82,14 @@ def test_queries_for_closed_days_and_out_of_order_days_are_refused():
 def test_invalid_events_are_recorded_not_accounted():
     m = Monitor(b_norm=4.0, rho=0.5, test_seed=1)
     m.add_query(ACTIVE)
-    m.close_day(day(1), [b"{bad", {"user_id": "a", "day": day(2), "values": {"active": 1}}, {"user_id": "b", "day": day(1), "values": {"active": float("nan")}}])
+    m.close_day(
+        day(1),
+        [
+            b"{bad",
+            {"user_id": "a", "day": day(2), "values": {"active": 1}},
+            {"user_id": "b", "day": day(1), "values": {"active": float("nan")}},
+        ],
+    )
     assert [r.reason for r in m.rejects] == ["malformed_json", "wrong_day", "invalid_number"]
     assert m.spent("a") == 0 and m.spent("b") == 0
 
@@ -81,16 +108,28 @@ def test_epsilon_delta_calibration():
 )
 def test_absent_and_exhausted_user_give_identical_releases(activity, minutes, policy):
     """A user whose budget is spent must be indistinguishable from a user who never shows up."""
+
     def run(include_canary):
         m = Monitor(b_norm=1.0, rho=0.5, granularity=2**-8, exhaustion=policy, test_seed=99)
         m.add_query(ACTIVE)
         m.add_query(MIX)
-        m.close_day(day(1), [{"user_id": "canary", "day": day(1), "values": {"active": 1}}] if include_canary else [])  # spends the canary's whole budget (cost 1 = B)
+        m.close_day(
+            day(1),
+            [{"user_id": "canary", "day": day(1), "values": {"active": 1}}]
+            if include_canary
+            else [],
+        )  # spends the canary's whole budget (cost 1 = B)
         out = []
         for d, row in enumerate(activity, start=2):
-            evs = [{"user_id": f"u{i}", "day": day(d), "values": {"active": 1, "minutes": minutes[i]}} for i in range(6) if row[i]]
+            evs = [
+                {"user_id": f"u{i}", "day": day(d), "values": {"active": 1, "minutes": minutes[i]}}
+                for i in range(6)
+                if row[i]
+            ]
             if include_canary:
-                evs.append({"user_id": "canary", "day": day(d), "values": {"active": 1, "minutes": 999.0}})
+                evs.append(
+                    {"user_id": "canary", "day": day(d), "values": {"active": 1, "minutes": 999.0}}
+                )
             out.append([r.to_json() for r in m.close_day(day(d), evs)])
         return out, m
 
@@ -103,7 +142,10 @@ def test_absent_and_exhausted_user_give_identical_releases(activity, minutes, po
 @settings(max_examples=40, deadline=None)
 @given(perm_seed=st.integers(0, 2**32 - 1))
 def test_permuting_users_changes_nothing(perm_seed):
-    events = [{"user_id": f"u{i}", "day": day(1), "values": {"active": 1, "minutes": float(i * 37 % 101)}} for i in range(40)]
+    events = [
+        {"user_id": f"u{i}", "day": day(1), "values": {"active": 1, "minutes": float(i * 37 % 101)}}
+        for i in range(40)
+    ]
     shuffled = list(np.random.default_rng(perm_seed).permutation(events))
     outs = []
     for evs in (events, shuffled):

@@ -28,7 +28,10 @@ def test_numbers_summed_categories_counted_event_id_once():
 
 def test_arrival_order_does_not_matter():
     rng = random.Random(3)
-    events = [ev(f"u{rng.randrange(50)}", {"x": rng.uniform(-1e6, 1e6), "c": rng.choice("abc")}) for _ in range(2000)]
+    events = [
+        ev(f"u{rng.randrange(50)}", {"x": rng.uniform(-1e6, 1e6), "c": rng.choice("abc")})
+        for _ in range(2000)
+    ]
     mats = []
     for _ in range(3):
         rng.shuffle(events)

@@ -10,7 +10,15 @@ LAT = Lattice(2.0**-6)
 
 
 def run(x, clip, spent, retired, budget, policy):
-    return filter_contributions(np.atleast_2d(np.asarray(x, float)), clip, LAT, np.asarray(spent, np.int64), np.asarray(retired, bool), budget, policy)
+    return filter_contributions(
+        np.atleast_2d(np.asarray(x, float)),
+        clip,
+        LAT,
+        np.asarray(spent, np.int64),
+        np.asarray(retired, bool),
+        budget,
+        policy,
+    )
 
 
 def test_skip_admits_iff_spent_plus_cost_fits():

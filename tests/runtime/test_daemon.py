@@ -14,7 +14,13 @@ from streamfilter.runtime.store import SQLiteStateStore
 from streamfilter.testing import FakeClock, MemorySink, MemorySource
 
 PARAMS = PrivacyParams.create(b_norm=2.0, rho=0.5, granularity=2.0**-8)
-Q = {"query_id": "active", "kind": "sum", "features": ["active"], "clip": 1.0, "from_day": "2026-01-01"}
+Q = {
+    "query_id": "active",
+    "kind": "sum",
+    "features": ["active"],
+    "clip": 1.0,
+    "from_day": "2026-01-01",
+}
 
 
 class ListFeed(QueryFeed):
@@ -45,9 +51,17 @@ def world(tmp_path):
         src = source or MemorySource({"p0": [], "p1": []})
         sink, rejects = MemorySink(), MemorySink()
         d = Daemon(
-            Engine(PARAMS, SeededRandomBits(seed)), store, src, ListFeed(queries), sink, rejects,
-            allowed_lateness_s=7200, idle_timeout_s=600, poll_interval_s=0,
-            wall_clock=clock.time, monotonic=clock.monotonic,
+            Engine(PARAMS, SeededRandomBits(seed)),
+            store,
+            src,
+            ListFeed(queries),
+            sink,
+            rejects,
+            allowed_lateness_s=7200,
+            idle_timeout_s=600,
+            poll_interval_s=0,
+            wall_clock=clock.time,
+            monotonic=clock.monotonic,
         )
         parts.update(store=store, source=src, sink=sink, rejects=rejects, daemon=d)
         return d
@@ -138,8 +152,17 @@ def test_late_events_are_rejected_and_gap_days_still_release(world):
 
 
 def test_until_end_closes_everything_and_bad_input_goes_to_rejects(world):
-    make, clock, parts = world
-    src = MemorySource({"p0": [event("a", "2026-01-01"), b"{broken", event("a", "2026-01-02"), b'{"user_id": "", "day": "2026-01-02", "values": {}}']})
+    make, _clock, parts = world
+    src = MemorySource(
+        {
+            "p0": [
+                event("a", "2026-01-01"),
+                b"{broken",
+                event("a", "2026-01-02"),
+                b'{"user_id": "", "day": "2026-01-02", "values": {}}',
+            ]
+        }
+    )
     d = make(source=src, queries=(Q, {"query_id": "bad", "kind": "nope"}))
     summary = d.run(until_end=True)
     assert days_of(parts["sink"]) == ["2026-01-01", "2026-01-02"]

@@ -6,7 +6,13 @@ import sys
 import numpy as np
 import pytest
 
-from streamfilter.runtime.store import DayCommit, Position, SQLiteStateStore, StoreError, StoreLockedError
+from streamfilter.runtime.store import (
+    DayCommit,
+    Position,
+    SQLiteStateStore,
+    StoreError,
+    StoreLockedError,
+)
 
 
 @pytest.fixture(params=["sqlite"])
@@ -37,9 +43,13 @@ def commit(day, users, spent, releases, positions=None):
 def test_day_commit_round_trips(make_store):
     store = make_store()
     assert store.load().last_closed_day is None
-    seq = store.commit_day(commit("2026-01-01", ["a", "b"], [5, 7], [("q1", b'{"v":1}'), ("q2", b'{"v":2}')]))
+    seq = store.commit_day(
+        commit("2026-01-01", ["a", "b"], [5, 7], [("q1", b'{"v":1}'), ("q2", b'{"v":2}')])
+    )
     assert seq == 1
-    store.commit_day(commit("2026-01-02", ["a"], [9], [("q1", b'{"v":3}')], {"p0": Position(20, 25)}))
+    store.commit_day(
+        commit("2026-01-02", ["a"], [9], [("q1", b'{"v":3}')], {"p0": Position(20, 25)})
+    )
     state = store.load()
     assert state.seq == 2 and state.last_closed_day == "2026-01-02"
     assert sorted(state.budgets) == [("a", 9, False), ("b", 7, False)]
@@ -71,7 +81,11 @@ def test_queries_are_kept_in_registration_order(make_store):
     for qid in ("zeta", "alpha", "mid"):
         store.add_query(f'{{"query_id": "{qid}"}}'.encode())
     store.add_query(b'{"query_id": "alpha"}')  # idempotent
-    assert [q for q in store.load().queries] == [b'{"query_id": "zeta"}', b'{"query_id": "alpha"}', b'{"query_id": "mid"}']
+    assert [q for q in store.load().queries] == [
+        b'{"query_id": "zeta"}',
+        b'{"query_id": "alpha"}',
+        b'{"query_id": "mid"}',
+    ]
 
 
 def test_state_survives_reopen(make_store, tmp_path):
