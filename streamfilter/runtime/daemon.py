@@ -34,9 +34,10 @@ from streamfilter.engine.monitor import Engine
 from streamfilter.engine.records import DayAccumulator
 from streamfilter.runtime.faults import crash_point
 from streamfilter.runtime.feeds import QueryFeed
+from streamfilter.runtime.observer import DaemonObserver
 from streamfilter.runtime.sinks import Sink, reject_payload
 from streamfilter.runtime.sources import Source
-from streamfilter.runtime.store import DayCommit, Position, StateStore
+from streamfilter.runtime.store import DayCommit, Position, StateStore, StoreError
 
 __all__ = ["Daemon", "RunSummary"]
 
@@ -97,6 +98,7 @@ class Daemon:
         wall_clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
         on_day_closed: Callable[[str, list[Release]], None] | None = None,
+        observer: DaemonObserver | None = None,
     ) -> None:
         self.engine = engine
         self.store = store
@@ -111,6 +113,7 @@ class Daemon:
         self.wall_clock = wall_clock
         self.monotonic = monotonic
         self.on_day_closed = on_day_closed
+        self.observer = observer or DaemonObserver()
         self.stop_event = threading.Event()
         self.summary = RunSummary()
         self._open: dict[str, DayAccumulator] = {}
@@ -149,12 +152,24 @@ class Daemon:
 
     # ------------------------------------------------------------------ main loop
     def run(self, until_end: bool = False) -> RunSummary:
+        try:
+            return self._run(until_end)
+        except StoreError as exc:
+            self.observer.failing_closed(str(exc))
+            raise
+        finally:
+            self.observer.stopped()
+
+    def _run(self, until_end: bool) -> RunSummary:
         self._relay_outbox()
+        self.observer.started()
         while not self.stop_event.is_set():
             self._poll_queries()
             records = self.source.poll(self.batch_size)
             for rec in records:
                 self._ingest(rec.partition, rec.offset, rec.next_offset, rec.value)
+            if records:
+                self.observer.records_read(records[0].partition, len(records))
             if until_end and not records and self.source.at_end():
                 self._close_through(self._last_open_day())
                 break
@@ -172,6 +187,7 @@ class Daemon:
     # ------------------------------------------------------------------ input
     def _reject(self, reason: str, detail: str, raw: bytes, where: str) -> None:
         self.summary.rejects[reason] += 1
+        self.observer.rejected(reason)
         self.reject_sink.publish(where, reject_payload(reason, detail, raw, where))
 
     def _poll_queries(self) -> None:
@@ -283,6 +299,7 @@ class Daemon:
         positions = self._positions_after(day)
         self.reject_sink.flush()
         # 2. commit debits + releases + positions in one transaction (raises: fail closed)
+        commit_started = time.perf_counter()
         self.store.commit_day(
             DayCommit(
                 day=day,
@@ -293,18 +310,16 @@ class Daemon:
                 positions=positions,
             )
         )
+        self.observer.committed(time.perf_counter() - commit_started, self.store.size_bytes())
         crash_point("after_commit")
         # 3. apply the committed day in memory
         self.engine.commit_day(outcome)
         self._min_offset.pop(day, None)
         self._high.update({p: pos.high_offset for p, pos in positions.items()})
         self.summary.days_closed += 1
-        log.info(
-            "closed day %s: %d releases in %.3fs",
-            day,
-            len(outcome.releases),
-            time.perf_counter() - started,
-        )
+        close_seconds = time.perf_counter() - started
+        log.info("closed day %s: %d releases in %.3fs", day, len(outcome.releases), close_seconds)
+        self.observer.day_closed(day, close_seconds, outcome.releases, outcome.exact_stats)
         # 4. relay the outbox
         self._relay_outbox()
         if self.on_day_closed is not None:
@@ -321,3 +336,4 @@ class Daemon:
         crash_point("before_mark_sent")
         self.store.mark_sent([(day, query_id) for day, query_id, _ in unsent])
         self.summary.releases_published += len(unsent)
+        self.observer.published(len(unsent))

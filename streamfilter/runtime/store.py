@@ -110,6 +110,10 @@ class StateStore(abc.ABC):
     @abc.abstractmethod
     def spent_units(self, user_id: str) -> tuple[int, bool] | None: ...
 
+    def size_bytes(self) -> int | None:
+        """On-disk size of the state, if the store knows it."""
+        return None
+
     @abc.abstractmethod
     def close(self) -> None: ...
 
@@ -308,6 +312,13 @@ class SQLiteStateStore(StateStore):
             "SELECT spent_units, retired FROM budgets WHERE user_id = ?", (user_id,)
         ).fetchone()
         return None if row is None else (int(row[0]), bool(row[1]))
+
+    def size_bytes(self) -> int | None:
+        total = 0
+        for suffix in ("", "-wal"):
+            with contextlib.suppress(OSError):
+                total += os.path.getsize(f"{self.path}{suffix}")
+        return total
 
     def close(self) -> None:
         with contextlib.suppress(sqlite3.Error):

@@ -1,0 +1,50 @@
+"""Hooks the daemon calls as it works; the default observer does nothing.
+
+``streamfilter.metrics`` implements them for Prometheus. Arguments marked *exact* are
+data-dependent counts: an observer must not export them unless the operator opted into
+``trusted_operator_metrics`` (DESIGN.md §6.9).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from streamfilter.engine.contract import Release
+from streamfilter.engine.day import ExactDayStats
+
+__all__ = ["DaemonObserver"]
+
+
+class DaemonObserver:
+    def started(self) -> None:
+        """The store is open and the source seeked: the daemon is ready."""
+
+    def records_read(self, partition: str, count: int) -> None:
+        """``count`` input records consumed from ``partition`` (exact; input volume)."""
+
+    def rejected(self, reason: str) -> None:
+        """One record refused with ``reason`` (before any accounting)."""
+
+    def day_closed(
+        self,
+        day: str,
+        close_seconds: float,
+        releases: Sequence[Release],
+        exact_stats: ExactDayStats,
+    ) -> None:
+        """A day was committed; ``exact_stats`` is exact and sensitive."""
+
+    def committed(self, commit_seconds: float, store_bytes: int | None) -> None:
+        """The state store committed one day in ``commit_seconds``."""
+
+    def published(self, count: int) -> None:
+        """``count`` releases acknowledged by the sink."""
+
+    def failing_closed(self, message: str) -> None:
+        """The store could not commit: nothing more will be released; the daemon exits."""
+
+    def partition_lag(self, partition: str, lag_records: int) -> None:
+        """Records behind the end of ``partition`` (sources that know their end)."""
+
+    def stopped(self) -> None:
+        """The daemon is draining / has stopped."""
