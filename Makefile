@@ -5,7 +5,9 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench bench-quick clean
+.PHONY: demo test lint bench bench-quick clean test-deps
+
+include deploy/kafka/kafka.mk
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
