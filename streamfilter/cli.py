@@ -87,6 +87,24 @@ def _guarantee_text(g: dict[str, object]) -> str:
     return "\n".join(lines)
 
 
+def cmd_topics(args: argparse.Namespace) -> int:
+    from streamfilter.runtime.app import topic_specs
+    from streamfilter.runtime.kafka import create_topics
+
+    settings = load_config(args.config)
+    specs = topic_specs(settings)
+    if not specs:
+        _err("no section of this configuration uses kind = 'kafka'")
+        return EXIT_CONFIG
+    created = create_topics(settings.kafka.client_config(), specs)
+    for spec in specs:
+        state = "created" if spec.name in created else "exists"
+        print(
+            f"{spec.name}\t{spec.role}\tpartitions={spec.partitions}\treplication={spec.replication_factor}\t{state}"
+        )
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from streamfilter.demo import run_demo
 
@@ -116,6 +134,12 @@ def build_parser() -> argparse.ArgumentParser:
     gua.add_argument("--config", required=True)
     gua.add_argument("--json", action="store_true")
     gua.set_defaults(func=cmd_guarantee)
+
+    topics = sub.add_parser("topics", help="manage the Kafka topics a configuration names")
+    topics_sub = topics.add_subparsers(dest="topics_command", required=True)
+    create = topics_sub.add_parser("create", help="create missing topics")
+    create.add_argument("--config", required=True)
+    create.set_defaults(func=cmd_topics)
 
     demo = sub.add_parser("demo", help="synthetic sparse-monitoring stream on the embedded default")
     demo.add_argument("--users", type=int, default=100_000)

@@ -13,7 +13,15 @@ import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from streamfilter.engine.params import PrivacyParams
@@ -87,10 +95,15 @@ class SyntheticSection(_Section):
     seed: int = 0
 
 
-class SourceSection(_Section):
+class _TopicKeys(_Section):
+    topic: str | None = None
+    partitions: int = Field(1, ge=1, le=10_000)
+    replication_factor: int = Field(1, ge=1, le=32)
+
+
+class SourceSection(_TopicKeys):
     kind: Literal["file", "synthetic", "kafka"] = "file"
     path: Path | None = None
-    topic: str | None = None
     synthetic: SyntheticSection = SyntheticSection()
 
     @model_validator(mode="after")
@@ -102,16 +115,17 @@ class SourceSection(_Section):
         return self
 
 
-class QueriesSection(_Section):
+class QueriesSection(_TopicKeys):
     kind: Literal["file", "kafka", "policy", "none"] = "file"
     path: Path | None = None
     policy: str | None = Field(None, description="'module:function' for kind = 'policy'")
-    topic: str | None = None
 
     @model_validator(mode="after")
     def _needs(self) -> QueriesSection:
         if self.kind == "file" and self.path is None:
             raise ValueError("queries.kind = 'file' needs queries.path")
+        if self.kind == "kafka" and not self.topic:
+            raise ValueError("queries.kind = 'kafka' needs queries.topic")
         if self.kind == "policy":
             spec = self.policy or (str(self.path) if self.path else None)
             if not spec or ":" not in spec:
@@ -120,22 +134,67 @@ class QueriesSection(_Section):
         return self
 
 
-class SinkSection(_Section):
+class SinkSection(_TopicKeys):
     kind: Literal["file", "stdout", "kafka"] = "file"
     path: Path | None = None
-    topic: str | None = None
 
     @model_validator(mode="after")
     def _needs(self) -> SinkSection:
         if self.kind == "file" and self.path is None:
             raise ValueError("sink.kind = 'file' needs sink.path")
+        if self.kind == "kafka" and not self.topic:
+            raise ValueError("sink.kind = 'kafka' needs sink.topic")
         return self
 
 
-class RejectsSection(_Section):
+class RejectsSection(_TopicKeys):
     kind: Literal["file", "stdout", "kafka"] = "file"
     path: Path | None = None  # default: rejects.jsonl beside the releases
-    topic: str | None = None
+
+    @model_validator(mode="after")
+    def _needs(self) -> RejectsSection:
+        if self.kind == "kafka" and not self.topic:
+            raise ValueError("rejects.kind = 'kafka' needs rejects.topic")
+        return self
+
+
+class KafkaSection(_Section):
+    """Client settings; security keys are passed through to kafka-python unchanged."""
+
+    bootstrap_servers: str = "127.0.0.1:9092"
+    client_id: str = "streamfilter"
+    group_id: str = "streamfilter"
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    sasl_mechanism: str | None = None
+    sasl_plain_username: str | None = None
+    sasl_plain_password: SecretStr | None = None
+    ssl_cafile: str | None = None
+    ssl_certfile: str | None = None
+    ssl_keyfile: str | None = None
+    ssl_password: SecretStr | None = None
+
+    def client_config(self) -> dict[str, Any]:
+        """kafka-python keyword arguments (secrets unmasked only here)."""
+        cfg: dict[str, Any] = {
+            "bootstrap_servers": [s.strip() for s in self.bootstrap_servers.split(",")],
+            "client_id": self.client_id,
+            "security_protocol": self.security_protocol,
+        }
+        for key in (
+            "sasl_mechanism",
+            "sasl_plain_username",
+            "ssl_cafile",
+            "ssl_certfile",
+            "ssl_keyfile",
+        ):
+            value = getattr(self, key)
+            if value is not None:
+                cfg[key] = value
+        for key in ("sasl_plain_password", "ssl_password"):
+            secret = getattr(self, key)
+            if secret is not None:
+                cfg[key] = secret.get_secret_value()
+        return cfg
 
 
 class StateSection(_Section):
@@ -169,6 +228,7 @@ class Settings(BaseSettings):
     sink: SinkSection = SinkSection(kind="stdout")
     rejects: RejectsSection = RejectsSection()
     state: StateSection = StateSection()
+    kafka: KafkaSection = KafkaSection()
     metrics: MetricsSection = MetricsSection()
     testing: TestingSection = TestingSection()
 
@@ -198,6 +258,15 @@ class Settings(BaseSettings):
             )
         except ValueError as exc:
             raise ConfigError(f"[privacy]: {exc}") from None
+
+    def kafka_topics(self) -> list[tuple[str, _TopicKeys]]:
+        """(config key, section) of every section that names a Kafka topic."""
+        out: list[tuple[str, _TopicKeys]] = []
+        for key in ("source", "queries", "sink", "rejects"):
+            section = getattr(self, key)
+            if section.kind == "kafka":
+                out.append((f"{key}.topic", section))
+        return out
 
     def rejects_path(self) -> Path:
         if self.rejects.path is not None:

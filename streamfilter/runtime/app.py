@@ -6,6 +6,8 @@ import contextlib
 import hashlib
 import json
 from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from streamfilter.config import ConfigError, Settings
 from streamfilter.engine.day import SeededPerRelease
@@ -18,7 +20,11 @@ from streamfilter.runtime.sinks import FileSink, Sink, StdoutSink
 from streamfilter.runtime.sources import FileSource, Source, SyntheticSource
 from streamfilter.runtime.store import SQLiteStateStore, StateStore, StoreError
 
-__all__ = ["Components", "build_daemon", "config_fingerprint"]
+if TYPE_CHECKING:
+    from streamfilter.metrics import MetricsEndpoint
+    from streamfilter.runtime.kafka import TopicSpec
+
+__all__ = ["Components", "build_daemon", "check_topics", "config_fingerprint", "topic_specs"]
 
 
 def config_fingerprint(params: PrivacyParams) -> str:
@@ -41,10 +47,15 @@ class Components:
     source: Source
     sink: Sink
     reject_sink: Sink
+    metrics: MetricsEndpoint | None = None  # [metrics] enabled: observer + HTTP server
 
     def close(self) -> None:
+        if self.metrics is not None:  # stop serving first: /readyz must not outlive the store
+            with contextlib.suppress(Exception):
+                self.metrics.stop()
         for closer in (
             self.source.close,
+            self.daemon.feed.close,
             self.sink.close,
             self.reject_sink.close,
             self.store.close,
@@ -61,7 +72,11 @@ def _source(settings: Settings, follow: bool) -> Source:
     if s.kind == "synthetic":
         g = s.synthetic
         return SyntheticSource(g.users, g.days, g.start_day, g.p_active, g.seed)
-    raise ConfigError("source.kind = 'kafka' is not available in this build")
+    from streamfilter.runtime.kafka import KafkaSource
+
+    assert s.topic is not None
+    k = settings.kafka
+    return KafkaSource(s.topic, k.client_config(), k.group_id)
 
 
 def _feed(settings: Settings) -> QueryFeed:
@@ -77,18 +92,52 @@ def _feed(settings: Settings) -> QueryFeed:
             raise ConfigError(f"queries.policy: cannot load {q.policy}: {exc}") from None
     if q.kind == "none":
         return NoQueryFeed()
-    raise ConfigError("queries.kind = 'kafka' is not available in this build")
+    from streamfilter.runtime.kafka import KafkaQueryFeed
+
+    assert q.topic is not None
+    return KafkaQueryFeed(q.topic, settings.kafka.client_config())
 
 
-def _sink(kind: str, path: object, dedupe: bool) -> Sink:
+def _sink(settings: Settings, kind: str, path: Path, topic: str | None, dedupe: bool) -> Sink:
     if kind == "file":
-        from pathlib import Path
-
-        assert isinstance(path, Path)
         return FileSink(path, dedupe_releases=dedupe)
     if kind == "stdout":
         return StdoutSink()
-    raise ConfigError(f"sink kind '{kind}' is not available in this build")
+    from streamfilter.runtime.kafka import KafkaSink
+
+    assert topic is not None
+    return KafkaSink(topic, settings.kafka.client_config())
+
+
+def topic_specs(settings: Settings) -> list[TopicSpec]:
+    from streamfilter.runtime.kafka import TopicSpec
+
+    return [
+        TopicSpec(key, sec.topic, sec.partitions, sec.replication_factor)
+        for key, sec in settings.kafka_topics()
+        if sec.topic is not None
+    ]
+
+
+def check_topics(settings: Settings) -> None:
+    """Refuse to start when a configured topic is missing, naming it and its key."""
+    specs = topic_specs(settings)
+    if not specs:
+        return
+    from streamfilter.runtime.kafka import missing_topics
+
+    try:
+        missing = missing_topics(settings.kafka.client_config(), specs)
+    except Exception as exc:  # any client failure: report the broker
+        raise ConfigError(
+            f"cannot reach kafka at {settings.kafka.bootstrap_servers}: {type(exc).__name__}: {exc}"
+        ) from None
+    if missing:
+        names = ", ".join(f"{s.name!r} ({s.role})" for s in missing)
+        raise ConfigError(
+            f"missing kafka topic(s): {names}; create them with "
+            "`streamfilter topics create --config PATH`"
+        )
 
 
 def build_daemon(
@@ -115,13 +164,26 @@ def build_daemon(
                 f"(state {settings.state.path}); granularity, b_norm, rho/epsilon, mechanism and "
                 "exhaustion cannot change during a run — start a new state instead"
             )
+        check_topics(settings)
         source = _source(settings, follow)
         feed = _feed(settings)
-        sink = _sink(settings.sink.kind, settings.sink.path, dedupe=True)
-        reject_sink = _sink(settings.rejects.kind, settings.rejects_path(), dedupe=False)
+        sink = _sink(
+            settings, settings.sink.kind, settings.sink.path or Path(), settings.sink.topic, True
+        )
+        reject_sink = _sink(
+            settings, settings.rejects.kind, settings.rejects_path(), settings.rejects.topic, False
+        )
     except (ConfigError, StoreError, OSError):
         store.close()
         raise
+    except LookupError as exc:  # a topic vanished between the check and the assignment
+        store.close()
+        raise ConfigError(str(exc)) from None
+    metrics = None
+    if settings.metrics.enabled:  # prometheus_client is imported only when metrics are on
+        from streamfilter.metrics import metrics_endpoint
+
+        metrics = metrics_endpoint(settings, params)
     w = settings.window
     daemon = Daemon(
         Engine(params, bits),
@@ -133,5 +195,15 @@ def build_daemon(
         allowed_lateness_s=w.allowed_lateness,
         idle_timeout_s=w.idle_timeout,
         poll_interval_s=w.poll_interval,
+        observer=metrics.observer if metrics is not None else None,
     )
-    return Components(daemon, store, source, sink, reject_sink)
+    parts = Components(daemon, store, source, sink, reject_sink, metrics)
+    if metrics is not None:
+        metrics.observer.restore(daemon.engine.last_closed_day)
+        try:
+            metrics.start()
+        except OSError as exc:
+            parts.close()
+            m = settings.metrics
+            raise ConfigError(f"metrics.port: cannot listen on {m.host}:{m.port}: {exc}") from None
+    return parts

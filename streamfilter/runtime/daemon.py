@@ -141,9 +141,7 @@ class Daemon:
         eng.last_closed_day = state.last_closed_day
         eng.history = [Release.from_json(p) for p in state.releases]
         self._positions = state.positions
-        feed_pos = self.feed.position()
-        if feed_pos is not None and feed_pos[0] in state.positions:
-            self.feed.seek(state.positions[feed_pos[0]].resume_offset)
+        self.feed.seek({p: pos.resume_offset for p, pos in state.positions.items()})
         offsets = {p: pos.resume_offset for p, pos in state.positions.items()}
         self._high = {p: pos.high_offset for p, pos in state.positions.items()}
         self.source.seek(offsets)
@@ -283,9 +281,8 @@ class Daemon:
             pending = [m[p] for d, m in self._min_offset.items() if d > day and p in m]
             resume = min(pending) if pending else read
             positions[p] = Position(resume, max(read, self._high.get(p, 0)))
-        feed_pos = self.feed.position()
-        if feed_pos is not None:
-            positions[feed_pos[0]] = Position(feed_pos[1], feed_pos[1])
+        for label, offset in self.feed.positions().items():
+            positions[label] = Position(offset, offset)
         return positions
 
     def _close_day(self, day: str) -> None:
@@ -312,6 +309,13 @@ class Daemon:
         )
         self.observer.committed(time.perf_counter() - commit_started, self.store.size_bytes())
         crash_point("after_commit")
+        # 2b. mirror the committed input positions to the source (lag tools); not the truth
+        try:
+            self.source.committed({p: pos.resume_offset for p, pos in positions.items()})
+        except Exception as exc:  # the store holds the real positions
+            log.warning("could not mirror input offsets to the source: %s", type(exc).__name__)
+        for partition, lag in self.source.lag().items():
+            self.observer.partition_lag(partition, lag)
         # 3. apply the committed day in memory
         self.engine.commit_day(outcome)
         self._min_offset.pop(day, None)

@@ -30,10 +30,14 @@ class QueryFeed:
         """Called before ``next_day`` closes, with every release so far."""
         return []
 
-    def position(self) -> tuple[str, int] | None:
-        return None
+    def positions(self) -> dict[str, int]:
+        """Durable read positions (partition label → next offset), stored with each day."""
+        return {}
 
-    def seek(self, offset: int) -> None:
+    def seek(self, offsets: dict[str, int]) -> None:
+        """Resume at stored positions (labels this feed does not own are ignored)."""
+
+    def close(self) -> None:
         pass
 
 
@@ -48,11 +52,15 @@ class FileQueryFeed(QueryFeed):
         self.path = Path(path)
         self._offset = 0
 
-    def seek(self, offset: int) -> None:
-        self._offset = offset
+    @property
+    def _label(self) -> str:
+        return f"queries:{self.path.name}"
 
-    def position(self) -> tuple[str, int]:
-        return (f"queries:{self.path.name}", self._offset)
+    def seek(self, offsets: dict[str, int]) -> None:
+        self._offset = offsets.get(self._label, 0)
+
+    def positions(self) -> dict[str, int]:
+        return {self._label: self._offset}
 
     def poll(self) -> list[tuple[str, bytes]]:
         if not self.path.exists():

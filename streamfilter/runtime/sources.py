@@ -45,6 +45,13 @@ class Source(abc.ABC):
     def at_end(self) -> bool:
         """True once everything that existed at start has been returned."""
 
+    def committed(self, offsets: dict[str, int]) -> None:  # noqa: B027 - optional hook
+        """The store committed these resume offsets; a source may mirror them (Kafka groups)."""
+
+    def lag(self) -> dict[str, int]:
+        """Records behind the end per partition, for sources that know it."""
+        return {}
+
     def close(self) -> None:  # noqa: B027 - optional hook
         pass
 

@@ -1,0 +1,234 @@
+"""Apache Kafka adapters: events source, query feed, release/reject sink, topic admin.
+
+Topics: events (key ``user_id``), queries, releases (key ``day/query_id``, value = release JSON),
+rejects (``reason`` + ``raw``). The daemon is a single writer (one SQLite state): it assigns
+itself every partition of the events topic and seeks to the offsets stored in the state store;
+the consumer group's committed offsets only *mirror* those (so lag tools work) and are never read
+back. Releases go out through an idempotent producer with ``acks=all``; a release is marked sent
+in the store only after the broker acknowledged it, and a restart republishes the stored bytes,
+so the releases topic holds exactly one distinct value per key (possibly repeated: readers dedupe
+on the key).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
+from kafka.admin import NewTopic
+from kafka.errors import KafkaError, TopicAlreadyExistsError
+from kafka.structs import OffsetAndMetadata
+
+from streamfilter.runtime.feeds import QueryFeed
+from streamfilter.runtime.sinks import Sink
+from streamfilter.runtime.sources import Source, SourceRecord
+
+__all__ = [
+    "KafkaQueryFeed",
+    "KafkaSink",
+    "KafkaSource",
+    "TopicSpec",
+    "create_topics",
+    "missing_topics",
+]
+
+log = logging.getLogger("streamfilter.kafka")
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    role: str  # config key that names it, e.g. "source.topic"
+    name: str
+    partitions: int = 1
+    replication_factor: int = 1
+
+
+def _label(tp: TopicPartition) -> str:
+    return f"{tp.topic}:{tp.partition}"
+
+
+class _AssignedConsumer:
+    """A consumer that owns every partition of one topic (manual assignment, no rebalances)."""
+
+    def __init__(self, topic: str, client: dict[str, Any], group_id: str | None) -> None:
+        self.topic = topic
+        self.consumer = KafkaConsumer(
+            **client,
+            group_id=group_id,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            isolation_level="read_committed",
+        )
+        parts = self.consumer.partitions_for_topic(topic)
+        if not parts:
+            self.consumer.close()
+            raise LookupError(f"kafka topic {topic!r} does not exist")
+        self.tps = [TopicPartition(topic, p) for p in sorted(parts)]
+        self.consumer.assign(self.tps)
+        self.by_label = {_label(tp): tp for tp in self.tps}
+
+    def seek(self, offsets: dict[str, int]) -> None:
+        beginning = self.consumer.beginning_offsets(self.tps)
+        for label, tp in self.by_label.items():
+            self.consumer.seek(tp, max(offsets.get(label, 0), beginning[tp]))
+
+    def poll(self, max_records: int, timeout_ms: int) -> list[tuple[str, int, bytes]]:
+        batches = self.consumer.poll(timeout_ms=timeout_ms, max_records=max_records)
+        out = []
+        for tp, records in sorted(batches.items(), key=lambda kv: kv[0].partition):
+            label = _label(tp)
+            for rec in records:
+                out.append((label, rec.offset, rec.value if rec.value is not None else b""))
+        return out
+
+    def positions(self) -> dict[str, int]:
+        return {label: self.consumer.position(tp) for label, tp in self.by_label.items()}
+
+    def close(self) -> None:
+        self.consumer.close(autocommit=False)
+
+
+class KafkaSource(Source):
+    """Events from every partition of ``topic``; offsets are Kafka offsets."""
+
+    def __init__(
+        self, topic: str, client: dict[str, Any], group_id: str, poll_timeout_ms: int = 500
+    ) -> None:
+        self._c = _AssignedConsumer(topic, client, group_id)
+        self._poll_timeout_ms = poll_timeout_ms
+        self._end_at_start = self._c.consumer.end_offsets(self._c.tps)
+
+    def partitions(self) -> list[str]:
+        return list(self._c.by_label)
+
+    def seek(self, offsets: dict[str, int]) -> None:
+        self._c.seek(offsets)
+
+    def poll(self, max_records: int) -> list[SourceRecord]:
+        return [
+            SourceRecord(label, offset, offset + 1, value)
+            for label, offset, value in self._c.poll(max_records, self._poll_timeout_ms)
+        ]
+
+    def at_end(self) -> bool:
+        """Consumed up to the end offsets seen when the run started (``--until-end``)."""
+        return all(self._c.consumer.position(tp) >= self._end_at_start[tp] for tp in self._c.tps)
+
+    def committed(self, offsets: dict[str, int]) -> None:
+        mirror = {
+            tp: OffsetAndMetadata(offsets[label], "", -1)
+            for label, tp in self._c.by_label.items()
+            if label in offsets
+        }
+        if mirror:
+            self._c.consumer.commit(mirror)
+
+    def lag(self) -> dict[str, int]:
+        ends = self._c.consumer.end_offsets(self._c.tps)
+        return {
+            label: max(0, ends[tp] - self._c.consumer.position(tp))
+            for label, tp in self._c.by_label.items()
+        }
+
+    def close(self) -> None:
+        self._c.close()
+
+
+class KafkaQueryFeed(QueryFeed):
+    """Queries from every partition of ``topic``; positions are stored with each closed day."""
+
+    def __init__(self, topic: str, client: dict[str, Any]) -> None:
+        self._c = _AssignedConsumer(topic, client, group_id=None)
+        self._prefix = "queries:"
+
+    def seek(self, offsets: dict[str, int]) -> None:
+        own = {k[len(self._prefix) :]: v for k, v in offsets.items() if k.startswith(self._prefix)}
+        self._c.seek(own)
+
+    def positions(self) -> dict[str, int]:
+        return {self._prefix + label: off for label, off in self._c.positions().items()}
+
+    def poll(self) -> list[tuple[str, bytes]]:
+        return [(f"{label}:{offset}", value) for label, offset, value in self._c.poll(10_000, 0)]
+
+    def close(self) -> None:
+        self._c.close()
+
+
+class KafkaSink(Sink):
+    """Idempotent producer, ``acks=all``; ``flush`` returns once the broker acknowledged all."""
+
+    def __init__(
+        self, topic: str, client: dict[str, Any], delivery_timeout_s: float = 300.0
+    ) -> None:
+        self.topic = topic
+        self._timeout_s = delivery_timeout_s
+        self._producer = KafkaProducer(
+            **client,
+            acks="all",
+            enable_idempotence=True,
+            linger_ms=5,
+            max_in_flight_requests_per_connection=5,
+            delivery_timeout_ms=int(delivery_timeout_s * 1000),
+            request_timeout_ms=30_000,
+            max_block_ms=int(delivery_timeout_s * 1000),
+        )
+        self._pending: list[Any] = []
+
+    def publish(self, key: str, payload: bytes) -> None:
+        self._pending.append(self._producer.send(self.topic, key=key.encode(), value=payload))
+
+    def flush(self) -> None:
+        deadline = time.monotonic() + self._timeout_s
+        self._producer.flush(timeout=self._timeout_s)
+        for future in self._pending:
+            future.get(timeout=max(1.0, deadline - time.monotonic()))  # raises KafkaError
+        self._pending.clear()
+
+    def close(self) -> None:
+        try:
+            self.flush()
+        finally:
+            self._producer.close(timeout=10)
+
+
+def _admin(client: dict[str, Any]) -> KafkaAdminClient:
+    return KafkaAdminClient(**client)
+
+
+def missing_topics(client: dict[str, Any], specs: Iterable[TopicSpec]) -> list[TopicSpec]:
+    admin = _admin(client)
+    try:
+        existing = set(admin.list_topics())
+    finally:
+        admin.close()
+    return [s for s in specs if s.name not in existing]
+
+
+def create_topics(client: dict[str, Any], specs: Iterable[TopicSpec]) -> list[str]:
+    """Create the topics that do not exist yet; return the names created."""
+    specs = list(specs)
+    todo = missing_topics(client, specs)
+    if not todo:
+        return []
+    admin = _admin(client)
+    created = []
+    try:
+        for spec in todo:
+            try:
+                admin.create_topics(
+                    [NewTopic(spec.name, spec.partitions, spec.replication_factor)],
+                    timeout_ms=30_000,
+                )
+                created.append(spec.name)
+            except TopicAlreadyExistsError:
+                pass
+    except KafkaError as exc:
+        raise RuntimeError(f"could not create kafka topics: {exc}") from exc
+    finally:
+        admin.close()
+    return created
