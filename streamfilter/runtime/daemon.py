@@ -251,7 +251,8 @@ class Daemon:
         for p in self.source.partitions():
             if self._max_day.get(p, "") > day:
                 continue
-            if now - self._last_seen.get(p, self._started) >= self.idle_timeout_s:
+            idle_s = now - self._last_seen.get(p, self._started)
+            if idle_s >= self.idle_timeout_s and self.source.caught_up(p):
                 continue
             return False
         return True

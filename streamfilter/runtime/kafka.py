@@ -101,6 +101,8 @@ class KafkaSource(Source):
         self._c = _AssignedConsumer(topic, client, group_id)
         self._poll_timeout_ms = poll_timeout_ms
         self._end_at_start = self._c.consumer.end_offsets(self._c.tps)
+        self._ends = dict(self._end_at_start)
+        self._ends_at = time.monotonic()
 
     def partitions(self) -> list[str]:
         return list(self._c.by_label)
@@ -133,6 +135,19 @@ class KafkaSource(Source):
             label: max(0, ends[tp] - self._c.consumer.position(tp))
             for label, tp in self._c.by_label.items()
         }
+
+    def caught_up(self, partition: str) -> bool:
+        """Position at the partition's end offset (asked at most once a second). During a
+        broker outage the answer is False: an unreachable partition is not known to be idle."""
+        now = time.monotonic()
+        if now - self._ends_at >= 1.0:
+            try:
+                self._ends = self._c.consumer.end_offsets(self._c.tps)
+                self._ends_at = now
+            except KafkaError:
+                return False
+        tp = self._c.by_label[partition]
+        return bool(self._c.consumer.position(tp) >= self._ends.get(tp, 0))
 
     def close(self) -> None:
         self._c.close()

@@ -52,6 +52,11 @@ class Source(abc.ABC):
         """Records behind the end per partition, for sources that know it."""
         return {}
 
+    def caught_up(self, partition: str) -> bool:
+        """False while ``partition`` is known to hold unread records (an idle partition must
+        be caught up before it stops holding the watermark back)."""
+        return True
+
     def close(self) -> None:  # noqa: B027 - optional hook
         pass
 
