@@ -17,6 +17,7 @@ production) or :class:`SeededRandomBits` (reproducible, tests only).
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from fractions import Fraction
@@ -208,7 +209,8 @@ def uniform_below(bits: RandomBits, n: int | np.ndarray, size: int) -> np.ndarra
     """Exact uniform integers in ``[0, n)`` as int64 (rejection sampling, no modulo bias).
 
     ``n`` is an int or an integer array of ``size`` per-element bounds, each ``1 <= n <= 2**62``.
-    Used for CKS's "to sample Bernoulli(n/d), draw a uniform D and compare" (CKS §5).
+    Used for CKS's "to sample Bernoulli(n/d), draw a uniform D and compare" (remark after their
+    Algorithm 1).
     """
     _check_size(size)
     if isinstance(n, bool):
@@ -283,22 +285,23 @@ def _bern_exp_neg_one(bits: RandomBits, size: int) -> Bools:
     return out
 
 
-def _bern_exp_neg_unit(bits: RandomBits, a: U64, b: int | U64) -> Bools:
-    """Bernoulli(exp(-a/b)) per element for ``0 <= a <= b <= 2**62`` (CKS Alg. 1, gamma <= 1)."""
-    out = np.ones(a.size, dtype=np.bool_)  # a = 0: A_1 = 0, K = 1 odd -> 1 without randomness
+def _bern_exp_neg_unit(bits: RandomBits, a: U64, b: int | U64, k0: int = 1) -> Bools:
+    """Bernoulli(exp(-a/b)) per element, ``0 <= a <= b <= 2**62`` (CKS Alg. 1, gamma <= 1).
+
+    With ``k0 > 1``: the rest of the loop, given that A_1 = ... = A_{k0-1} = 1 were drawn.
+    """
+    out = np.full(a.size, k0 % 2 == 1)  # a = 0: A_k0 = 0 surely, the loop stops at K = k0
     idx = np.flatnonzero(a)
     aa = a[idx]
     bb: int | U64 = b if isinstance(b, int) else b[idx]
-    k = 1
+    k = k0
     while idx.size:
-        m = idx.size
         bmax = bb if isinstance(bb, int) else int(bb.max())
         if bmax <= _TWO62 // k:  # gamma/K = a/(b*K), one uniform draw
             cont = _bern_ratio(bits, aa, bb * k)
         else:  # fact (P): Bernoulli(a/b) AND Bernoulli(1/K)
-            cont = _bern_ratio(bits, aa, bb) & (_below(bits, k, m) == 0)
-        if k % 2 == 0:  # stopping at even K returns 0 (odd K keeps the default 1)
-            out[idx[~cont]] = False
+            cont = _bern_ratio(bits, aa, bb) & (_below(bits, k, idx.size) == 0)
+        out[idx[~cont]] = k % 2 == 1  # stopped at K: 1 iff K is odd
         idx = idx[cont]
         aa = aa[cont]
         if not isinstance(bb, int):
@@ -397,7 +400,7 @@ def _dlap_raw(bits: RandomBits, t: int, n: int) -> I64:
     d = ~cont  # A_1 = 0: K = 1 is odd, D = 1
     more = np.flatnonzero(cont)
     if more.size:  # continue Alg. 1 at K = 2 on those with A_1 = 1
-        d[more] = _bern_exp_neg_unit_from(bits, u[more], t, 2)
+        d[more] = _bern_exp_neg_unit(bits, u[more], t, k0=2)
     u = u[d]
     m = u.size
     v = _geometric_e1(bits, m)
@@ -407,24 +410,6 @@ def _dlap_raw(bits: RandomBits, t: int, n: int) -> I64:
     neg = _sign_bits(bits, m)
     keep = ~(neg & (x == 0))
     return np.where(neg, -x, x)[keep]
-
-
-def _bern_exp_neg_unit_from(bits: RandomBits, a: U64, b: int, k0: int) -> Bools:
-    """The rest of CKS Alg. 1 for gamma = a/b, given A_1 = ... = A_{k0-1} = 1 already drawn."""
-    out = np.ones(a.size, dtype=np.bool_)
-    idx = np.arange(a.size)
-    aa = a
-    k = k0
-    while idx.size:
-        if b <= _TWO62 // k:
-            cont = _bern_ratio(bits, aa, b * k)
-        else:
-            cont = _bern_ratio(bits, aa, b) & (_below(bits, k, idx.size) == 0)
-        out[idx[~cont]] = k % 2 == 1
-        idx = idx[cont]
-        aa = aa[cont]
-        k += 1
-    return out
 
 
 def _dlap_yield(t: int) -> float:
@@ -475,23 +460,27 @@ def discrete_laplace(bits: RandomBits, t: int, size: int) -> np.ndarray:
 #          exp(-x) = exp(-Q^2/(2 s2)) * exp(-g),   g = (R/t) * (2Q + R/t)/(2 s2),
 #      the AND of two independent Bernoullis. The first has numerator Q^2 < 2**62 and
 #      denominator 2 s2 <= 2**61. For the second, 0 <= g < (2Q + 1)/(2 s2) <= 1 (as Q < s2), so
-#      Alg. 1 applies, and each step's Bernoulli(g/K) is by fact (P) the AND of Bernoulli(R/t),
-#      Bernoulli(1/K) (folded into the next denominator when it fits) and
-#      Bernoulli((2Q + R/t)/D) with D = 2 s2 [K]. That last one takes W uniform on [0, D):
-#      1 if W < 2Q, Bernoulli(R/t) if W = 2Q, 0 otherwise, so its probability is
-#      2Q/D + (1/D)(R/t) exactly, and 2Q + 1 <= D makes it valid. Every integer is < 2**62.
-#  (3) Python integers (the reference code) for anything else: |Y| t > 2**62 or Q >= 2**31
-#      (never seen in practice: they need |Y| beyond ~2**31 / thousands of sigmas), and
-#      Q >= s2 (only for tiny s2 in the decomposed tier, which production never uses).
+#      Alg. 1 applies, and each step's Bernoulli(g/K) is by fact (P) the AND of Bernoulli(R/t)
+#      and Bernoulli((2Q + R/t)/D), D = 2 s2 K (if 2 s2 K > 2**62: D = 2 s2 AND a separate
+#      Bernoulli(1/K)). The latter takes W uniform on [0, D): 1 if W < 2Q, Bernoulli(R/t) if
+#      W = 2Q, 0 otherwise, so its probability is 2Q/D + (1/D)(R/t) exactly, and 2Q + 1 <= D
+#      makes it valid. Every integer formed is <= 2**62.
+#  (3) Python integers (the reference code's Alg. 1) for anything else: |Y| t > 2**62 or
+#      Q >= 2**31 (|Y| beyond ~2**31 or thousands of sigmas: never seen in practice), or
+#      Q >= s2 (|Y| >~ s2: only reachable for tiny s2, which the direct tier serves).
 # Vectorised rejection: candidates are independent and acceptance depends only on each
 # candidate's own coins, so the accepted values are i.i.d. N_Z(0, s2); taking the first ones
 # in array order (an order fixed before any coin is drawn) keeps that.
 
 _BATCH: Final = 1 << 16  # candidates per vectorised round: keeps the working set in cache
+_SCALAR_MAX_SIZE: Final = 8  # up to here one scalar sample (~10 us) beats a numpy round (~150 us)
 
 
-def _bern_g(bits: RandomBits, q: U64, r: U64, t: int, s2: int) -> Bools:
-    """Bernoulli(exp(-g)), ``g = (r/t)(2q + r/t)/(2 s2)`` with ``r < t``, ``q < s2`` (tier 2)."""
+def _bern_g(bits: RandomBits, q: U64, r: U64, t: int, s2: int, fold_max: int = _TWO62) -> Bools:
+    """Bernoulli(exp(-g)), ``g = (r/t)(2q + r/t)/(2 s2)`` with ``r < t``, ``q < s2`` (tier 2).
+
+    ``fold_max``: largest denominator into which 1/K is folded (lowered by tests only).
+    """
     out = np.ones(q.size, dtype=np.bool_)
     idx = np.flatnonzero(r)  # r = 0: g = 0
     qq2 = q[idx] * np.uint64(2)
@@ -502,20 +491,17 @@ def _bern_g(bits: RandomBits, q: U64, r: U64, t: int, s2: int) -> Bools:
         cont = _bern_ratio(bits, rr, t)
         live = np.flatnonzero(cont)
         if live.size:
-            dk = 2 * s2 * k
-            if dk <= _TWO62:
-                w = _below(bits, dk, live.size)
-            else:
-                w = _below(bits, 2 * s2, live.size)
-                w[_below(bits, k, live.size) != 0] = np.uint64(_TWO62)  # the 1/K factor failed
+            folded = 2 * s2 * k <= fold_max
+            w = _below(bits, 2 * s2 * k if folded else 2 * s2, live.size)
             q2 = qq2[live]
             hit = w < q2
             tie = np.flatnonzero(w == q2)
             if tie.size:
                 hit[tie] = _bern_ratio(bits, rr[live[tie]], t)
+            if not folded:
+                hit &= _below(bits, k, live.size) == 0
             cont[live] = hit
-        if k % 2 == 0:
-            out[idx[~cont]] = False
+        out[idx[~cont]] = k % 2 == 1  # stopped at K: 1 iff K is odd
         idx = idx[cont]
         qq2 = qq2[cont]
         rr = rr[cont]
@@ -543,10 +529,12 @@ def _accept_alg3(bits: RandomBits, y: I64, s2: int, t: int) -> Bools:
             acc[direct] = _bern_exp_neg_split(bits, sq // dd, sq % dd, den)
             todo[direct] = False
     tt = np.uint64(t)
-    q = u // tt
-    dec = np.flatnonzero(todo & (q < np.uint64(min(s2, 1 << 31))))
+    rest = np.flatnonzero(todo)
+    q = u[rest] // tt
+    tier2 = q < np.uint64(min(s2, 1 << 31))
+    dec = rest[tier2]
     if dec.size:  # tier 2
-        qd = q[dec]
+        qd = q[tier2]
         rd = u[dec] - qd * tt
         sq = qd * qd
         d1 = np.uint64(2 * s2)
@@ -584,8 +572,9 @@ def discrete_gaussian(bits: RandomBits, sigma2_units: int, size: int) -> np.ndar
 
     ``P(Z = z) ∝ exp(-z^2 / (2 sigma2_units))`` on the integers, ``1 <= sigma2_units <= 2**62``.
     Candidates come from CKS Alg. 2 (t = floor(sqrt(s2)) + 1); the accept coin is computed in
-    exact integer arithmetic without overflow (see the comment block above the code). Above
-    ``2**60`` the (slow, exact) scalar sampler of :func:`discrete_gaussian_reference` is used.
+    exact integer arithmetic without overflow (see the comment block above the code). For
+    ``size <= 8`` (where numpy's per-call overhead dominates) and above ``2**60`` the exact
+    scalar sampler of :func:`discrete_gaussian_reference` is used instead.
     """
     _check_size(size)
     if isinstance(sigma2_units, bool) or not isinstance(sigma2_units, int | np.integer):
@@ -593,8 +582,10 @@ def discrete_gaussian(bits: RandomBits, sigma2_units: int, size: int) -> np.ndar
     s2 = int(sigma2_units)
     if not 1 <= s2 <= MAX_SIGMA2_UNITS:
         raise ValueError(f"sigma2_units must be in [1, 2**62], got sigma2_units={s2}")
-    if s2 > _VECTOR_MAX_SIGMA2:
-        return np.array(discrete_gaussian_reference(bits, Fraction(s2), size), dtype=np.int64)
+    if size <= _SCALAR_MAX_SIZE or s2 > _VECTOR_MAX_SIGMA2:
+        ws = _WordStream(bits, block=32 if size <= _SCALAR_MAX_SIZE else 256)
+        sigma2 = Fraction(s2)
+        return np.array([_ref_discrete_gaussian(ws, sigma2) for _ in range(size)], dtype=np.int64)
     t = math.isqrt(s2) + 1
     rate = _dgauss_yield(s2, t)
     parts: list[I64] = []
@@ -677,13 +668,18 @@ def _ref_discrete_laplace(ws: _WordStream, t: int) -> int:
 
 
 def _ref_discrete_gaussian(ws: _WordStream, sigma2: Fraction) -> int:
-    """CKS Algorithm 3."""
+    """CKS Algorithm 3 for sigma2 = p/q.
+
+    The accept exponent (|y| - sigma2/t)^2 / (2 sigma2) equals (|y| q t - p)^2 / (2 p q t^2),
+    kept as that (unreduced) integer ratio.
+    """
     p, q = sigma2.numerator, sigma2.denominator
     t = math.isqrt(p * q) // q + 1  # floor(sqrt(p/q)) + 1
+    den = 2 * p * q * t * t
     while True:
         y = _ref_discrete_laplace(ws, t)
-        gamma = (abs(y) - sigma2 / t) ** 2 / (2 * sigma2)
-        if _ref_bern_exp_neg(ws, gamma.numerator, gamma.denominator):
+        u = abs(y) * q * t - p
+        if _ref_bern_exp_neg(ws, u * u, den):
             return y
 
 
@@ -780,61 +776,73 @@ def discrete_gaussian_variance(sigma2_units: int) -> float:
     of :func:`_theta_dual` (the same series, summed on the dual side, where it converges in one
     term), for which the relative gap to ``sigma2_units`` is far below float64 resolution.
     """
-    s2 = _check_sigma2_units(sigma2_units)
+    return _variance_cached(_check_sigma2_units(sigma2_units))
+
+
+@functools.lru_cache(maxsize=1024)
+def _variance_cached(s2: int) -> float:
     if s2 <= 1 << 20:
         return _variance_by_sum(s2)
     a, b = _theta_dual(float(s2))
     return float(s2) * b / a
 
 
-_HALFWIDTH_SUM_MAX: Final = 1 << 46  # sum the pmf up to here (<= ~1.6e7 terms)
-_HALFWIDTH_BLOCK: Final = 1 << 16
+_HALFWIDTH_SUM_MAX: Final = 1 << 20  # sum the pmf term by term up to here (<= ~80k terms)
 
 
 def discrete_gaussian_halfwidth(sigma2_units: int, coverage: float = 0.95) -> int:
     """Smallest integer k with P(|Z| <= k) >= coverage for Z ~ N_Z(0, sigma2_units).
 
-    Partial sums of the pmf are accumulated block by block (within-block cumsum of 2**16 terms,
-    compensated running total), against the exact total mass from :func:`_theta_dual`, so there
-    is no cancellation and the rounding error stays orders of magnitude below one pmf step, for
-    sigma2_units up to 2**46. Beyond that, the partial sum is the Gaussian integral (math.erf)
-    plus its Euler–Maclaurin correction, exact to O(s2^-3/2) relative, again far below a step.
+    Numerically careful for any ``sigma2_units`` (tested up to 2**62): the comparison is made on
+    the head mass P(|Z| <= k) when ``coverage <= 1/2`` and on the tail mass P(|Z| > k) against
+    ``1 - coverage`` (exact in float64 then) otherwise, so nothing cancels. The total mass is the
+    Poisson-summation series of :func:`_theta_dual`.
+    * ``sigma2_units <= 2**20``: the pmf is summed term by term (tails summed from the far end,
+      smallest terms first).
+    * above: the pmf sums are the Gaussian integrals (``math.erf``/``math.erfc``) plus their
+      Euler–Maclaurin corrections through the third derivative: the remainder is
+      O((k/s2)^5 f(k)), below 1e-18 of a pmf step here, whereas summing 1e6 to 1e10 terms would
+      only add rounding error.
     """
     s2 = _check_sigma2_units(sigma2_units)
     if not 0.0 < coverage < 1.0:
         raise ValueError(f"coverage must be in (0, 1), got coverage={coverage}")
-    total = math.sqrt(2.0 * math.pi * s2) * _theta_dual(float(s2))[0]
-    target = coverage * total
-    if s2 <= _HALFWIDTH_SUM_MAX:
-        # S(k) = 1 + 2 * sum_{y=1..k} f(y)
-        if target <= 1.0:
-            return 0
-        run, comp = 1.0, 0.0  # Kahan-compensated total of the finished blocks
-        start = 1
-        while True:
-            y = np.arange(start, start + _HALFWIDTH_BLOCK, dtype=np.float64)
-            w = 2.0 * np.exp(-(y * y) / (2.0 * s2))
-            cs = (run - comp) + np.cumsum(w)
-            hit = np.flatnonzero(cs >= target)
-            if hit.size:
-                return start + int(hit[0])
-            yk = float(np.sum(w)) - comp
-            tk = run + yk
-            comp = (tk - run) - yk
-            run = tk
-            start += _HALFWIDTH_BLOCK
-    sigma = math.sqrt(s2)
+    return _halfwidth_cached(s2, float(coverage))
 
-    def partial(k: int) -> float:  # S(k) by Euler–Maclaurin (f'(0) = f'''(0) = 0)
+
+@functools.lru_cache(maxsize=1024)
+def _halfwidth_cached(s2: int, coverage: float) -> int:
+    total = math.sqrt(2.0 * math.pi * s2) * _theta_dual(float(s2))[0]  # sum_y f(y)
+    use_tail = coverage > 0.5
+    target = ((1.0 - coverage) if use_tail else coverage) * total
+    if s2 <= _HALFWIDTH_SUM_MAX:
+        y = np.arange(0, _pmf_cutoff(s2) + 1, dtype=np.float64)
+        f = np.exp(-(y * y) / (2.0 * s2))
+        if use_tail:  # tail[k] = 2 * sum_{y > k} f(y), accumulated from the far end
+            tail = 2.0 * np.concatenate([np.cumsum(f[:0:-1])[::-1], [0.0]])
+            return int(np.flatnonzero(tail <= target)[0])
+        head = f[0] + 2.0 * np.concatenate([[0.0], np.cumsum(f[1:])])  # sum_{|y| <= k} f(y)
+        return int(np.flatnonzero(head >= target)[0])
+    sigma = math.sqrt(s2)
+    root2s = sigma * math.sqrt(2.0)
+    gauss = sigma * math.sqrt(math.pi / 2.0)
+
+    def ok(k: int) -> bool:
         fk = math.exp(-(k * k) / (2.0 * s2))
-        half = sigma * math.sqrt(math.pi / 2.0) * math.erf(k / (sigma * math.sqrt(2.0)))
-        return 2.0 * (half + (1.0 + fk) / 2.0 - (k / s2) * fk / 12.0) - 1.0
+        d1 = -(k / s2) * fk  # f'(k)
+        d3 = (3.0 * k / s2**2 - (k / s2) ** 3) * fk  # f'''(k)
+        if use_tail:  # 2 sum_{y > k} f(y) = 2 (int_k^inf f - f(k)/2 - f'(k)/12 + f'''(k)/720)
+            tail = 2.0 * (gauss * math.erfc(k / root2s) - fk / 2.0 - d1 / 12.0 + d3 / 720.0)
+            return tail <= target
+        # sum_{|y| <= k} f(y) = 2 (int_0^k f + (1 + f(k))/2 + f'(k)/12 - f'''(k)/720) - 1
+        head = 2.0 * (gauss * math.erf(k / root2s) + (1.0 + fk) / 2.0 + d1 / 12.0 - d3 / 720.0)
+        return head - 1.0 >= target
 
     z = NormalDist().inv_cdf(0.5 + coverage / 2.0)
     k = max(0, int(z * sigma) - 2)
-    while partial(k) < target:
+    while not ok(k):
         k += 1
-    while k > 0 and partial(k - 1) >= target:
+    while k > 0 and ok(k - 1):
         k -= 1
     return k
 

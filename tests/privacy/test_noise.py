@@ -13,12 +13,14 @@ reproducible; a few use the OS CSPRNG on purpose.
 from __future__ import annotations
 
 import ast
+import functools
 import math
 import os
 from collections.abc import Callable
 from fractions import Fraction
 from pathlib import Path
 
+import mpmath
 import numpy as np
 import pytest
 from scipy import stats
@@ -180,7 +182,8 @@ def test_module_is_pure_numpy_and_stdlib():
             imported |= {a.name.split(".")[0] for a in node.names}
         elif isinstance(node, ast.ImportFrom):
             imported.add((node.module or "").split(".")[0])
-    assert imported <= {"__future__", "math", "os", "fractions", "statistics", "typing", "numpy"}
+    stdlib = {"__future__", "functools", "math", "os", "fractions", "statistics", "typing"}
+    assert imported <= stdlib | {"numpy"}
     assert not imported & {"sqlite3", "kafka", "prometheus_client"}
 
 
@@ -204,6 +207,10 @@ def test_seeded_bits_are_reproducible():
     assert SeededRandomBits(1).uint64(5).tolist() == SeededRandomBits(1).uint64(5).tolist()
 
 
+def _noise(bits) -> bytes:  # both the scalar (size <= 8) and the vectorised path
+    return b"".join(discrete_gaussian(bits, 4_194_304, n).tobytes() for n in (8, 64))
+
+
 def _draw_in_child(bits) -> tuple[bytes, bytes]:
     """(bytes drawn by a fork()ed child, bytes drawn by the parent afterwards)."""
     r, w = os.pipe()
@@ -211,7 +218,7 @@ def _draw_in_child(bits) -> tuple[bytes, bytes]:
     if pid == 0:  # child
         try:
             os.close(r)
-            data = bits.uint64(4).tobytes() + discrete_gaussian(bits, 4_194_304, 8).tobytes()
+            data = bits.uint64(4).tobytes() + _noise(bits)
             os.write(w, data)
         finally:
             os._exit(0)
@@ -222,14 +229,14 @@ def _draw_in_child(bits) -> tuple[bytes, bytes]:
     os.close(r)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
-    mine = bits.uint64(4).tobytes() + discrete_gaussian(bits, 4_194_304, 8).tobytes()
+    mine = bits.uint64(4).tobytes() + _noise(bits)
     return b"".join(chunks), mine
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 def test_forked_child_draws_different_noise():
     child, parent = _draw_in_child(SystemRandomBits())
-    assert len(child) == len(parent) == 32 + 64
+    assert len(child) == len(parent) == 32 + 8 * (8 + 64)
     assert child[:32] != parent[:32]  # raw words
     assert child[32:] != parent[32:]  # noise
     # the hazard this guards against: a seeded PRNG's state is copied by fork()
@@ -419,6 +426,15 @@ def test_discrete_gaussian_matches_exact_pmf(s2):
     assert stats.binomtest(pos, pos + neg, 0.5).pvalue > P_CUT
 
 
+@pytest.mark.parametrize(("s2", "size"), [(2, 1), (4_194_304, 8)])
+def test_small_calls_use_the_scalar_path_and_are_exact(s2, size):
+    bits = SeededRandomBits(s2 + size)
+    z = np.concatenate([discrete_gaussian(bits, s2, size) for _ in range(20_000 // size)])
+    assert z.dtype == np.int64
+    assert dg_gof_pvalue(z, s2) > P_CUT
+    assert abs(variance_z(z, s2)) < Z_CUT
+
+
 def test_discrete_gaussian_with_os_bits():
     z = discrete_gaussian(SystemRandomBits(), 50, N)
     assert dg_gof_pvalue(z, 50) > P_CUT
@@ -473,6 +489,17 @@ def test_decomposed_tier_matches_exact_pmf(monkeypatch, s2):
     z = discrete_gaussian(SeededRandomBits(31), s2, N)
     assert dg_gof_pvalue(z, s2) > P_CUT
     assert abs(variance_z(z, s2)) < Z_CUT
+
+
+@pytest.mark.parametrize("fold_max", [2**62, 0])
+@pytest.mark.parametrize(("q", "r", "t", "s2"), [(2, 1, 2, 3), (0, 5, 7, 1), (40, 3, 4, 41)])
+def test_decomposed_second_factor_is_exact(q, r, t, s2, fold_max):
+    # Bernoulli(exp(-g)), g = (r/t)(2q + r/t)/(2 s2); fold_max = 0 draws every 1/K separately
+    g = Fraction(r, t) * (2 * q + Fraction(r, t)) / (2 * s2)
+    assert g <= 1
+    u64 = np.full(N, q, dtype=np.uint64), np.full(N, r, dtype=np.uint64)
+    hits = noise._bern_g(SeededRandomBits(q + r), *u64, t, s2, fold_max=fold_max)
+    assert _binom_p(hits, math.exp(-float(g))) > P_CUT
 
 
 def test_reference_sampler_with_rational_variance():
@@ -545,33 +572,45 @@ def _direct_mass(s2: float) -> tuple[list[float], float]:
     return w, w[0] + 2 * math.fsum(w[1:])
 
 
-def _halfwidth_direct(s2: float, coverage: float) -> int:
-    w, total = _direct_mass(s2)
-    k, acc = 0, w[0]
-    while acc < coverage * total:
-        k += 1
-        acc += 2 * w[k]
-    return k
+@functools.cache
+def _mp_mass(s2: int) -> tuple[list, object]:
+    """pmf weights f(0..L) and total mass in 40-digit arithmetic (tail beyond L < 1e-60)."""
+    lim = int(17 * math.sqrt(s2)) + 40
+    with mpmath.workdps(40):
+        f = [mpmath.exp(-mpmath.mpf(y * y) / (2 * s2)) for y in range(lim + 1)]
+        return f, f[0] + 2 * mpmath.fsum(f[1:])
+
+
+def _halfwidth_mp(s2: int, coverage: float) -> int:
+    f, total = _mp_mass(s2)
+    with mpmath.workdps(40):
+        target = mpmath.mpf(coverage) * total
+        k, acc = 0, f[0]
+        while acc < target:
+            k += 1
+            acc += 2 * f[k]
+        return k
 
 
 @pytest.mark.parametrize("s2", [1, 2, 3, 10, 50, 1000, 12345])
-@pytest.mark.parametrize("coverage", [0.5, 0.9, 0.95, 0.99, 0.999])
-def test_halfwidth_matches_direct_pmf_sum(s2, coverage):
-    assert discrete_gaussian_halfwidth(s2, coverage) == _halfwidth_direct(s2, coverage)
+@pytest.mark.parametrize("coverage", [0.3, 0.5, 0.9, 0.95, 0.99, 0.999, 1 - 1e-9, 1 - 2**-53])
+def test_halfwidth_matches_high_precision_pmf_sum(s2, coverage):
+    assert discrete_gaussian_halfwidth(s2, coverage) == _halfwidth_mp(s2, coverage)
 
 
 def test_halfwidth_large_variance():
-    z95 = stats.norm.ppf(0.975)
     for s2 in (10**8, 10**12, 2**50, 2**62):
-        k = discrete_gaussian_halfwidth(s2)
-        assert abs(k - z95 * math.sqrt(s2)) <= 2, s2
-    assert discrete_gaussian_halfwidth(1, 0.3) == 0
+        for coverage in (0.5, 0.95, 1 - 1e-12):
+            k = discrete_gaussian_halfwidth(s2, coverage)
+            assert abs(k - stats.norm.isf((1 - coverage) / 2) * math.sqrt(s2)) <= 2, s2
 
 
 def test_halfwidth_summation_and_euler_maclaurin_paths_agree(monkeypatch):
-    summed = [discrete_gaussian_halfwidth(s2, c) for s2 in (10**6, 10**8) for c in (0.9, 0.95)]
-    monkeypatch.setattr(noise, "_HALFWIDTH_SUM_MAX", 0)
-    em = [discrete_gaussian_halfwidth(s2, c) for s2 in (10**6, 10**8) for c in (0.9, 0.95)]
+    # two independent methods inside the module: term-by-term sums and erf/erfc + corrections
+    cases = [(s2, c) for s2 in (2**20 + 1, 10**7) for c in (0.3, 0.9, 0.95, 0.999999)]
+    em = [noise._halfwidth_cached.__wrapped__(s2, c) for s2, c in cases]
+    monkeypatch.setattr(noise, "_HALFWIDTH_SUM_MAX", 2**30)
+    summed = [noise._halfwidth_cached.__wrapped__(s2, c) for s2, c in cases]
     assert summed == em
 
 
