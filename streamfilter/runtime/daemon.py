@@ -271,6 +271,9 @@ class Daemon:
             self._close_through(target)
 
     def _close_through(self, last: str | None) -> None:
+        if last is not None:
+            for where, raw in self.feed.poll_all():
+                self._register_query(where, raw)
         day = self._first_open_day()
         while day is not None and last is not None and day <= last and not self.stop_event.is_set():
             self._close_day(day)
@@ -306,6 +309,7 @@ class Daemon:
                 spent_units=outcome.spent_units,
                 retired=outcome.retired,
                 positions=positions,
+                active_set_state=outcome.active_set_state,
             )
         )
         self.observer.committed(time.perf_counter() - commit_started, self.store.size_bytes())

@@ -26,6 +26,11 @@ class QueryFeed:
         """New raw query records as (source label, bytes)."""
         return []
 
+    def poll_all(self) -> list[tuple[str, bytes]]:
+        """Everything published to the feed so far (called right before a day closes, so that
+        every query registered before the close applies). Default: one ``poll``."""
+        return self.poll()
+
     def on_day(self, history: Sequence[Release], next_day: str) -> list[tuple[str, bytes]]:
         """Called before ``next_day`` closes, with every release so far."""
         return []
