@@ -4,8 +4,8 @@ Both sample N_Z(0, s2) exactly with s2 = 4_194_304 (sigma/gamma = 2048) from the
 (``SystemRandomBits``, the production source; drawing its bits is included in the time):
 * ``discrete_gaussian``: CKS Algorithm 3, vectorised with numpy;
 * ``discrete_gaussian_reference``: the same algorithms written one sample at a time with Python
-  integers and fractions (its random words are buffered, 256 per system call, so it is not
-  dominated by system-call overhead).
+  integers (its random words are buffered, 256 per system call, so it is not dominated by
+  system-call overhead).
 Each value is the median of >= 5 timed runs. Nothing here asserts a time.
 """
 

@@ -400,11 +400,10 @@ def test_discrete_laplace_matches_exact_pmf(t):
     span = 12 * t + 3
     edges = np.unique(np.round(np.linspace(-span, span, 241))).astype(np.int64)
     assert gof_pvalue(y, dlap_cdf(t), edges) > P_CUT
-    assert gof_pvalue(y + 1, dlap_cdf(t), edges) < P_CUT or t > 3  # power where visible
-    if t <= 3:
-        assert gof_pvalue(discrete_laplace(SeededRandomBits(0), t + 1, N), dlap_cdf(t), edges) < (
-            P_CUT
-        )
+    # power: a shift by one, and the scale of t + 1 or 1.2 t, are caught
+    assert gof_pvalue(y + 1, dlap_cdf(t), edges) < P_CUT or t > 3  # (invisible at t = 2049)
+    wrong = discrete_laplace(SeededRandomBits(0), max(t + 1, t * 6 // 5), N)
+    assert gof_pvalue(wrong, dlap_cdf(t), edges) < P_CUT
 
 
 # --- discrete Gaussian: distribution ----------------------------------------------------------
@@ -545,6 +544,9 @@ def test_discrete_gaussian_sizes_and_arguments():
         discrete_gaussian(bits, 10, -1)
     with pytest.raises(ValueError):
         discrete_gaussian_reference(bits, Fraction(0), 1)
+    # tier 3 (Python integers) when |y| t would overflow 2**62: x ~ 2**81, so exp(-x) rejects
+    huge = np.array([2**52, -(2**52), 2**61], dtype=np.int64)
+    assert not noise._accept_alg3(bits, huge, 4_194_304, 2049).any()
 
 
 # --- continuous Gaussian ------------------------------------------------------------------
