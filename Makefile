@@ -23,7 +23,13 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check streamfilter tests benchmarks
 	$(BIN)/mypy streamfilter
 
-test: lint
+# External components the suite runs for real (Kafka comes from deploy/kafka via the fixtures;
+# Prometheus and Chromium from Debian packages). Installed when missing, as root.
+test-deps:
+	@if [ "$$(id -u)" = 0 ] || command -v sudo >/dev/null; then bash deploy/install-test-deps.sh; \
+	else echo "not root: Prometheus/Chromium tests skip locally if the packages are missing"; fi
+
+test: lint test-deps
 	$(BIN)/pytest
 
 bench: $(STAMP)
