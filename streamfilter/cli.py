@@ -17,6 +17,7 @@ from pathlib import Path
 from types import FrameType
 
 from streamfilter import __version__
+from streamfilter.budget import add_budget_commands
 from streamfilter.config import ConfigError, load_config
 from streamfilter.runtime.store import StoreError, StoreLockedError
 
@@ -134,6 +135,8 @@ def build_parser() -> argparse.ArgumentParser:
     gua.add_argument("--config", required=True)
     gua.add_argument("--json", action="store_true")
     gua.set_defaults(func=cmd_guarantee)
+
+    add_budget_commands(sub)  # budget, budget-stats (streamfilter/budget.py)
 
     topics = sub.add_parser("topics", help="manage the Kafka topics a configuration names")
     topics_sub = topics.add_subparsers(dest="topics_command", required=True)

@@ -214,6 +214,30 @@ class TestingSection(_Section):
     noise_seed: int | None = None
 
 
+class TelemetrySection(_Section):
+    """A separate zCDP budget for statistics about the run itself (docs/odometer.md).
+
+    ``rho`` is the total over the state's life; each ``budget-stats`` call costs ``stats_rho``;
+    the opt-in active-set estimate (``active_set = true``) costs ``active_set_rho`` once for
+    ``active_set_horizon`` days; a user whose remaining budget falls below
+    ``active_min_remaining`` (data units²) counts as having left the active set.
+    """
+
+    rho: float = Field(0.05, gt=0, allow_inf_nan=False)
+    stats_rho: float = Field(0.01, gt=0, allow_inf_nan=False)
+    active_set: bool = False
+    active_set_rho: float = Field(0.02, gt=0, allow_inf_nan=False)
+    active_set_horizon: int = Field(1024, ge=1, le=1 << 20)
+    active_min_remaining: float = Field(1.0, gt=0, allow_inf_nan=False)
+
+    @model_validator(mode="after")
+    def _within_total(self) -> TelemetrySection:
+        for key in ("stats_rho", "active_set_rho"):
+            if getattr(self, key) > self.rho:
+                raise ValueError(f"telemetry.{key} must be <= telemetry.rho")
+        return self
+
+
 class Settings(BaseSettings):
     """The whole configuration (DESIGN.md §3 "Config")."""
 
@@ -231,6 +255,7 @@ class Settings(BaseSettings):
     kafka: KafkaSection = KafkaSection()
     metrics: MetricsSection = MetricsSection()
     testing: TestingSection = TestingSection()
+    telemetry: TelemetrySection = TelemetrySection()
 
     @classmethod
     def settings_customise_sources(

@@ -20,6 +20,7 @@ from streamfilter.engine.ledger import BudgetLedger
 from streamfilter.engine.params import PrivacyParams
 from streamfilter.engine.queries import AnyQuery
 from streamfilter.engine.records import DayRecords
+from streamfilter.engine.telemetry import ACTIVE_SET_QUERY_ID, ActiveSetTracker
 from streamfilter.privacy.individual import filter_contributions
 from streamfilter.privacy.noise import RandomBits, SeededRandomBits, discrete_gaussian, gaussian
 
@@ -68,6 +69,14 @@ class DayOutcome:
     spent_units: np.ndarray
     retired: np.ndarray
     exact_stats: ExactDayStats
+    #: opt-in active-set estimate (``[telemetry] active_set``): the tracker after this day.
+    #: Its state holds exact partial counts: stored with the day, never published.
+    active_set: ActiveSetTracker | None = None
+
+    @property
+    def active_set_state(self) -> bytes | None:
+        """The tracker to store atomically with the day (``None`` when the estimate is off)."""
+        return None if self.active_set is None else self.active_set.to_json().encode()
 
 
 def noisy_release(
@@ -110,8 +119,13 @@ def close_day(
     ledger: BudgetLedger,
     params: PrivacyParams,
     bits: RandomBits,
+    active_set: ActiveSetTracker | None = None,
 ) -> DayOutcome:
-    """Algorithm 3 for one day (Theorem 4.5); see ``privacy.individual`` for the argument."""
+    """Algorithm 3 for one day (Theorem 4.5); see ``privacy.individual`` for the argument.
+
+    With ``active_set`` (opt-in), the day's departures from the active set are counted into it
+    and its ``_active_set`` release follows the queries' releases (``engine.telemetry``).
+    """
     users = records.users
     spent, retired = ledger.state(users)
     spent_before, retired_before = spent.copy(), retired.copy()
@@ -132,6 +146,13 @@ def close_day(
         nonzero = np.abs(x).sum(axis=1) > 0
         admitted_counts[query.query_id] = int((step.admitted & nonzero).sum())
         refused_counts[query.query_id] = int((~step.admitted & nonzero).sum())
+    tracker = None
+    if active_set is not None:
+        noise = _bits_for(bits, records.day, ACTIVE_SET_QUERY_ID)
+        extra, tracker = active_set.step(
+            records.day, spent_before, retired_before, spent, retired, budget, noise
+        )
+        releases.extend([extra] if extra is not None else [])
     changed = (spent != spent_before) | (retired != retired_before)
     return DayOutcome(
         day=records.day,
@@ -144,4 +165,5 @@ def close_day(
             admitted_per_query=admitted_counts,
             refused_per_query=refused_counts,
         ),
+        active_set=tracker,
     )

@@ -19,6 +19,7 @@ from streamfilter.engine.ledger import BudgetLedger
 from streamfilter.engine.params import PrivacyParams
 from streamfilter.engine.queries import AnyQuery, QueryBook
 from streamfilter.engine.records import DayAccumulator
+from streamfilter.engine.telemetry import ActiveSetSpec, ActiveSetTracker
 from streamfilter.privacy.accounting import Guarantee
 from streamfilter.privacy.noise import RandomBits, SystemRandomBits
 
@@ -42,6 +43,8 @@ class Engine:
         self.queries = QueryBook()
         self.last_closed_day: str | None = None
         self.history: list[Release] = []
+        #: opt-in private active-set estimate (``engine.telemetry``); None = off
+        self.active_set: ActiveSetTracker | None = None
 
     def register_query(self, query: AnyQuery) -> bool:
         """Register (True), accept an identical re-registration (False), or raise ``Reject``."""
@@ -59,7 +62,12 @@ class Engine:
         """Compute the day's releases and debits; mutates nothing."""
         self.check_day(acc.day)
         return close_day(
-            acc.finish(), self.queries.for_day(acc.day), self.ledger, self.params, self.bits
+            acc.finish(),
+            self.queries.for_day(acc.day),
+            self.ledger,
+            self.params,
+            self.bits,
+            self.active_set,
         )
 
     def commit_day(self, outcome: DayOutcome) -> None:
@@ -68,6 +76,8 @@ class Engine:
         self.ledger.apply(outcome.changed_users, outcome.spent_units, outcome.retired)
         self.last_closed_day = outcome.day
         self.history.extend(outcome.releases)
+        if outcome.active_set is not None:
+            self.active_set = outcome.active_set
 
 
 class Monitor:
@@ -76,7 +86,8 @@ class Monitor:
     >>> m = Monitor(b_norm=4.0, rho=0.5, granularity=2**-10, exhaustion="skip", test_seed=None)
 
     ``test_seed`` makes noise reproducible and is for tests only: releases produced with it are
-    not private (the noise can be recomputed).
+    not private (the noise can be recomputed). ``active_set`` (opt-in) adds the daily private
+    active-set estimate ``_active_set`` (``engine.telemetry``); its ρ adds to the run's.
     """
 
     def __init__(
@@ -90,6 +101,7 @@ class Monitor:
         exhaustion: str = "skip",
         mechanism: str = "discrete_gaussian",
         test_seed: int | None = None,
+        active_set: ActiveSetSpec | None = None,
     ) -> None:
         self.params = PrivacyParams.create(
             b_norm=b_norm,
@@ -102,6 +114,8 @@ class Monitor:
         )
         bits: RandomBits = SystemRandomBits() if test_seed is None else SeededPerRelease(test_seed)
         self._engine = Engine(self.params, bits)
+        if active_set is not None:
+            self._engine.active_set = ActiveSetTracker.create(active_set, self.params)
         self.rejects: list[RejectedRecord] = []
 
     def add_query(self, query: dict[str, Any] | str | bytes) -> AnyQuery:

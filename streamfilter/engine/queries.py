@@ -13,6 +13,8 @@ from streamfilter.engine.contract import HistogramQuery, LinearQuery, Reject, Su
 __all__ = ["AnyQuery", "QueryBook"]
 
 AnyQuery = SumQuery | HistogramQuery | LinearQuery
+#: the id of the opt-in active-set release (``engine.telemetry``); never a registered query's
+RESERVED_QUERY_ID = "_active_set"
 
 
 class QueryBook:
@@ -34,6 +36,10 @@ class QueryBook:
         Raises ``Reject('closed_day')`` when the query starts on or before the last closed day, and
         ``Reject('duplicate_query_id')`` when a different query already uses the id.
         """
+        if query.query_id == RESERVED_QUERY_ID:
+            raise Reject(
+                "invalid_query", "query_id _active_set is reserved for the telemetry release"
+            )
         existing = self._queries.get(query.query_id)
         if existing is not None:
             if existing.canonical_json() == query.canonical_json():

@@ -19,6 +19,7 @@ from streamfilter.runtime.feeds import FileQueryFeed, NoQueryFeed, PolicyFeed, Q
 from streamfilter.runtime.sinks import FileSink, Sink, StdoutSink
 from streamfilter.runtime.sources import FileSource, Source, SyntheticSource
 from streamfilter.runtime.store import SQLiteStateStore, StateStore, StoreError
+from streamfilter.runtime.telemetry import load_active_set
 
 if TYPE_CHECKING:
     from streamfilter.metrics import MetricsEndpoint
@@ -164,6 +165,7 @@ def build_daemon(
                 f"(state {settings.state.path}); granularity, b_norm, rho/epsilon, mechanism and "
                 "exhaustion cannot change during a run — start a new state instead"
             )
+        active_set = load_active_set(settings, params, store)  # opt-in; charges telemetry once
         check_topics(settings)
         source = _source(settings, follow)
         feed = _feed(settings)
@@ -197,6 +199,7 @@ def build_daemon(
         poll_interval_s=w.poll_interval,
         observer=metrics.observer if metrics is not None else None,
     )
+    daemon.engine.active_set = active_set
     parts = Components(daemon, store, source, sink, reject_sink, metrics)
     if metrics is not None:
         metrics.observer.restore(daemon.engine.last_closed_day)

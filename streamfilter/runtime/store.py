@@ -8,6 +8,13 @@ republishes the stored bytes and never draws noise twice.
 ``StateStore`` is the interface (one contract test suite runs against every implementation);
 ``SQLiteStateStore`` is the embedded default (WAL, ``synchronous=FULL``, one writer enforced by an
 exclusive ``flock`` on ``<path>.lock``). A planned PostgreSQL ledger implements the same methods.
+``SQLiteStateReader`` is a lock-free, read-only view for ``streamfilter budget`` (WAL readers never
+block the writer and see the last committed day).
+
+Telemetry (docs/odometer.md): a separate zCDP budget for statistics about the run itself. Every
+charge is one row of the telemetry ledger, written only if the sum of all charges stays within
+the total, checked inside the same transaction (exact rational arithmetic on the float values).
+The opt-in active-set tracker state is stored with each day it changes, in the day's transaction.
 """
 
 from __future__ import annotations
@@ -16,10 +23,12 @@ import abc
 import contextlib
 import fcntl
 import json
+import math
 import os
 import sqlite3
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from fractions import Fraction
 from pathlib import Path
 from typing import IO
 
@@ -28,11 +37,15 @@ import numpy as np
 __all__ = [
     "DayCommit",
     "Position",
+    "SQLiteStateReader",
     "SQLiteStateStore",
     "StateStore",
     "StoreError",
     "StoreLockedError",
     "StoredState",
+    "TelemetryBalance",
+    "TelemetryBudgetError",
+    "TelemetryCharge",
 ]
 
 
@@ -42,6 +55,52 @@ class StoreError(RuntimeError):
 
 class StoreLockedError(StoreError):
     """Another process owns this state."""
+
+
+class TelemetryBudgetError(ValueError):
+    """A telemetry charge was refused: it would exceed the telemetry budget (nothing written)."""
+
+
+@dataclass(frozen=True)
+class TelemetryCharge:
+    """One debit of the telemetry budget: ``kind`` (e.g. ``budget_stats``, ``active_set``), its
+    zCDP ``rho`` and the ``record`` kept with it (the released statistics, or a description)."""
+
+    kind: str
+    rho: float
+    record: bytes
+
+
+@dataclass(frozen=True)
+class TelemetryBalance:
+    """``total`` telemetry ρ; ``spent`` (rounded up) and ``remaining`` (rounded down)."""
+
+    total: float
+    spent: float
+    remaining: float
+
+
+def _float_up(value: Fraction) -> float:
+    approx = float(value)
+    while Fraction(approx) < value:
+        approx = math.nextafter(approx, math.inf)
+    return approx
+
+
+def _float_down(value: Fraction) -> float:
+    approx = float(value)
+    while Fraction(approx) > value:
+        approx = math.nextafter(approx, -math.inf)
+    return approx
+
+
+def _balance(total: float, charges: list[float]) -> TelemetryBalance:
+    spent = sum((Fraction(r) for r in charges), Fraction(0))
+    return TelemetryBalance(
+        total=total,
+        spent=_float_up(spent),
+        remaining=max(0.0, _float_down(Fraction(total) - spent)),
+    )
 
 
 @dataclass(frozen=True)
@@ -67,6 +126,7 @@ class DayCommit:
     spent_units: np.ndarray
     retired: np.ndarray
     positions: dict[str, Position]
+    active_set_state: bytes | None = None  # opt-in telemetry tracker after this day (sensitive)
 
 
 @dataclass
@@ -78,6 +138,7 @@ class StoredState:
     queries: list[bytes] = field(default_factory=list)  # canonical JSON, registration order
     positions: dict[str, Position] = field(default_factory=dict)
     releases: list[bytes] = field(default_factory=list)  # every stored release, day order
+    active_set_state: bytes | None = None  # the opt-in active-set tracker, if ever started
 
 
 class StateStore(abc.ABC):
@@ -114,6 +175,19 @@ class StateStore(abc.ABC):
         """On-disk size of the state, if the store knows it."""
         return None
 
+    def telemetry_ledger(self) -> list[TelemetryCharge]:
+        """Every telemetry charge so far, oldest first (a store without a ledger has none)."""
+        return []
+
+    def charge_telemetry(
+        self, charge: TelemetryCharge, rho_total: float, *, active_set_state: bytes | None = None
+    ) -> TelemetryBalance:
+        """Debit ``charge`` iff all charges still sum to at most ``rho_total``; else raise
+        ``TelemetryBudgetError`` and write nothing. The first charge pins ``rho_total`` for the
+        state (a later, different total is refused). ``active_set_state`` is stored in the same
+        transaction. Stores without a telemetry ledger refuse every charge."""
+        raise StoreError(f"{type(self).__name__} keeps no telemetry ledger")
+
     @abc.abstractmethod
     def close(self) -> None: ...
 
@@ -133,6 +207,10 @@ CREATE TABLE IF NOT EXISTS releases (
 );
 CREATE TABLE IF NOT EXISTS positions (
     partition TEXT PRIMARY KEY, resume_offset INTEGER NOT NULL, high_offset INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS telemetry_ledger (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT, kind TEXT NOT NULL, rho REAL NOT NULL,
+    record BLOB NOT NULL
 );
 """
 
@@ -228,6 +306,8 @@ class SQLiteStateStore(StateStore):
             state.releases = [
                 bytes(p) for (p,) in db.execute("SELECT payload FROM releases ORDER BY day, ord")
             ]
+            active_set = self._meta("active_set_state")
+            state.active_set_state = None if active_set is None else active_set.encode()
             return state
         except sqlite3.Error as exc:
             raise StoreError(f"cannot read state store {self.path}: {exc}") from exc
@@ -274,12 +354,19 @@ class SQLiteStateStore(StateStore):
             seq = int(self._meta("seq") or 0) + 1
             db.execute("INSERT INTO days(day, seq) VALUES(?, ?)", (commit.day, seq))
             for key, value in (("seq", str(seq)), ("last_closed_day", commit.day)):
-                db.execute(
-                    "INSERT INTO meta(key, value) VALUES(?, ?) "
-                    "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
-                    (key, value),
-                )
+                self._set_meta(db, key, value)
+            # 5. the opt-in active-set tracker (exact partial counts: stored, never published)
+            if commit.active_set_state is not None:
+                self._set_meta(db, "active_set_state", commit.active_set_state.decode())
         return seq
+
+    @staticmethod
+    def _set_meta(db: sqlite3.Connection, key: str, value: str) -> None:
+        db.execute(
+            "INSERT INTO meta(key, value) VALUES(?, ?) "
+            "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+            (key, value),
+        )
 
     @staticmethod
     def _write_positions(db: sqlite3.Connection, positions: dict[str, Position]) -> None:
@@ -313,6 +400,46 @@ class SQLiteStateStore(StateStore):
         ).fetchone()
         return None if row is None else (int(row[0]), bool(row[1]))
 
+    def telemetry_ledger(self) -> list[TelemetryCharge]:
+        try:
+            return _read_ledger(self._db)
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot read state store {self.path}: {exc}") from exc
+
+    def charge_telemetry(
+        self, charge: TelemetryCharge, rho_total: float, *, active_set_state: bytes | None = None
+    ) -> TelemetryBalance:
+        """Check, then commit, in one ``BEGIN IMMEDIATE`` transaction (see :class:`StateStore`)."""
+        if not (math.isfinite(charge.rho) and charge.rho > 0.0):
+            raise TelemetryBudgetError(f"a telemetry charge must be > 0, got rho={charge.rho!r}")
+        if not (math.isfinite(rho_total) and rho_total > 0.0):
+            raise TelemetryBudgetError(f"telemetry.rho must be > 0, got {rho_total!r}")
+        with self._transaction() as db:
+            pinned = self._meta("telemetry_rho_total")
+            if pinned is not None and float(pinned) != rho_total:
+                raise TelemetryBudgetError(
+                    f"telemetry.rho = {rho_total!r} differs from {float(pinned)!r}, the total this "
+                    f"state's telemetry ledger was started with (state {self.path}); it cannot "
+                    "change during a run"
+                )
+            charges = [c.rho for c in _read_ledger(db)]
+            before = _balance(rho_total, charges)
+            if sum(map(Fraction, charges), Fraction(charge.rho)) > Fraction(rho_total):
+                raise TelemetryBudgetError(
+                    f"telemetry budget exceeded: {charge.kind} costs rho={charge.rho!r} but only "
+                    f"{before.remaining!r} of telemetry.rho={rho_total!r} remains "
+                    f"({len(charges)} earlier charges); nothing was released"
+                )
+            if pinned is None:
+                self._set_meta(db, "telemetry_rho_total", repr(float(rho_total)))
+            db.execute(
+                "INSERT INTO telemetry_ledger(kind, rho, record) VALUES(?, ?, ?)",
+                (charge.kind, float(charge.rho), charge.record),
+            )
+            if active_set_state is not None:
+                self._set_meta(db, "active_set_state", active_set_state.decode())
+        return _balance(rho_total, [*charges, charge.rho])
+
     def size_bytes(self) -> int | None:
         total = 0
         for suffix in ("", "-wal"):
@@ -324,3 +451,61 @@ class SQLiteStateStore(StateStore):
         with contextlib.suppress(sqlite3.Error):
             self._db.close()
         self._release_lock()
+
+
+def _read_ledger(db: sqlite3.Connection) -> list[TelemetryCharge]:
+    rows = db.execute("SELECT kind, rho, record FROM telemetry_ledger ORDER BY seq").fetchall()
+    return [TelemetryCharge(str(k), float(r), bytes(p)) for k, r, p in rows]
+
+
+class SQLiteStateReader:
+    """Read-only view of a SQLite state, **without** the writer's lock.
+
+    For ``streamfilter budget``, which must work while the daemon runs: the connection is opened
+    with ``mode=ro`` and ``PRAGMA query_only`` (it can never write), and in WAL mode a reader
+    neither blocks the writer nor sees a half-written day — each query reads the last committed
+    transaction. A missing state is an error (never created here).
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise StoreError(f"no state store at {self.path}")
+        try:
+            self._db = sqlite3.connect(
+                f"{self.path.resolve().as_uri()}?mode=ro", uri=True, check_same_thread=False
+            )
+            self._db.execute("PRAGMA query_only=1")
+            self._db.execute("SELECT count(*) FROM meta").fetchone()
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot open state store {self.path} read-only: {exc}") from exc
+
+    def __enter__(self) -> SQLiteStateReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _one(self, sql: str, args: tuple[object, ...]) -> tuple[object, ...] | None:
+        try:
+            row = self._db.execute(sql, args).fetchone()
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot read state store {self.path}: {exc}") from exc
+        return None if row is None else tuple(row)
+
+    def config_fingerprint(self) -> str | None:
+        row = self._one("SELECT value FROM meta WHERE key = ?", ("config_fingerprint",))
+        return None if row is None else str(row[0])
+
+    def last_closed_day(self) -> str | None:
+        row = self._one("SELECT value FROM meta WHERE key = ?", ("last_closed_day",))
+        return None if row is None else str(row[0])
+
+    def spent_units(self, user_id: str) -> tuple[int, bool] | None:
+        """``(spent_units, retired)`` of one user, or ``None`` if never charged. Sensitive."""
+        row = self._one("SELECT spent_units, retired FROM budgets WHERE user_id = ?", (user_id,))
+        return None if row is None else (int(row[0]), bool(row[1]))  # type: ignore[call-overload]
+
+    def close(self) -> None:
+        with contextlib.suppress(sqlite3.Error):
+            self._db.close()
