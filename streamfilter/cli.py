@@ -106,6 +106,14 @@ def cmd_topics(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    from streamfilter.report import write_report
+
+    path = write_report(load_config(args.config), args.out)
+    print(f"wrote {path}", file=sys.stderr)
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from streamfilter.demo import run_demo
 
@@ -143,6 +151,11 @@ def build_parser() -> argparse.ArgumentParser:
     create = topics_sub.add_parser("create", help="create missing topics")
     create.add_argument("--config", required=True)
     create.set_defaults(func=cmd_topics)
+
+    rep = sub.add_parser("report", help="write a self-contained HTML report of the releases")
+    rep.add_argument("--config", required=True)
+    rep.add_argument("--out", default="report.html", help="output file (default: report.html)")
+    rep.set_defaults(func=cmd_report)
 
     demo = sub.add_parser("demo", help="synthetic sparse-monitoring stream on the embedded default")
     demo.add_argument("--users", type=int, default=100_000)

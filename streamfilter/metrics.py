@@ -1,0 +1,559 @@
+"""Prometheus metrics, ``/healthz`` and ``/readyz`` for the daemon (DESIGN.md §6 items 9-10).
+
+:class:`PrometheusObserver` implements the :class:`~streamfilter.runtime.observer.DaemonObserver`
+hooks on an injected ``CollectorRegistry`` (tests build a fresh one and read values back with
+``registry.get_sample_value``). :class:`MetricsServer` serves that registry over HTTP from a
+daemon thread. :func:`metrics_endpoint` builds both from ``[metrics]``; ``build_daemon`` wires it.
+
+Which metric is which
+---------------------
+
+*Operational* metrics are exported by default. They describe the process and the input stream
+as the operator already sees it (broker offsets, the state file on disk, published releases);
+none carries a user id, a raw value or a pre-noise sum. They are **not** differentially
+private — input volume and the state's size move when users send data — so the scrape endpoint
+belongs to operators (bind it to a private interface; see ``docs/observability.md``).
+
+=====================================================  =======  ===================================
+metric                                                 type     meaning
+=====================================================  =======  ===================================
+``streamfilter_records_consumed_total{partition}``     counter  input records read (incl. rejects)
+``streamfilter_rejects_total{reason}``                 counter  records refused, by reason code
+``streamfilter_day_closes_total``                      counter  days committed
+``streamfilter_releases_published_total``              counter  releases acknowledged by the sink
+``streamfilter_day_close_seconds``                     histo.   prepare + commit of one day
+``streamfilter_release_lag_seconds``                   gauge    end of last closed day (UTC) →
+                                                                its releases acknowledged
+``streamfilter_last_closed_day_timestamp_seconds``     gauge    UTC midnight starting that day
+``streamfilter_allowed_lateness_seconds``              gauge    ``[window] allowed_lateness``
+``streamfilter_state_store_commit_seconds``            histo.   one day's store transaction
+``streamfilter_state_store_size_bytes``                gauge    state on disk (incl. WAL)
+``streamfilter_consumer_lag_records{partition}``       gauge    records behind partition end
+``streamfilter_failing_closed``                        gauge    1 once the store failed to commit
+``streamfilter_ready``                                 gauge    1 while ``/readyz`` answers 200
+``streamfilter_build_info{version,python}``            gauge    1
+``streamfilter_privacy_info{mechanism,...}``           gauge    1; mechanism, exhaustion, methods
+``streamfilter_privacy_rho``                           gauge    ρ of the zCDP guarantee (per user)
+``streamfilter_privacy_sigma``                         gauge    σ per coordinate, data units
+``streamfilter_privacy_norm_budget``                  gauge    B_norm: per-user budget on Σ‖q‖²
+``streamfilter_privacy_delta``                         gauge    the configured δ
+``streamfilter_privacy_epsilon``                       gauge    ε at δ, tightest sound conversion
+``streamfilter_privacy_epsilon_by_conversion{...}``    gauge    ε at δ by each sound conversion
+``streamfilter_privacy_granularity``                   gauge    lattice step γ
+``streamfilter_privacy_ci95_halfwidth``                gauge    95% half-width per coordinate
+``streamfilter_release_value{query_id,coordinate}``    gauge    latest *noisy* release (public)
+``streamfilter_release_ci95{query_id,coordinate}``     gauge    its 95% half-width
+=====================================================  =======  ===================================
+
+*Exact* metrics are data-dependent counts of users (``ExactDayStats``). They are statistics of
+users and are registered **only** when ``[metrics] trusted_operator_metrics = true``; by default
+they do not exist at all. Their names say ``_exact``:
+
+=====================================================  =======  ===================================
+``streamfilter_day_users_with_records_exact``          gauge    users with a record, last day
+``streamfilter_query_admitted_users_exact{query_id}``  gauge    users admitted by the filter
+``streamfilter_query_refused_users_exact{query_id}``   gauge    users refused (budget exhausted)
+=====================================================  =======  ===================================
+
+Labels: ``partition`` (source partition names from the configuration), ``reason`` (a fixed set of
+reject codes; anything else is counted as ``other``), ``query_id``/``coordinate`` (chosen by the
+analyst or the policy, never by the data). No label ever carries a user id.
+
+When *not* to use this: the per-user odometer (budget spent by one user) is not a metric and must
+never become one — it may be shown to that user only (DESIGN.md §6.11).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import platform
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+from streamfilter import __version__
+from streamfilter.engine.contract import Release
+from streamfilter.engine.day import ExactDayStats
+from streamfilter.engine.params import PrivacyParams
+from streamfilter.runtime.observer import DaemonObserver
+
+if TYPE_CHECKING:
+    from streamfilter.config import Settings
+
+__all__ = [
+    "EXACT_METRICS",
+    "REJECT_REASONS",
+    "MetricsEndpoint",
+    "MetricsServer",
+    "PrometheusObserver",
+    "metrics_endpoint",
+]
+
+log = logging.getLogger("streamfilter.metrics")
+
+#: Reject reason codes used as label values; any other reason is counted as ``other`` so a label
+#: value can never come from the input.
+REJECT_REASONS = frozenset(
+    {
+        "malformed_json",
+        "not_an_object",
+        "unknown_field",
+        "missing_field",
+        "invalid_user_id",
+        "invalid_day",
+        "invalid_values",
+        "invalid_number",
+        "invalid_event_id",
+        "oversized",
+        "late",
+        "wrong_day",
+        "closed_day",
+        "unknown_query_kind",
+        "invalid_query",
+    }
+)
+
+#: Names of the metrics that exist only with ``trusted_operator_metrics = true``.
+EXACT_METRICS = (
+    "streamfilter_day_users_with_records_exact",
+    "streamfilter_query_admitted_users_exact",
+    "streamfilter_query_refused_users_exact",
+)
+
+#: At most this many coordinates of one release become ``streamfilter_release_value`` series.
+MAX_RELEASE_COORDINATES = 64
+_MAX_LABEL_CHARS = 128
+
+_DAY_CLOSE_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+_COMMIT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+def _day_start_utc(day: str) -> float:
+    d = dt.date.fromisoformat(day)
+    return dt.datetime(d.year, d.month, d.day, tzinfo=dt.UTC).timestamp()
+
+
+def _label(value: str) -> str:
+    return value[:_MAX_LABEL_CHARS]
+
+
+class PrometheusObserver(DaemonObserver):
+    """Daemon hooks → Prometheus metrics on ``registry`` (see the module table).
+
+    ``params`` fills the privacy-configuration gauges once (they are data-independent).
+    ``trusted_operator_metrics`` registers the ``_exact`` gauges; without it the exact counts the
+    daemon hands to :meth:`day_closed` are dropped on the floor. ``wall_clock`` measures the lag
+    from the end of a day to its releases (injectable for tests).
+
+    Do not use it to export anything per user: hooks carry no user ids, and it must stay so.
+    """
+
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        params: PrivacyParams,
+        *,
+        trusted_operator_metrics: bool = False,
+        allowed_lateness_s: float | None = None,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.registry = registry
+        self.trusted_operator_metrics = trusted_operator_metrics
+        self.wall_clock = wall_clock
+        self._is_started = False
+        self._is_stopped = False
+        self._is_failing_closed = False
+        self._pending: tuple[str, list[Release]] | None = None
+        self._release_series: set[tuple[str, str]] = set()
+        r = registry
+
+        # -- input and output volume ------------------------------------------------------
+        self.records_consumed = Counter(
+            "streamfilter_records_consumed_total",
+            "Input records read from the source (including rejected and duplicate ones).",
+            ["partition"],
+            registry=r,
+        )
+        self.rejects = Counter(
+            "streamfilter_rejects_total",
+            "Input records and queries refused before any accounting, by reason code.",
+            ["reason"],
+            registry=r,
+        )
+        for reason in sorted(REJECT_REASONS | {"other"}):
+            self.rejects.labels(reason)  # every reason exists from the start: rate() works
+        self.days_closed = Counter(
+            "streamfilter_day_closes_total", "Days committed to the state store.", registry=r
+        )
+        self.releases_published = Counter(
+            "streamfilter_releases_published_total",
+            "Releases acknowledged by the sink (after the outbox relay).",
+            registry=r,
+        )
+        # -- timing -----------------------------------------------------------------------
+        self.day_close_seconds = Histogram(
+            "streamfilter_day_close_seconds",
+            "Time to close one day: prepare (noise drawn) and commit.",
+            buckets=_DAY_CLOSE_BUCKETS,
+            registry=r,
+        )
+        self.release_lag = Gauge(
+            "streamfilter_release_lag_seconds",
+            "Seconds from the end (UTC) of the last closed day to its releases being acknowledged.",
+            registry=r,
+        )
+        self.last_closed_day = Gauge(
+            "streamfilter_last_closed_day_timestamp_seconds",
+            "Unix time of the UTC midnight that starts the last closed day.",
+            registry=r,
+        )
+        self.allowed_lateness = Gauge(
+            "streamfilter_allowed_lateness_seconds",
+            "Configured [window] allowed_lateness: grace after a day ends before it may close.",
+            registry=r,
+        )
+        if allowed_lateness_s is not None:
+            self.allowed_lateness.set(allowed_lateness_s)
+        # -- state store and source -------------------------------------------------------
+        self.commit_seconds = Histogram(
+            "streamfilter_state_store_commit_seconds",
+            "Duration of one day's state-store transaction.",
+            buckets=_COMMIT_BUCKETS,
+            registry=r,
+        )
+        self.store_size = Gauge(
+            "streamfilter_state_store_size_bytes",
+            "On-disk size of the state store (including its write-ahead log).",
+            registry=r,
+        )
+        self.consumer_lag = Gauge(
+            "streamfilter_consumer_lag_records",
+            "Records between the read position and the end of an input partition.",
+            ["partition"],
+            registry=r,
+        )
+        self.failing_closed_gauge = Gauge(
+            "streamfilter_failing_closed",
+            "1 once the state store failed to commit: nothing more is released; the daemon exits.",
+            registry=r,
+        )
+        self.ready_gauge = Gauge(
+            "streamfilter_ready",
+            "1 while the daemon is started, its store open and it is not failing closed.",
+            registry=r,
+        )
+        # -- identity and the privacy configuration (data-independent) --------------------
+        Gauge(
+            "streamfilter_build_info",
+            "Build of the running streamfilter (always 1).",
+            ["version", "python"],
+            registry=r,
+        ).labels(__version__, platform.python_version()).set(1)
+        self._privacy_gauges(params)
+        # -- published (noisy) releases: public by construction ---------------------------
+        self.release_value = Gauge(
+            "streamfilter_release_value",
+            "Latest published noisy value of a query coordinate, data units.",
+            ["query_id", "coordinate"],
+            registry=r,
+        )
+        self.release_ci95 = Gauge(
+            "streamfilter_release_ci95",
+            "95% half-width of the latest published value of a query coordinate, data units.",
+            ["query_id", "coordinate"],
+            registry=r,
+        )
+        # -- exact, data-dependent counts: ONLY when the operator opted in ----------------
+        self.users_with_records_exact: Gauge | None = None
+        self.admitted_exact: Gauge | None = None
+        self.refused_exact: Gauge | None = None
+        if trusted_operator_metrics:
+            self.users_with_records_exact = Gauge(
+                "streamfilter_day_users_with_records_exact",
+                "EXACT (trusted_operator_metrics): users with a record on the last closed day.",
+                registry=r,
+            )
+            self.admitted_exact = Gauge(
+                "streamfilter_query_admitted_users_exact",
+                "EXACT (trusted_operator_metrics): users the filter admitted, last closed day.",
+                ["query_id"],
+                registry=r,
+            )
+            self.refused_exact = Gauge(
+                "streamfilter_query_refused_users_exact",
+                "EXACT (trusted_operator_metrics): users the filter refused, last closed day.",
+                ["query_id"],
+                registry=r,
+            )
+
+    def _privacy_gauges(self, params: PrivacyParams) -> None:
+        g = params.guarantee()
+        r = self.registry
+        Gauge(
+            "streamfilter_privacy_info",
+            "Privacy configuration of this run (always 1).",
+            ["mechanism", "exhaustion", "epsilon_method", "rho_calibration"],
+            registry=r,
+        ).labels(params.mechanism, str(params.exhaustion), g.method, params.rho_method).set(1)
+        scalars = {
+            "rho": ("ρ of the per-user ρ-zCDP guarantee for the whole run.", g.rho),
+            "sigma": ("Noise standard deviation per coordinate, data units.", g.sigma),
+            "norm_budget": ("B_norm: per-user budget on the sum of squared norms.", g.b_norm),
+            "delta": ("The configured δ of the (ε, δ) statement.", g.delta),
+            "epsilon": ("ε at the configured δ by the tightest sound conversion.", g.epsilon),
+            "granularity": ("Lattice step γ of contributions and releases.", params.granularity),
+            "ci95_halfwidth": ("95% half-width of one coordinate's noise.", params.ci95_halfwidth),
+        }
+        for name, (doc, value) in scalars.items():
+            Gauge(f"streamfilter_privacy_{name}", doc, registry=r).set(value)
+        by_conversion = Gauge(
+            "streamfilter_privacy_epsilon_by_conversion",
+            "ε at the configured δ by each sound zCDP → (ε, δ) conversion.",
+            ["conversion"],
+            registry=r,
+        )
+        for method, eps in g.epsilon_by_method.items():
+            by_conversion.labels(method).set(eps)
+
+    # ------------------------------------------------------------------ readiness
+    def readiness(self) -> tuple[bool, str]:
+        """(ready, why): started, store open (not stopped), not failing closed."""
+        if self._is_failing_closed:
+            return False, "failing closed: the state store could not commit"
+        if self._is_stopped:
+            return False, "stopped"
+        if not self._is_started:
+            return False, "starting"
+        return True, "ready"
+
+    def restore(self, last_closed_day: str | None) -> None:
+        """Seed the gauges that describe stored state (called once, after the store loaded)."""
+        if last_closed_day is not None:
+            self.last_closed_day.set(_day_start_utc(last_closed_day))
+
+    # ------------------------------------------------------------------ DaemonObserver
+    def started(self) -> None:
+        self._is_started, self._is_stopped = True, False
+        self._update_ready()
+
+    def records_read(self, partition: str, count: int) -> None:
+        self.records_consumed.labels(_label(partition)).inc(count)
+
+    def rejected(self, reason: str) -> None:
+        self.rejects.labels(reason if reason in REJECT_REASONS else "other").inc()
+
+    def day_closed(
+        self,
+        day: str,
+        close_seconds: float,
+        releases: Sequence[Release],
+        exact_stats: ExactDayStats,
+    ) -> None:
+        self.days_closed.inc()
+        self.day_close_seconds.observe(close_seconds)
+        self.last_closed_day.set(_day_start_utc(day))
+        if self.trusted_operator_metrics:
+            self._export_exact(exact_stats)
+        if releases:
+            self._pending = (day, list(releases))  # exported once the sink acknowledged them
+        else:
+            self.release_lag.set(self.wall_clock() - _day_start_utc(day) - 86400.0)
+
+    def _export_exact(self, stats: ExactDayStats) -> None:
+        assert self.users_with_records_exact is not None
+        assert self.admitted_exact is not None and self.refused_exact is not None
+        self.users_with_records_exact.set(stats.users_with_records)
+        for gauge, per_query in (
+            (self.admitted_exact, stats.admitted_per_query),
+            (self.refused_exact, stats.refused_per_query),
+        ):
+            gauge.clear()  # only the queries of the last closed day
+            for query_id, count in per_query.items():
+                gauge.labels(_label(query_id)).set(count)
+
+    def committed(self, commit_seconds: float, store_bytes: int | None) -> None:
+        self.commit_seconds.observe(commit_seconds)
+        if store_bytes is not None:
+            self.store_size.set(store_bytes)
+
+    def published(self, count: int) -> None:
+        self.releases_published.inc(count)
+        if self._pending is None:
+            return  # releases of an earlier run relayed at start-up
+        day, releases = self._pending
+        self._pending = None
+        self.release_lag.set(self.wall_clock() - _day_start_utc(day) - 86400.0)
+        self._export_releases(releases)
+
+    def _export_releases(self, releases: Sequence[Release]) -> None:
+        fresh: set[tuple[str, str]] = set()
+        for rel in releases:
+            qid = _label(rel.query_id)
+            coords = list(zip(rel.labels, rel.value, rel.ci95, strict=False))
+            for coordinate, value, ci95 in coords[:MAX_RELEASE_COORDINATES]:
+                key = (qid, _label(coordinate))
+                self.release_value.labels(*key).set(value)
+                self.release_ci95.labels(*key).set(ci95)
+                fresh.add(key)
+        for key in self._release_series - fresh:  # queries that no longer run
+            self.release_value.remove(*key)
+            self.release_ci95.remove(*key)
+        self._release_series = fresh
+
+    def failing_closed(self, message: str) -> None:
+        self._is_failing_closed = True
+        self.failing_closed_gauge.set(1)
+        self._update_ready()
+
+    def partition_lag(self, partition: str, lag_records: int) -> None:
+        self.consumer_lag.labels(_label(partition)).set(lag_records)
+
+    def stopped(self) -> None:
+        self._is_stopped = True
+        self._update_ready()
+
+    def _update_ready(self) -> None:
+        self.ready_gauge.set(1 if self.readiness()[0] else 0)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+
+    def do_GET(self) -> None:
+        path = self.path.split("?", 1)[0]
+        if path == "/metrics":
+            self._send(HTTPStatus.OK, generate_latest(self.server.registry), CONTENT_TYPE_LATEST)
+        elif path == "/healthz":
+            self._send(HTTPStatus.OK, b"ok\n")
+        elif path == "/readyz":
+            ready, why = self.server.readiness()
+            status = HTTPStatus.OK if ready else HTTPStatus.SERVICE_UNAVAILABLE
+            self._send(status, f"{why}\n".encode())
+        else:
+            self._send(HTTPStatus.NOT_FOUND, b"not found: try /metrics, /healthz, /readyz\n")
+
+    def _send(
+        self, status: HTTPStatus, body: bytes, content_type: str = "text/plain; charset=utf-8"
+    ) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass  # no access log: scrapes every few seconds would drown the daemon's own log
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    registry: CollectorRegistry
+    readiness: Callable[[], tuple[bool, str]]
+
+
+class MetricsServer:
+    """``/metrics`` (the registry), ``/healthz`` (200 while the process serves) and ``/readyz``
+    (200 only when ``readiness()`` says so, else 503) on a stdlib HTTP server in a daemon thread.
+
+    ``port = 0`` binds a free port; :attr:`port` tells which. :meth:`start` raises ``OSError``
+    when the address cannot be bound.
+    """
+
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        host: str,
+        port: int,
+        readiness: Callable[[], tuple[bool, str]],
+    ) -> None:
+        self.registry = registry
+        self.host = host
+        self.requested_port = port
+        self.readiness = readiness
+        self._server: _Server | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        server_cls: type[_Server] = _Server
+        if ":" in self.host:  # an IPv6 literal such as "::"
+            import socket
+
+            server_cls = type("_Server6", (_Server,), {"address_family": socket.AF_INET6})
+        server = server_cls((self.host, self.requested_port), _Handler)
+        server.registry = self.registry
+        server.readiness = self.readiness
+        self._server = server
+        self._thread = threading.Thread(
+            target=server.serve_forever,
+            kwargs={"poll_interval": 0.2},
+            name="streamfilter-metrics",
+            daemon=True,
+        )
+        self._thread.start()
+        log.info("metrics on http://%s:%d/metrics", self.host, self.port)
+
+    @property
+    def port(self) -> int:
+        if self._server is None:
+            raise RuntimeError("the metrics server is not started")
+        return int(self._server.server_address[1])
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    def stop(self) -> None:
+        server, self._server = self._server, None
+        if server is None:
+            return
+        server.shutdown()
+        server.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5.0)
+            self._thread = None
+
+
+@dataclass
+class MetricsEndpoint:
+    """The observer the daemon calls and the server that exports it."""
+
+    observer: PrometheusObserver
+    server: MetricsServer
+    registry: CollectorRegistry
+
+    def start(self) -> None:
+        self.server.start()
+
+    def stop(self) -> None:
+        self.server.stop()
+
+
+def metrics_endpoint(
+    settings: Settings,
+    params: PrivacyParams,
+    *,
+    registry: CollectorRegistry | None = None,
+    wall_clock: Callable[[], float] = time.time,
+) -> MetricsEndpoint:
+    """Observer + (not yet started) server for ``settings.metrics``, on a fresh registry unless
+    one is given."""
+    reg = registry if registry is not None else CollectorRegistry()
+    m = settings.metrics
+    observer = PrometheusObserver(
+        reg,
+        params,
+        trusted_operator_metrics=m.trusted_operator_metrics,
+        allowed_lateness_s=settings.window.allowed_lateness,
+        wall_clock=wall_clock,
+    )
+    server = MetricsServer(reg, m.host, m.port, observer.readiness)
+    return MetricsEndpoint(observer, server, reg)

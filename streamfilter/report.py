@@ -1,0 +1,518 @@
+"""``streamfilter report``: one self-contained HTML page about a run (inline SVG, no scripts).
+
+What goes on the page, and where it comes from:
+
+* **Releases** — each query's published noisy values over the closed days with their 95% bands,
+  read from the configured release sink file (or, for a non-file sink, the releases the state
+  store marked as sent). Releases are public by construction: post-processing of noisy output.
+* **Closed days** — the list of days the state store committed (read-only; the budgets table is
+  never read: per-user budgets are for their owners only, DESIGN.md §6.11).
+* **The guarantee** — from ``PrivacyParams.guarantee()``: ρ-zCDP and ε at δ by each sound
+  conversion; data-independent.
+* **Budget-exhaustion telemetry** — shown only as noisy values, and none is released yet: the
+  page says so. Exact counts of exhausted users are statistics of users and are never computed.
+* **Rejects by reason** — exact counts of malformed input from the reject file. They are
+  operator data (not differentially private) and the page labels them as such.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import html
+import json
+import math
+import sqlite3
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from streamfilter import __version__
+from streamfilter.config import Settings
+from streamfilter.engine.contract import Release
+
+__all__ = ["ReportData", "load_report_data", "render_report", "write_report"]
+
+PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2")
+MAX_SERIES_PER_PLOT = len(PALETTE)
+
+
+@dataclass
+class ReportData:
+    """Everything the page shows; nothing in it is per user."""
+
+    releases: list[Release]
+    days: list[str]
+    days_source: str
+    rejects: Counter[str] = field(default_factory=Counter)
+    rejects_source: str | None = None
+    releases_source: str = ""
+
+
+# --------------------------------------------------------------------------- loading
+def _read_releases_file(path: Path) -> list[Release]:
+    seen: set[tuple[str, str]] = set()
+    out: list[Release] = []
+    with open(path, "rb") as fh:
+        for line in fh:
+            if not line.strip():
+                continue
+            rel = Release.from_json(line)
+            key = (rel.day, rel.query_id)
+            if key not in seen:  # the sink is idempotent per key; tolerate a replayed line
+                seen.add(key)
+                out.append(rel)
+    return out
+
+
+def _store_rows(path: Path, sql: str) -> list[tuple[Any, ...]]:
+    """Rows of a read-only query on the state store (the daemon may hold its write lock)."""
+    db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+    try:
+        return list(db.execute(sql))
+    finally:
+        db.close()
+
+
+def _count_rejects(path: Path) -> Counter[str]:
+    """Reject counts by reason; only the ``reason`` field is read, never the raw bytes."""
+    counts: Counter[str] = Counter()
+    with open(path, "rb") as fh:
+        for line in fh:
+            try:
+                reason = json.loads(line).get("reason")
+            except (ValueError, AttributeError):
+                reason = None
+            counts[reason if isinstance(reason, str) else "unreadable reject record"] += 1
+    return counts
+
+
+def load_report_data(settings: Settings) -> ReportData:
+    state = settings.state.path
+    if settings.sink.kind == "file" and settings.sink.path is not None:
+        exists = settings.sink.path.exists()
+        releases = _read_releases_file(settings.sink.path) if exists else []
+        releases_source = str(settings.sink.path)
+    elif state.exists():
+        rows = _store_rows(state, "SELECT payload FROM releases WHERE sent = 1 ORDER BY day, ord")
+        releases = [Release.from_json(bytes(p)) for (p,) in rows]
+        releases_source = f"{state} (releases acknowledged by the sink)"
+    else:
+        releases, releases_source = [], "none"
+    if state.exists():
+        days = [str(d) for (d,) in _store_rows(state, "SELECT day FROM days ORDER BY day")]
+        days_source = f"state store {state}"
+    else:
+        days = sorted({r.day for r in releases})
+        days_source = "release days (no state store found)"
+    days = sorted(set(days) | {r.day for r in releases})
+    data = ReportData(releases, days, days_source, releases_source=releases_source)
+    if settings.rejects.kind == "file":
+        path = settings.rejects_path()
+        if path.exists():
+            data.rejects = _count_rejects(path)
+        data.rejects_source = str(path)
+    return data
+
+
+# --------------------------------------------------------------------------- SVG helpers
+def _esc(text: object) -> str:
+    return html.escape(str(text), quote=True)
+
+
+def _fmt(x: float) -> str:
+    if x == 0:
+        return "0"
+    if abs(x) >= 1e6 or abs(x) < 1e-3:
+        return f"{x:.3g}"
+    return f"{round(x, 6):,.6g}"
+
+
+def _nice_ticks(lo: float, hi: float, count: int = 5) -> list[float]:
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        return [0.0, 1.0]
+    if hi - lo < 1e-12:
+        lo, hi = lo - 1.0, hi + 1.0
+    raw = (hi - lo) / count
+    mag = 10 ** math.floor(math.log10(raw))
+    step = mag
+    for mult in (1.0, 2.0, 2.5, 5.0, 10.0):
+        step = mult * mag
+        if step >= raw:
+            break
+    start = math.floor(lo / step) * step
+    ticks = []
+    t = start
+    while t < hi + step * 0.999:
+        ticks.append(round(t, 12))
+        t += step
+    return ticks
+
+
+@dataclass
+class _Series:
+    label: str
+    color: str
+    points: dict[str, tuple[float, float]]  # day -> (value, ci95 half-width)
+
+
+def _runs(days: Sequence[str], present: set[str]) -> list[list[int]]:
+    """Contiguous index runs of days that have a value (gaps split lines and bands)."""
+    runs: list[list[int]] = []
+    current: list[int] = []
+    for i, day in enumerate(days):
+        if day in present:
+            current.append(i)
+        elif current:
+            runs.append(current)
+            current = []
+    if current:
+        runs.append(current)
+    return runs
+
+
+def _tick_indices(n: int, most: int = 9) -> list[int]:
+    """Indices of the day labels on the x axis: evenly spaced, the last day always labelled."""
+    if n <= 0:
+        return []
+    every = max(1, math.ceil(n / most))
+    picked = list(range(0, n, every))
+    if picked[-1] != n - 1:
+        if (n - 1) - picked[-1] < every * 0.6 and len(picked) > 1:
+            picked[-1] = n - 1  # too close to the previous label: move it to the last day
+        else:
+            picked.append(n - 1)
+    return picked
+
+
+def _line_chart(
+    title: str, days: Sequence[str], series: Sequence[_Series], *, connect: bool = True
+) -> str:
+    """Values over days with their 95% bands; ``connect=False`` draws points with error bars
+    (one-day queries: nothing links one query's day to another's)."""
+    width, height = 1080, 300
+    left, right, top, bottom = 76, 16, 14, 46
+    pw, ph = width - left - right, height - top - bottom
+    lows = [v - c for s in series for v, c in s.points.values()]
+    highs = [v + c for s in series for v, c in s.points.values()]
+    ticks = _nice_ticks(min(lows, default=0.0), max(highs, default=1.0))
+    y0, y1 = ticks[0], ticks[-1]
+    n = len(days)
+
+    def x(i: int) -> float:
+        return left + (pw * i / (n - 1) if n > 1 else pw / 2)
+
+    def y(v: float) -> float:
+        return top + ph * (1 - (v - y0) / (y1 - y0))
+
+    out = [
+        f'<svg class="plot" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height}" '
+        f'width="{width}" height="{height}" role="img" aria-label="{_esc(title)}">',
+        f"<title>{_esc(title)}</title>",
+        f'<rect x="{left}" y="{top}" width="{pw}" height="{ph}" fill="#fbfbfd" stroke="#d0d4dc"/>',
+    ]
+    for t in ticks:
+        yy = y(t)
+        out.append(
+            f'<line x1="{left}" x2="{left + pw}" y1="{yy:.1f}" y2="{yy:.1f}" stroke="#e4e7ee"/>'
+            f'<text x="{left - 8}" y="{yy + 4:.1f}" text-anchor="end" class="tick">'
+            f"{_esc(_fmt(t))}</text>"
+        )
+    if y0 < 0 < y1:
+        out.append(
+            f'<line x1="{left}" x2="{left + pw}" y1="{y(0):.1f}" y2="{y(0):.1f}" '
+            'stroke="#9aa1ad" stroke-dasharray="4 3"/>'
+        )
+    for i in _tick_indices(n):
+        xx = x(i)
+        anchor = "end" if i == n - 1 and n > 1 else "middle"  # keep the last date inside
+        out.append(
+            f'<line x1="{xx:.1f}" x2="{xx:.1f}" y1="{top + ph}" y2="{top + ph + 5}" '
+            'stroke="#9aa1ad"/>'
+            f'<text x="{xx:.1f}" y="{top + ph + 20}" text-anchor="{anchor}" class="tick">'
+            f"{_esc(days[i])}</text>"
+        )
+    for s in series:
+        for run in _runs(days, set(s.points)):
+            pts = [(i, *s.points[days[i]]) for i in run]
+            if not connect:
+                out.extend(
+                    f'<line class="band" x1="{x(i):.1f}" x2="{x(i):.1f}" y1="{y(v - c):.1f}" '
+                    f'y2="{y(v + c):.1f}" stroke="{s.color}" stroke-opacity="0.45" '
+                    'stroke-width="5"/>'
+                    for i, v, c in pts
+                )
+            elif len(pts) > 1:
+                upper = " ".join(f"{x(i):.1f},{y(v + c):.1f}" for i, v, c in pts)
+                lower = " ".join(f"{x(i):.1f},{y(v - c):.1f}" for i, v, c in reversed(pts))
+                out.append(
+                    f'<polygon class="band" points="{upper} {lower}" fill="{s.color}" '
+                    'fill-opacity="0.16" stroke="none"/>'
+                )
+                line = " ".join(f"{x(i):.1f},{y(v):.1f}" for i, v, _ in pts)
+                out.append(
+                    f'<polyline class="series" points="{line}" fill="none" '
+                    f'stroke="{s.color}" stroke-width="2"/>'
+                )
+            else:
+                i, v, c = pts[0]
+                out.append(
+                    f'<line class="band" x1="{x(i):.1f}" x2="{x(i):.1f}" y1="{y(v - c):.1f}" '
+                    f'y2="{y(v + c):.1f}" stroke="{s.color}" stroke-opacity="0.5" '
+                    'stroke-width="6"/>'
+                )
+            if n <= 90:
+                out.extend(
+                    f'<circle cx="{x(i):.1f}" cy="{y(v):.1f}" r="2.6" fill="{s.color}">'
+                    f"<title>{_esc(days[i])} {_esc(s.label)}: {_esc(_fmt(v))} ± {_esc(_fmt(c))}"
+                    "</title></circle>"
+                    for i, v, c in pts
+                )
+    out.append("</svg>")
+    return "".join(out)
+
+
+def _bar_chart(title: str, counts: Sequence[tuple[str, int]]) -> str:
+    width, row, left, right = 1080, 26, 190, 90
+    height = row * len(counts) + 16
+    top = max((c for _, c in counts), default=1) or 1
+    out = [
+        f'<svg class="plot bars" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height}" '
+        f'width="{width}" height="{height}" role="img" aria-label="{_esc(title)}">',
+        f"<title>{_esc(title)}</title>",
+    ]
+    for k, (reason, count) in enumerate(counts):
+        yy = 8 + k * row
+        w = (width - left - right) * count / top
+        out.append(
+            f'<text x="{left - 10}" y="{yy + 16}" text-anchor="end" class="tick">'
+            f"{_esc(reason)}</text>"
+            f'<rect x="{left}" y="{yy + 3}" width="{max(w, 1):.1f}" height="{row - 8}" '
+            'fill="#8a6d3b" fill-opacity="0.75"/>'
+            f'<text x="{left + w + 8:.1f}" y="{yy + 16}" class="tick">{count:,}</text>'
+        )
+    out.append("</svg>")
+    return "".join(out)
+
+
+# --------------------------------------------------------------------------- the page
+_CSS = """
+body{font:15px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:#1d2330;
+  margin:0;background:#f3f4f7}
+main{max-width:1120px;margin:0 auto;padding:24px 20px 48px}
+h1{font-size:26px;margin:0 0 4px} h2{font-size:19px;margin:30px 0 8px}
+h3{font-size:16px;margin:0 0 6px}
+.sub{color:#5b6474;margin:0 0 18px}
+section.card{background:#fff;border:1px solid #dde1e8;border-radius:8px;padding:16px 18px;
+  margin:14px 0;box-shadow:0 1px 2px rgba(0,0,0,.04)}
+.kv{display:grid;grid-template-columns:repeat(4,1fr);gap:10px 18px;margin:10px 0 4px}
+.kv div{background:#f6f7fa;border-radius:6px;padding:8px 10px}
+.kv b{display:block;font-size:19px} .kv span{color:#5b6474;font-size:13px}
+.legend{display:flex;flex-wrap:wrap;gap:14px;margin:4px 0 6px;font-size:13px}
+.legend i{display:inline-block;width:14px;height:10px;border-radius:2px;margin-right:5px;
+  vertical-align:baseline}
+.note{color:#5b6474;font-size:13px;margin:6px 0 0}
+.operator{border-left:4px solid #c28f2c}
+.tag{display:inline-block;font-size:12px;padding:1px 7px;border-radius:10px;margin-left:8px;
+  vertical-align:middle;background:#eef3fb;color:#1f4e8c}
+.tag.op{background:#fbf1de;color:#7a5311}
+table{border-collapse:collapse;font-size:13px;margin-top:6px}
+td,th{padding:3px 10px;border-bottom:1px solid #eceef3;text-align:right}
+th:first-child,td:first-child{text-align:left}
+svg.plot{width:100%;height:auto;display:block}
+svg .tick{font-size:12px;fill:#5b6474}
+"""
+
+
+def _query_section(query_id: str, releases: list[Release], days: list[str]) -> str:
+    last = releases[-1]
+    labels = list(last.labels)
+    shown = labels[:MAX_SERIES_PER_PLOT]
+    series = []
+    for k, label in enumerate(shown):
+        points: dict[str, tuple[float, float]] = {}
+        for rel in releases:
+            if label in rel.labels:
+                j = rel.labels.index(label)
+                points[rel.day] = (float(rel.value[j]), float(rel.ci95[j]))
+        series.append(_Series(label, PALETTE[k], points))
+    first_day, last_day = releases[0].day, releases[-1].day
+    plot_days = [d for d in days if first_day <= d <= last_day]
+    legend = "".join(
+        f'<span><i style="background:{s.color}"></i>{_esc(s.label)}</span>' for s in series
+    )
+    more = ""
+    if len(labels) > len(shown):
+        more = (
+            f'<p class="note">{len(labels) - len(shown)} more coordinates are in the release file '
+            "and not plotted.</p>"
+        )
+    rows = "".join(
+        f"<tr><td>{_esc(label)}</td><td>{_esc(_fmt(last.value[j]))}</td>"
+        f"<td>± {_esc(_fmt(last.ci95[j]))}</td></tr>"
+        for j, label in enumerate(labels[:MAX_SERIES_PER_PLOT])
+    )
+    title = f"{query_id}: released values with 95% bands, {first_day} to {last_day}"
+    return (
+        f'<section class="card query" id="q-{_esc(query_id)}"><h3>{_esc(query_id)}'
+        f'<span class="tag">noisy release · public</span></h3>'
+        f'<div class="legend">{legend}<span><i style="background:#999;opacity:.35"></i>'
+        "95% band (± ci95)</span></div>"
+        f"{_line_chart(title, plot_days, series)}{more}"
+        f"<table><tr><th>{_esc(last.day)}</th><th>value</th><th>95% half-width</th></tr>"
+        f"{rows}</table>"
+        f'<p class="note">{len(releases)} releases · σ = {_esc(_fmt(last.sigma))} per '
+        f"coordinate · {_esc(last.mechanism)}</p></section>"
+    )
+
+
+def _single_release_section(releases: list[Release], days: list[str]) -> str:
+    """Queries with one release so far (one-day adaptive queries, or standing queries that just
+    started), together: points with 95% error bars, coloured by coordinate label."""
+    series: list[_Series] = []
+    omitted = 0
+    for rel in releases:
+        for label, value, ci95 in zip(rel.labels, rel.value, rel.ci95, strict=False):
+            target = next((s for s in series if s.label == label and rel.day not in s.points), None)
+            if target is None:
+                if len(series) == MAX_SERIES_PER_PLOT:
+                    omitted += 1
+                    continue
+                target = _Series(label, PALETTE[len(series)], {})
+                series.append(target)
+            target.points[rel.day] = (float(value), float(ci95))
+    first, last = releases[0].day, releases[-1].day
+    plot_days = [d for d in days if first <= d <= last] or [first]
+    legend = "".join(
+        f'<span><i style="background:{s.color}"></i>{_esc(s.label)}</span>' for s in series
+    )
+    more = f'<p class="note">{omitted} more coordinates are not plotted.</p>' if omitted else ""
+    rows = "".join(
+        f"<tr><td>{_esc(rel.day)}</td><td>{_esc(rel.query_id)}</td><td>{_esc(label)}</td>"
+        f"<td>{_esc(_fmt(value))}</td><td>± {_esc(_fmt(ci95))}</td></tr>"
+        for rel in releases
+        for label, value, ci95 in zip(rel.labels, rel.value, rel.ci95, strict=False)
+    )
+    title = f"{len(releases)} queries with a single release, {first} to {last}"
+    return (
+        '<section class="card query" id="single-release"><h3>Queries with a single release'
+        '<span class="tag">noisy release · public</span></h3>'
+        '<p class="note">One-day queries (e.g. chosen adaptively by a policy from earlier '
+        "releases) and standing queries that have released once so far; each point is one "
+        "query's value with its 95% error bar.</p>"
+        f'<div class="legend">{legend}</div>{_line_chart(title, plot_days, series, connect=False)}'
+        f"{more}<details><summary>{len(releases)} releases</summary><table><tr><th>day</th>"
+        f"<th>query</th><th>coordinate</th><th>value</th><th>95% half-width</th></tr>{rows}"
+        "</table></details></section>"
+    )
+
+
+def render_report(
+    settings: Settings, data: ReportData | None = None, *, generated: dt.datetime | None = None
+) -> str:
+    """The page as a string (``data`` defaults to :func:`load_report_data`)."""
+    data = data if data is not None else load_report_data(settings)
+    params = settings.privacy_params()
+    g = params.guarantee()
+    when = (generated or dt.datetime.now(dt.UTC)).strftime("%Y-%m-%d %H:%M UTC")
+    by_query: dict[str, list[Release]] = {}
+    for rel in sorted(data.releases, key=lambda r: r.day):
+        by_query.setdefault(rel.query_id, []).append(rel)
+    span = f"{data.days[0]} to {data.days[-1]}" if data.days else "no day closed yet"
+
+    eps_rows = "".join(
+        f"<tr><td>{_esc(method)}</td><td>{_esc(_fmt(eps))}</td></tr>"
+        for method, eps in sorted(g.epsilon_by_method.items())
+    )
+    guarantee = (
+        '<section class="card" id="guarantee"><h3>The guarantee'
+        '<span class="tag">data-independent</span></h3>'
+        f"<p>Every user — their whole stream, across all days — is protected by "
+        f"<b>{_esc(_fmt(g.rho))}-zCDP</b> for the entire run, however many queries are asked and "
+        "however they were chosen from earlier releases (individual privacy filter, Feldman &amp; "
+        f"Zrnic Thm 4.5 / Cor 4.7). Equivalently <b>({_esc(_fmt(g.epsilon))}, "
+        f"{_esc(f'{g.delta:g}')})-DP</b> by the tightest sound conversion ({_esc(g.method)}).</p>"
+        '<div class="kv">'
+        f"<div><b>{_esc(_fmt(g.rho))}</b><span>ρ (zCDP, per user)</span></div>"
+        f"<div><b>{_esc(_fmt(g.epsilon))}</b><span>ε at δ = {_esc(f'{g.delta:g}')}</span></div>"
+        f"<div><b>{_esc(_fmt(g.sigma))}</b><span>σ per coordinate</span></div>"
+        f"<div><b>±{_esc(_fmt(params.ci95_halfwidth))}</b><span>95% half-width</span></div>"
+        f"<div><b>{_esc(_fmt(g.b_norm))}</b><span>B_norm (budget on Σ‖q‖²)</span></div>"
+        f"<div><b>{_esc(g.mechanism)}</b><span>mechanism</span></div>"
+        f"<div><b>{_esc(params.exhaustion)}</b><span>exhaustion policy</span></div>"
+        f"<div><b>{_esc(repr(params.granularity))}</b><span>lattice step γ</span></div>"
+        "</div>"
+        f"<table><tr><th>conversion</th><th>ε at δ = {_esc(f'{g.delta:g}')}</th></tr>"
+        f"{eps_rows}</table></section>"
+    )
+
+    if by_query:
+        queries = "".join(
+            _query_section(q, rels, data.days) for q, rels in by_query.items() if len(rels) > 1
+        )
+        single = [rels[0] for rels in by_query.values() if len(rels) == 1]
+        if single:
+            queries += _single_release_section(sorted(single, key=lambda r: r.day), data.days)
+    else:
+        queries = '<section class="card"><p>No release has been published yet.</p></section>'
+
+    telemetry = (
+        '<section class="card" id="telemetry"><h3>Budget exhaustion'
+        '<span class="tag">noisy only</span></h3>'
+        "<p><b>No noisy budget-exhaustion telemetry has been released for this run yet.</b> "
+        "streamfilter does not publish a private estimate of how many users have exhausted their "
+        "budget (a continual-counting estimate charged to a separate telemetry budget is planned)."
+        '</p><p class="note">Exact counts of exhausted or refused users are statistics of '
+        "users: releasing them would break the guarantee above, so this report does not compute "
+        "them. Answers are accurate for the <i>active set</i> — the users whose budget still "
+        "admits the query.</p></section>"
+    )
+
+    if data.rejects_source is None:
+        rejects = (
+            '<section class="card operator" id="rejects"><h3>Rejected input by reason'
+            '<span class="tag op">operator data</span></h3><p>The reject sink is not a file; '
+            "see the rejects topic or the <code>streamfilter_rejects_total</code> metric.</p>"
+            "</section>"
+        )
+    else:
+        counts = sorted(data.rejects.items(), key=lambda kv: (-kv[1], kv[0]))
+        chart = (
+            _bar_chart("rejected records by reason", counts)
+            if counts
+            else "<p>No input was rejected.</p>"
+        )
+        rejects = (
+            '<section class="card operator" id="rejects"><h3>Rejected input by reason'
+            '<span class="tag op">operator data · exact · not private</span></h3>'
+            f'{chart}<p class="note">Operator data: exact counts of input records refused before '
+            f"any accounting ({sum(data.rejects.values()):,} in "
+            f"<code>{_esc(data.rejects_source)}</code>). They are not differentially private and "
+            "are meant for the people who run the pipeline — do not publish them with the "
+            "releases.</p></section>"
+        )
+
+    return (
+        '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>streamfilter report — {_esc(span)}</title><style>{_CSS}</style></head><body>"
+        "<main><h1>streamfilter report</h1>"
+        f'<p class="sub">{len(data.days)} closed days ({_esc(span)}) · '
+        f"{len(data.releases)} releases of {len(by_query)} queries · generated {_esc(when)} by "
+        f"streamfilter {_esc(__version__)}</p>"
+        f"{guarantee}<h2>Releases</h2>"
+        '<p class="note">Each plot shows one query\'s published noisy values per closed day; the '
+        "shaded band is the 95% interval of the noise (value ± ci95). Gaps are days on which the "
+        f"query did not run. Releases: <code>{_esc(data.releases_source)}</code>; days: "
+        f"{_esc(data.days_source)}.</p>"
+        f"{queries}<h2>Telemetry</h2>{telemetry}<h2>Operations</h2>{rejects}"
+        "</main></body></html>\n"
+    )
+
+
+def write_report(settings: Settings, out: str | Path) -> Path:
+    path = Path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(render_report(settings), encoding="utf-8")
+    return path

@@ -1,0 +1,412 @@
+"""Prometheus metrics, /healthz, /readyz and logs (DESIGN.md §6 items 9-10).
+
+Values are read back with ``registry.get_sample_value`` from a fresh registry per test; the HTTP
+endpoints are exercised over real sockets on 127.0.0.1.
+"""
+
+import datetime as dt
+import json
+import logging
+import socket
+import urllib.error
+import urllib.request
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from streamfilter.config import ConfigError, load_config
+from streamfilter.engine.monitor import Engine
+from streamfilter.engine.params import PrivacyParams
+from streamfilter.metrics import (
+    EXACT_METRICS,
+    REJECT_REASONS,
+    MetricsServer,
+    PrometheusObserver,
+)
+from streamfilter.privacy.noise import SeededRandomBits
+from streamfilter.runtime.app import build_daemon
+from streamfilter.runtime.daemon import Daemon
+from streamfilter.runtime.feeds import QueryFeed
+from streamfilter.runtime.store import SQLiteStateStore, StoreError
+from streamfilter.testing import FakeClock, MemorySink, MemorySource
+
+PARAMS = PrivacyParams.create(b_norm=2.0, rho=0.5, granularity=2.0**-8)
+ACTIVE = {"query_id": "active", "kind": "sum", "features": ["active"], "clip": 1.0}
+PLANS = {
+    "query_id": "plans",
+    "kind": "histogram",
+    "feature": "plan",
+    "categories": ["free", "pro"],
+    "clip": 1.0,
+}
+# user ids and values nobody would print by accident: any trace of them is a leak
+SECRET_USERS = ["uid-SECRET-4711-alice", "uid-SECRET-0815-bob", "uid-SECRET-2342-carol"]
+
+
+class ListFeed(QueryFeed):
+    def __init__(self, queries):
+        self.pending = [json.dumps(q).encode() for q in queries]
+
+    def poll(self):
+        out, self.pending = [("test", q) for q in self.pending], []
+        return out
+
+
+def utc(day):
+    d = dt.date.fromisoformat(day)
+    return dt.datetime(d.year, d.month, d.day, tzinfo=dt.UTC).timestamp()
+
+
+def ev(user, day, **values):
+    return json.dumps({"user_id": user, "day": day, "values": values}).encode()
+
+
+def stream():
+    """Three days on two partitions, plus three malformed records."""
+    p0 = [
+        ev(SECRET_USERS[0], "2026-01-01", active=1, plan="pro"),
+        ev(SECRET_USERS[1], "2026-01-01", active=1, plan="free"),
+        b"{not json",
+        ev(SECRET_USERS[0], "2026-01-02", active=1),
+        ev(SECRET_USERS[2], "2026-01-03", active=1, plan="pro"),
+    ]
+    p1 = [
+        ev(SECRET_USERS[2], "2026-01-01", active=1),
+        json.dumps({"user_id": SECRET_USERS[1], "day": "2026-13-01", "values": {}}).encode(),
+        json.dumps({"user_id": SECRET_USERS[1], "day": "2026-01-02", "bogus": 1}).encode(),
+        ev(SECRET_USERS[1], "2026-01-03", active=1),
+    ]
+    return {"p0": p0, "p1": p1}
+
+
+def run_daemon(tmp_path, observer, *, store=None, wall="2026-01-05"):
+    clock = FakeClock(wall=utc(wall))
+    store = store or SQLiteStateStore(tmp_path / "state.db")
+    queries = [{**q, "from_day": "2026-01-01"} for q in (ACTIVE, PLANS)]
+    daemon = Daemon(
+        Engine(PARAMS, SeededRandomBits(7)),
+        store,
+        MemorySource(stream()),
+        ListFeed(queries),
+        MemorySink(),
+        MemorySink(),
+        poll_interval_s=0,
+        wall_clock=clock.time,
+        monotonic=clock.monotonic,
+        observer=observer,
+    )
+    try:
+        daemon.run(until_end=True)
+    finally:
+        store.close()
+    return daemon
+
+
+def label_values(registry):
+    for metric in registry.collect():
+        for sample in metric.samples:
+            yield sample.name, sample.labels
+
+
+# ---------------------------------------------------------------------------- values
+def test_operational_metrics_read_back(tmp_path):
+    reg = CollectorRegistry()
+    obs = PrometheusObserver(
+        reg, PARAMS, allowed_lateness_s=7200, wall_clock=lambda: utc("2026-01-05")
+    )
+    daemon = run_daemon(tmp_path, obs)
+    get = reg.get_sample_value
+
+    assert get("streamfilter_records_consumed_total", {"partition": "p0"}) >= 1
+    consumed = sum(
+        get("streamfilter_records_consumed_total", {"partition": p}) or 0 for p in ("p0", "p1")
+    )
+    assert consumed == daemon.summary.records_read == 9
+    assert get("streamfilter_rejects_total", {"reason": "malformed_json"}) == 1
+    assert get("streamfilter_rejects_total", {"reason": "invalid_day"}) == 1
+    assert get("streamfilter_rejects_total", {"reason": "unknown_field"}) == 1
+    assert get("streamfilter_rejects_total", {"reason": "late"}) == 0  # pre-created at 0
+    assert get("streamfilter_day_closes_total") == 3
+    assert get("streamfilter_releases_published_total") == 6  # 3 days × 2 queries
+    assert get("streamfilter_day_close_seconds_count") == 3
+    assert get("streamfilter_day_close_seconds_sum") > 0
+    assert get("streamfilter_state_store_commit_seconds_count") == 3
+    assert get("streamfilter_state_store_size_bytes") > 0
+    assert get("streamfilter_last_closed_day_timestamp_seconds") == utc("2026-01-03")
+    # releases of 2026-01-03 acknowledged at 2026-01-05 00:00: one day after the day ended
+    assert get("streamfilter_release_lag_seconds") == 86400
+    assert get("streamfilter_allowed_lateness_seconds") == 7200
+    assert get("streamfilter_failing_closed") == 0
+    assert get("streamfilter_ready") == 0  # run() returned: stopped
+    assert obs.readiness() == (False, "stopped")
+
+
+def test_privacy_configuration_gauges_come_from_the_guarantee():
+    params = PrivacyParams.create(b_norm=4.0, epsilon=1.0, delta=1e-5)
+    reg = CollectorRegistry()
+    PrometheusObserver(reg, params)
+    g = params.guarantee()
+    get = reg.get_sample_value
+    assert get("streamfilter_privacy_rho") == g.rho
+    assert get("streamfilter_privacy_sigma") == g.sigma
+    assert get("streamfilter_privacy_norm_budget") == g.b_norm == 4.0
+    assert get("streamfilter_privacy_delta") == g.delta == 1e-5
+    assert get("streamfilter_privacy_epsilon") == g.epsilon
+    for method, eps in g.epsilon_by_method.items():
+        assert get("streamfilter_privacy_epsilon_by_conversion", {"conversion": method}) == eps
+    assert get("streamfilter_privacy_granularity") == params.granularity
+    assert get("streamfilter_privacy_ci95_halfwidth") == params.ci95_halfwidth
+    info = {
+        "mechanism": "discrete_gaussian",
+        "exhaustion": "skip",
+        "epsilon_method": g.method,
+        "rho_calibration": params.rho_method,
+    }
+    assert get("streamfilter_privacy_info", info) == 1
+    (build,) = [lab for name, lab in label_values(reg) if name == "streamfilter_build_info"]
+    assert build["version"] and build["python"]
+
+
+def test_published_releases_are_exported_with_their_bands(tmp_path):
+    reg = CollectorRegistry()
+    obs = PrometheusObserver(reg, PARAMS)
+    run_daemon(tmp_path, obs)
+    last = [r for r in _releases(tmp_path) if r["day"] == "2026-01-03"]
+    assert {r["query_id"] for r in last} == {"active", "plans"}
+    for rel in last:
+        for label, value, ci in zip(rel["labels"], rel["value"], rel["ci95"], strict=True):
+            key = {"query_id": rel["query_id"], "coordinate": label}
+            assert reg.get_sample_value("streamfilter_release_value", key) == value
+            assert reg.get_sample_value("streamfilter_release_ci95", key) == ci
+
+
+def _releases(tmp_path):
+    db = SQLiteStateStore(tmp_path / "state.db")
+    try:
+        return [json.loads(p) for p in db.load().releases]
+    finally:
+        db.close()
+
+
+# ---------------------------------------------------------------------------- no leaks
+def test_no_label_value_is_a_user_id_even_with_exact_metrics(tmp_path):
+    reg = CollectorRegistry()
+    obs = PrometheusObserver(reg, PARAMS, trusted_operator_metrics=True)
+    run_daemon(tmp_path, obs)
+    obs.rejected("uid-SECRET-4711-alice")  # a reason that is not a code is counted as "other"
+    labels = [v for _, lab in label_values(reg) for v in lab.values()]
+    assert labels
+    for value in labels:
+        assert not any(u in value for u in SECRET_USERS), value
+    assert reg.get_sample_value("streamfilter_rejects_total", {"reason": "other"}) == 1
+    keys = {k for _, lab in label_values(reg) for k in lab}
+    assert keys <= {
+        "partition",
+        "reason",
+        "query_id",
+        "coordinate",
+        "conversion",
+        "version",
+        "python",
+        "mechanism",
+        "exhaustion",
+        "epsilon_method",
+        "rho_calibration",
+        "le",
+    }
+    reasons = {lab["reason"] for _, lab in label_values(reg) if "reason" in lab}
+    assert reasons <= REJECT_REASONS | {"other"}
+
+
+def test_exact_counts_are_absent_unless_the_operator_opts_in(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    reg = CollectorRegistry()
+    run_daemon(tmp_path / "a", PrometheusObserver(reg, PARAMS))
+    names = {name for name, _ in label_values(reg)}
+    assert not [n for n in names if "exact" in n]
+    for name in EXACT_METRICS:
+        assert reg.get_sample_value(name) is None
+
+    trusted = CollectorRegistry()
+    run_daemon(tmp_path / "b", PrometheusObserver(trusted, PARAMS, trusted_operator_metrics=True))
+    get = trusted.get_sample_value
+    # 2026-01-03 (B = 2, every nonzero contribution costs 1): users[2] (spent 1 on day 1) is
+    # admitted to "active"; users[1] spent 2 on day 1 (active + plan) and is refused.
+    assert get("streamfilter_day_users_with_records_exact") == 2
+    assert get("streamfilter_query_admitted_users_exact", {"query_id": "active"}) == 1
+    assert get("streamfilter_query_refused_users_exact", {"query_id": "active"}) == 1
+    # users[2] then has nothing left for its "plans" coordinate pro; users[1] has no plan
+    assert get("streamfilter_query_admitted_users_exact", {"query_id": "plans"}) == 0
+    assert get("streamfilter_query_refused_users_exact", {"query_id": "plans"}) == 1
+
+
+def test_logs_never_contain_user_ids_values_or_pre_noise_sums(tmp_path, caplog):
+    """The daemon, the wiring and the metrics server with DEBUG logging on everything."""
+    # values exactly on the lattice (γ = 2^-10) so the pre-noise sum has one exact spelling
+    minutes = [4096.5, 2048.25]
+    exact_sum = sum(minutes)  # 6144.75
+    events = [
+        {"user_id": SECRET_USERS[0], "day": "2026-01-01", "values": {"minutes": minutes[0]}},
+        {"user_id": SECRET_USERS[1], "day": "2026-01-01", "values": {"minutes": minutes[1]}},
+        {"user_id": SECRET_USERS[2], "day": "2026-01-02", "values": {"minutes": "NaN?"}},
+        {"user_id": SECRET_USERS[2], "day": "2026-01-02", "values": {"minutes": 1e300}},
+    ]
+    lines = [json.dumps(e) for e in events] + [f'{{"user_id": "{SECRET_USERS[2]}", broken']
+    (tmp_path / "events.jsonl").write_text("\n".join(lines) + "\n")
+    query = {
+        "query_id": "minutes",
+        "kind": "linear",
+        "weights": {"minutes": [1.0]},
+        "clip": 8192.0,
+        "from_day": "2026-01-01",
+    }
+    (tmp_path / "queries.jsonl").write_text(json.dumps(query) + "\n")
+    cfg = tmp_path / "sf.toml"
+    cfg.write_text(
+        '[privacy]\nb_norm = 1e8\nrho = 0.5\n[source]\nkind = "file"\npath = "events.jsonl"\n'
+        '[queries]\nkind = "file"\npath = "queries.jsonl"\n[sink]\nkind = "file"\n'
+        'path = "releases.jsonl"\n[state]\npath = "state.db"\n'
+        "[metrics]\nenabled = true\nport = 0\ntrusted_operator_metrics = true\n"
+    )
+    caplog.set_level(logging.DEBUG)
+    parts = build_daemon(load_config(cfg), follow=False)
+    try:
+        _get(parts.metrics.server.url + "/metrics")
+        parts.daemon.run(until_end=True)
+        scrape = _get(parts.metrics.server.url + "/metrics")[1]
+    finally:
+        parts.close()
+    assert any(r.name.startswith("streamfilter") for r in caplog.records)  # logging was on
+    released = [json.loads(x) for x in (tmp_path / "releases.jsonl").read_text().splitlines()]
+    assert released[0]["value"] != [exact_sum]  # noise was added
+    lattice_units = int(exact_sum * 1024)
+    forbidden = [*SECRET_USERS, "SECRET", "4096.5", "2048.25", "6144.75", str(lattice_units)]
+    forbidden += ["1e+300", "NaN?"]
+    for text in (caplog.text, scrape):
+        for needle in forbidden:
+            assert needle not in text, needle
+
+
+# ---------------------------------------------------------------------------- HTTP
+def _get(url):
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            return resp.status, resp.read().decode(), resp.headers.get("Content-Type")
+    except urllib.error.HTTPError as err:
+        body = err.read().decode()
+        err.close()
+        return err.code, body, err.headers.get("Content-Type")
+
+
+def test_health_and_readiness_endpoints_over_http():
+    reg = CollectorRegistry()
+    obs = PrometheusObserver(reg, PARAMS)
+    server = MetricsServer(reg, "127.0.0.1", 0, obs.readiness)
+    server.start()
+    try:
+        base = server.url
+        assert server.port > 0
+        assert _get(base + "/healthz")[:2] == (200, "ok\n")
+        status, body, _ = _get(base + "/readyz")
+        assert (status, body) == (503, "starting\n")
+        obs.started()
+        assert _get(base + "/readyz")[:2] == (200, "ready\n")
+        status, body, ctype = _get(base + "/metrics")
+        assert status == 200 and ctype.startswith("text/plain")
+        assert "streamfilter_privacy_rho 0.5" in body
+        assert "streamfilter_ready 1.0" in body
+        assert _get(base + "/nope")[0] == 404
+        obs.failing_closed("disk full")
+        status, body, _ = _get(base + "/readyz")
+        assert status == 503 and body.startswith("failing closed")
+        assert _get(base + "/healthz")[0] == 200  # alive: the supervisor sees it exit instead
+    finally:
+        server.stop()
+    with pytest.raises(urllib.error.URLError):
+        urllib.request.urlopen(base + "/healthz", timeout=2)
+
+
+class BrokenStore(SQLiteStateStore):
+    def commit_day(self, commit):
+        raise StoreError("state store broken-for-test failed to commit: disk I/O error")
+
+
+def test_failing_closed_sets_the_gauge_and_readyz_answers_503(tmp_path):
+    reg = CollectorRegistry()
+    obs = PrometheusObserver(reg, PARAMS)
+    server = MetricsServer(reg, "127.0.0.1", 0, obs.readiness)
+    server.start()
+    try:
+        with pytest.raises(StoreError):
+            run_daemon(tmp_path, obs, store=BrokenStore(tmp_path / "state.db"))
+        assert reg.get_sample_value("streamfilter_failing_closed") == 1
+        assert reg.get_sample_value("streamfilter_ready") == 0
+        assert reg.get_sample_value("streamfilter_releases_published_total") == 0
+        status, body, _ = _get(server.url + "/readyz")
+        assert status == 503 and "failing closed" in body
+    finally:
+        server.stop()
+
+
+# ---------------------------------------------------------------------------- wiring
+def _config(tmp_path, port, enabled="true"):
+    (tmp_path / "events.jsonl").write_text(
+        b"\n".join([*stream()["p0"], *stream()["p1"]]).decode() + "\n"
+    )
+    (tmp_path / "queries.jsonl").write_text(json.dumps({**ACTIVE, "from_day": "2026-01-01"}))
+    cfg = tmp_path / "sf.toml"
+    cfg.write_text(
+        '[privacy]\nb_norm = 2.0\nrho = 0.5\n[source]\nkind = "file"\npath = "events.jsonl"\n'
+        '[queries]\nkind = "file"\npath = "queries.jsonl"\n[sink]\nkind = "file"\n'
+        f'path = "releases.jsonl"\n[state]\npath = "state.db"\n'
+        f'[metrics]\nenabled = {enabled}\nhost = "127.0.0.1"\nport = {port}\n'
+    )
+    return load_config(cfg)
+
+
+def test_build_daemon_serves_metrics_and_close_stops_the_server(tmp_path):
+    parts = build_daemon(_config(tmp_path, 0), follow=False)
+    try:
+        assert parts.metrics is not None
+        url = parts.metrics.server.url
+        assert _get(url + "/readyz")[0] == 503  # built, not started
+        parts.daemon.on_day_closed = lambda day, rel: ready.append(_get(url + "/readyz")[0])
+        ready: list[int] = []
+        parts.daemon.run(until_end=True)
+        assert ready and set(ready) == {200}
+        body = _get(url + "/metrics")[1]
+        assert "streamfilter_day_closes_total 3.0" in body
+        assert 'streamfilter_rejects_total{reason="malformed_json"} 1.0' in body
+    finally:
+        parts.close()
+    with pytest.raises(urllib.error.URLError):
+        urllib.request.urlopen(url + "/healthz", timeout=2)
+    # a restart resumes the last closed day gauge from the store
+    parts = build_daemon(_config(tmp_path, 0), follow=False)
+    try:
+        reg = parts.metrics.registry
+        assert reg.get_sample_value("streamfilter_last_closed_day_timestamp_seconds") == utc(
+            "2026-01-03"
+        )
+    finally:
+        parts.close()
+
+
+def test_metrics_disabled_builds_no_endpoint(tmp_path):
+    parts = build_daemon(_config(tmp_path, 0, enabled="false"), follow=False)
+    try:
+        assert parts.metrics is None
+        assert type(parts.daemon.observer).__name__ == "DaemonObserver"
+    finally:
+        parts.close()
+
+
+def test_a_busy_metrics_port_is_a_configuration_error_and_releases_the_state(tmp_path):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        with pytest.raises(ConfigError, match=r"metrics\.port"):
+            build_daemon(_config(tmp_path, port), follow=False)
+    SQLiteStateStore(tmp_path / "state.db").close()  # the lock was released

@@ -1,0 +1,258 @@
+"""``streamfilter report``: a self-contained HTML page, checked as text and rendered in headless
+Chromium (Debian package ``chromium``; skipped locally when missing, failed when ``CI=true``)."""
+
+import json
+import re
+import shutil
+import struct
+import subprocess
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from streamfilter.cli import main
+from streamfilter.config import load_config
+from streamfilter.report import load_report_data, render_report, write_report
+from streamfilter.runtime.app import build_daemon
+from streamfilter.runtime.store import SQLiteStateStore
+from tests.conftest import require
+
+USERS = [f"uid-REPORT-{i:03d}-secret" for i in range(40)]
+DAYS = [f"2026-02-{d:02d}" for d in range(1, 15)]
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    """A finished run: 14 days, a standing sum, a standing histogram, a one-day query, a query
+    that starts late, and some malformed input."""
+    d = tmp_path_factory.mktemp("report")
+    lines = []
+    for k, day in enumerate(DAYS):
+        for i, user in enumerate(USERS):
+            if (i + k) % 3:
+                plan = ["free", "pro", "team"][i % 3]
+                lines.append(
+                    json.dumps({"user_id": user, "day": day, "values": {"active": 1, "plan": plan}})
+                )
+    lines += ["{oops", json.dumps({"user_id": USERS[0], "day": "2026-02-30", "values": {}})]
+    lines += [json.dumps({"user_id": USERS[1], "day": DAYS[3], "values": {"x": "y"}, "z": 1})]
+    (d / "events.jsonl").write_text("\n".join(lines) + "\n")
+    queries = [
+        {"query_id": "active", "kind": "sum", "features": ["active"], "clip": 1.0},
+        {
+            "query_id": "plans",
+            "kind": "histogram",
+            "feature": "plan",
+            "categories": ["free", "pro", "team"],
+            "clip": 1.0,
+        },
+    ]
+    q = [json.dumps({**x, "from_day": DAYS[0]}) for x in queries]
+    q.append(
+        json.dumps(
+            {
+                "query_id": "focus-pro",
+                "kind": "linear",
+                "weights": {"plan=pro": [1.0]},
+                "labels": ["plan=pro"],
+                "clip": 1.0,
+                "from_day": DAYS[5],
+                "until_day": DAYS[5],
+            }
+        )
+    )
+    q.append(
+        json.dumps(
+            {
+                "query_id": "late-start",
+                "kind": "sum",
+                "features": ["active"],
+                "clip": 0.5,
+                "from_day": DAYS[8],
+            }
+        )
+    )
+    (d / "queries.jsonl").write_text("\n".join(q) + "\n")
+    (d / "streamfilter.toml").write_text(
+        '[privacy]\nb_norm = 64.0\nrho = 2.0\ndelta = 1e-6\n[source]\nkind = "file"\n'
+        'path = "events.jsonl"\n[queries]\nkind = "file"\npath = "queries.jsonl"\n'
+        '[sink]\nkind = "file"\npath = "releases.jsonl"\n[state]\npath = "state.db"\n'
+    )
+    parts = build_daemon(load_config(d / "streamfilter.toml"), follow=False)
+    try:
+        parts.daemon.run(until_end=True)
+    finally:
+        parts.close()
+    return d
+
+
+def test_report_shows_releases_guarantee_telemetry_and_rejects(run_dir):
+    settings = load_config(run_dir / "streamfilter.toml")
+    data = load_report_data(settings)
+    assert data.days == DAYS
+    page = render_report(settings, data)
+    # one plot per query with several releases (3), one for the single-release queries, and
+    # the rejects bar chart
+    assert page.count('<svg class="plot"') == 4
+    assert page.count('<svg class="plot bars"') == 1
+    assert 'id="q-active"' in page and 'id="q-plans"' in page and 'id="q-late-start"' in page
+    assert 'id="single-release"' in page and "focus-pro" in page
+    assert page.count('class="band"') >= 3
+    # the guarantee, from PrivacyParams.guarantee()
+    g = settings.privacy_params().guarantee()
+    assert f"{g.rho:g}-zCDP" in page
+    assert f"{g.epsilon:.6g}" in page and f"{g.delta:g}" in page
+    for method in g.epsilon_by_method:
+        assert f"<td>{method}</td>" in page
+    # telemetry: only noisy values, and there are none yet: the page says so
+    assert "No noisy budget-exhaustion telemetry has been released" in page
+    # rejects by reason, labelled as operator data
+    assert "operator data" in page.lower()
+    assert data.rejects == {"malformed_json": 1, "invalid_day": 1, "unknown_field": 1}
+    for reason in data.rejects:
+        assert reason in page
+
+
+def test_report_is_self_contained_and_leaks_no_user_data(run_dir):
+    page = render_report(load_config(run_dir / "streamfilter.toml"))
+    assert "<script" not in page.lower()
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", page, re.I)
+    assert not re.search(r"@import|url\(", page)
+    # the only URL is the SVG namespace (an identifier, never fetched)
+    assert set(re.findall(r"https?://[^\s\"'<>]+", page)) == {"http://www.w3.org/2000/svg"}
+    # the reject file holds raw input (user ids): the page shows only reason counts
+    rejects = (run_dir / "rejects.jsonl").read_text()
+    assert USERS[0] in rejects
+    assert "uid-REPORT" not in page
+
+
+def test_report_reads_the_state_while_the_daemon_holds_it(run_dir, tmp_path):
+    store = SQLiteStateStore(run_dir / "state.db")  # the writer's lock is held
+    try:
+        out = write_report(load_config(run_dir / "streamfilter.toml"), tmp_path / "r.html")
+    finally:
+        store.close()
+    assert out.read_text().startswith("<!DOCTYPE html>")
+
+
+def test_report_subcommand_writes_the_page(run_dir, tmp_path, capsys):
+    out = tmp_path / "sub" / "report.html"
+    code = main(["report", "--config", str(run_dir / "streamfilter.toml"), "--out", str(out)])
+    assert code == 0
+    assert out.exists() and "<svg" in out.read_text()
+    assert str(out) in capsys.readouterr().err
+
+
+def test_report_without_any_release_yet(tmp_path):
+    (tmp_path / "sf.toml").write_text(
+        '[privacy]\nb_norm = 4.0\nrho = 0.5\n[source]\nkind = "file"\npath = "e.jsonl"\n'
+        '[sink]\nkind = "file"\npath = "releases.jsonl"\n[state]\npath = "state.db"\n'
+    )
+    page = render_report(load_config(tmp_path / "sf.toml"))
+    assert "No release has been published yet" in page
+    assert "No input was rejected" in page
+
+
+# ---------------------------------------------------------------------------- Chromium
+def decode_png(data: bytes) -> np.ndarray:
+    """A tiny PNG decoder (8-bit RGB/RGBA, not interlaced): height × width × channels."""
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+    pos, idat = 8, []
+    width = height = bpp = 0
+    while pos < len(data):
+        (length,) = struct.unpack(">I", data[pos : pos + 4])
+        kind, body = data[pos + 4 : pos + 8], data[pos + 8 : pos + 8 + length]
+        pos += 12 + length
+        if kind == b"IHDR":
+            width, height, depth, color, _, _, interlace = struct.unpack(">IIBBBBB", body)
+            assert depth == 8 and color in (2, 6) and interlace == 0, (depth, color, interlace)
+            bpp = 3 if color == 2 else 4
+        elif kind == b"IDAT":
+            idat.append(body)
+        elif kind == b"IEND":
+            break
+    raw = np.frombuffer(zlib.decompress(b"".join(idat)), np.uint8)
+    raw = raw.reshape(height, 1 + width * bpp)
+    out = np.zeros((height, width * bpp), np.int32)
+    prev = np.zeros(width * bpp, np.int32)
+    for y in range(height):
+        kind, line = raw[y, 0], raw[y, 1:].astype(np.int32)
+        if kind == 0:  # None
+            cur = line
+        elif kind == 1:  # Sub: running sum per channel
+            cur = line.reshape(-1, bpp).cumsum(axis=0).reshape(-1) % 256
+        elif kind == 2:  # Up
+            cur = (line + prev) % 256
+        else:  # Average / Paeth: sequential along the row
+            cur = np.zeros_like(line)
+            for i in range(len(line)):
+                a = int(cur[i - bpp]) if i >= bpp else 0
+                b = int(prev[i])
+                if kind == 3:
+                    cur[i] = (line[i] + (a + b) // 2) % 256
+                else:
+                    c = int(prev[i - bpp]) if i >= bpp else 0
+                    p = a + b - c
+                    pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
+                    cur[i] = (
+                        line[i] + (a if pa <= pb and pa <= pc else b if pb <= pc else c)
+                    ) % 256
+        out[y] = cur
+        prev = cur
+    return out.reshape(height, width, bpp).astype(np.uint8)
+
+
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+@pytest.mark.timeout(240)
+def test_report_renders_in_headless_chromium(run_dir, tmp_path):
+    chromium = shutil.which("chromium")
+    require(
+        chromium is not None,
+        "chromium not found; install it with deploy/install-test-deps.sh (Debian package 'chromium')",
+    )
+    assert chromium is not None
+    page = write_report(load_config(run_dir / "streamfilter.toml"), tmp_path / "report.html")
+    url = page.resolve().as_uri()
+    shot = tmp_path / "report.png"
+    base = [chromium, *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile'}"]
+    out = subprocess.run(
+        [*base, f"--screenshot={shot}", "--window-size=1200,2000", url],
+        capture_output=True,
+        timeout=180,
+    )
+    assert out.returncode == 0 and shot.exists(), out.stderr.decode()[-2000:]
+    img = decode_png(shot.read_bytes())
+    assert img.shape[:2] == (2000, 1200)
+    rgb = img[:, :, :3].reshape(-1, 3)
+    colours, counts = np.unique(rgb, axis=0, return_counts=True)
+    # white cards (~40%) on the page background #f3f4f7 (~15%), the plot areas #fbfbfd; the
+    # shares of the last two move with the noisy data (bands cover the plot areas)
+    share = {tuple(int(v) for v in c): n / len(rgb) for c, n in zip(colours, counts, strict=True)}
+    assert share[(255, 255, 255)] > 0.25
+    assert share[(243, 244, 247)] > 0.05
+    assert share.get((251, 251, 253), 0) > 0.03
+    assert len(colours) > 200
+    assert float(rgb.std()) > 10
+    # the plot colours of the series are on screen (blue of series 1, red of series 2)
+    for colour in ((31, 119, 180), (214, 39, 40)):
+        assert (np.abs(rgb.astype(int) - colour).sum(axis=1) <= 6).sum() > 200, colour
+    # after rendering, the DOM still holds the SVG plots with their bands and series
+    dom = subprocess.run(
+        [*base, "--dump-dom", url], capture_output=True, timeout=180, text=True
+    ).stdout
+    assert dom.count("<svg") == 5
+    assert dom.count('class="band"') >= 3 and dom.count('class="series"') >= 5
+    Path(tmp_path / "screenshot-path.txt").write_text(str(shot))
