@@ -143,15 +143,29 @@ def cli(args, cwd, env=None, check=True, timeout=180):
     return proc
 
 
-def spawn(args, cwd, env=None):
-    return subprocess.Popen(
-        [sys.executable, "-m", "streamfilter", *args],
-        cwd=cwd,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, **(env or {})},
-    )
+class Spawned:
+    """A daemon process whose stderr goes to ``daemon.log`` in its working directory."""
+
+    def __init__(self, args, cwd, env=None):
+        self.log = Path(cwd) / "daemon.log"
+        with open(self.log, "ab") as err:
+            self.proc = subprocess.Popen([sys.executable, "-m", "streamfilter", *args], cwd=cwd, stdout=subprocess.DEVNULL, stderr=err, env={**os.environ, **(env or {})})
+
+    def tail(self) -> str:
+        return self.log.read_text(errors="replace")[-3000:]
+
+    def poll(self):
+        return self.proc.poll()
+
+    def send_signal(self, sig):
+        self.proc.send_signal(sig)
+
+    def wait(self, timeout):
+        return self.proc.wait(timeout=timeout)
+
+
+def spawn(args, cwd, env=None) -> Spawned:
+    return Spawned(args, cwd, env)
 
 
 def reference(tmp: Path, events: list[bytes]) -> dict[tuple[str, str], bytes]:
@@ -287,7 +301,7 @@ def test_sigkill_at_random_moments_and_crash_points(kafka_bootstrap, tmp_path):
     for _ in range(10):
         proc = spawn(args, cwd=work)
         time.sleep(rng.uniform(0.5, 2.5))
-        assert proc.poll() is None, proc.stderr.read()[-2000:]  # follow mode never exits alone
+        assert proc.poll() is None, proc.tail()  # follow mode never exits alone
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
     proc = spawn(args, cwd=work)
