@@ -14,7 +14,12 @@ import os
 import platform
 from pathlib import Path
 
-MODULES = ["benchmarks.bench_engine", "benchmarks.bench_noise"]
+MODULES = [
+    "benchmarks.bench_engine",
+    "benchmarks.bench_noise",
+    "benchmarks.bench_sparse",
+    "benchmarks.bench_kafka",
+]
 HERE = Path(__file__).resolve().parent
 
 
