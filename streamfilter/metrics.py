@@ -41,6 +41,7 @@ metric                                                 type     meaning
 ``streamfilter_privacy_epsilon_by_conversion{...}``    gauge    ε at δ by each sound conversion
 ``streamfilter_privacy_granularity``                   gauge    lattice step γ
 ``streamfilter_privacy_ci95_halfwidth``                gauge    95% half-width per coordinate
+``streamfilter_privacy_telemetry_rho``                 gauge    ``[telemetry] rho``
 ``streamfilter_release_value{query_id,coordinate}``    gauge    latest *noisy* release (public)
 ``streamfilter_release_ci95{query_id,coordinate}``     gauge    its 95% half-width
 =====================================================  =======  ===================================
@@ -163,6 +164,7 @@ class PrometheusObserver(DaemonObserver):
         *,
         trusted_operator_metrics: bool = False,
         allowed_lateness_s: float | None = None,
+        telemetry_rho: float | None = None,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self.registry = registry
@@ -258,6 +260,13 @@ class PrometheusObserver(DaemonObserver):
             registry=r,
         ).labels(__version__, platform.python_version()).set(1)
         self._privacy_gauges(params)
+        if telemetry_rho is not None:
+            Gauge(
+                "streamfilter_privacy_telemetry_rho",
+                "[telemetry] rho: the separate zCDP budget of statistics about the run; a user's "
+                "total guarantee is at most streamfilter_privacy_rho plus this.",
+                registry=r,
+            ).set(telemetry_rho)
         # -- published (noisy) releases: public by construction ---------------------------
         self.release_value = Gauge(
             "streamfilter_release_value",
@@ -553,6 +562,7 @@ def metrics_endpoint(
         params,
         trusted_operator_metrics=m.trusted_operator_metrics,
         allowed_lateness_s=settings.window.allowed_lateness,
+        telemetry_rho=settings.telemetry.rho,
         wall_clock=wall_clock,
     )
     server = MetricsServer(reg, m.host, m.port, observer.readiness)

@@ -9,8 +9,11 @@ What goes on the page, and where it comes from:
   never read: per-user budgets are for their owners only, DESIGN.md §6.11).
 * **The guarantee** — from ``PrivacyParams.guarantee()``: ρ-zCDP and ε at δ by each sound
   conversion; data-independent.
-* **Budget-exhaustion telemetry** — shown only as noisy values, and none is released yet: the
-  page says so. Exact counts of exhausted users are statistics of users and are never computed.
+* **Budget-exhaustion telemetry** — only noisy values: the opt-in private active-set estimate
+  (``_active_set`` releases: noisy cumulative number of users who left the active set) and the
+  noisy population statistics that ``streamfilter budget-stats`` recorded in the telemetry ledger,
+  with the telemetry budget they spent. When none exists the page says so. Exact counts of
+  exhausted users are statistics of users and are never computed.
 * **Rejects by reason** — exact counts of malformed input from the reject file. They are
   operator data (not differentially private) and the page labels them as such.
 """
@@ -31,6 +34,7 @@ from typing import Any
 from streamfilter import __version__
 from streamfilter.config import Settings
 from streamfilter.engine.contract import Release
+from streamfilter.engine.telemetry import ACTIVE_SET_QUERY_ID
 
 __all__ = ["ReportData", "load_report_data", "render_report", "write_report"]
 
@@ -48,6 +52,10 @@ class ReportData:
     rejects: Counter[str] = field(default_factory=Counter)
     rejects_source: str | None = None
     releases_source: str = ""
+    #: noisy records of ``budget-stats`` calls from the telemetry ledger, oldest first
+    budget_stats: list[dict[str, Any]] = field(default_factory=list)
+    #: telemetry ρ charged so far (fixed costs of the calls; data-independent)
+    telemetry_rho_charged: float = 0.0
 
 
 # --------------------------------------------------------------------------- loading
@@ -108,6 +116,17 @@ def load_report_data(settings: Settings) -> ReportData:
         days_source = "release days (no state store found)"
     days = sorted(set(days) | {r.day for r in releases})
     data = ReportData(releases, days, days_source, releases_source=releases_source)
+    if state.exists():
+        try:
+            ledger = _store_rows(
+                state, "SELECT kind, rho, record FROM telemetry_ledger ORDER BY seq"
+            )
+        except sqlite3.OperationalError:  # a state from before the telemetry ledger
+            ledger = []
+        data.telemetry_rho_charged = sum(float(rho) for _, rho, _ in ledger)
+        for kind, _, record in ledger:
+            if kind == "budget_stats":
+                data.budget_stats.append(json.loads(bytes(record)))
     if settings.rejects.kind == "file":
         path = settings.rejects_path()
         if path.exists():
@@ -296,6 +315,104 @@ def _bar_chart(title: str, counts: Sequence[tuple[str, int]]) -> str:
     return "".join(out)
 
 
+def _column_chart(title: str, labels: Sequence[str], values: Sequence[float]) -> str:
+    """Vertical bars (noisy counts; a negative noisy count is drawn as an empty bar)."""
+    width, height, left, bottom, top = 1080, 220, 76, 40, 14
+    pw, ph = width - left - 16, height - top - bottom
+    ticks = _nice_ticks(0.0, max([*values, 1.0]))
+    hi = ticks[-1]
+    slot = pw / max(len(values), 1)
+    out = [
+        f'<svg class="plot columns" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} '
+        f'{height}" width="{width}" height="{height}" role="img" aria-label="{_esc(title)}">',
+        f"<title>{_esc(title)}</title>",
+    ]
+    for t in ticks:
+        yy = top + ph * (1 - t / hi)
+        out.append(
+            f'<line x1="{left}" x2="{left + pw}" y1="{yy:.1f}" y2="{yy:.1f}" stroke="#e4e7ee"/>'
+            f'<text x="{left - 8}" y="{yy + 4:.1f}" text-anchor="end" class="tick">'
+            f"{_esc(_fmt(t))}</text>"
+        )
+    for k, (label, value) in enumerate(zip(labels, values, strict=True)):
+        h = ph * max(value, 0.0) / hi
+        xx = left + k * slot
+        out.append(
+            f'<rect x="{xx + slot * 0.12:.1f}" y="{top + ph - h:.1f}" width="{slot * 0.76:.1f}" '
+            f'height="{h:.1f}" fill="#6b5ca5" fill-opacity="0.8"><title>{_esc(label)}: '
+            f"{_esc(_fmt(value))}</title></rect>"
+            f'<text x="{xx + slot / 2:.1f}" y="{top + ph + 18}" text-anchor="middle" '
+            f'class="tick">{_esc(label)}</text>'
+        )
+    out.append("</svg>")
+    return "".join(out)
+
+
+def _telemetry_section(data: ReportData, settings: Settings, days: list[str]) -> str:
+    """Budget exhaustion, from noisy releases only (never from the ledger of budgets)."""
+    active = [r for r in data.releases if r.query_id == ACTIVE_SET_QUERY_ID]
+    parts = [
+        '<section class="card" id="telemetry"><h3>Budget exhaustion'
+        '<span class="tag">noisy only</span></h3>'
+    ]
+    if active:
+        active.sort(key=lambda r: r.day)
+        first, last = active[0], active[-1]
+        points = {r.day: (float(r.value[0]), float(r.ci95[0])) for r in active}
+        series = [_Series(first.labels[0], PALETTE[3], points)]
+        plot_days = [d for d in days if first.day <= d <= last.day] or [first.day]
+        parts.append(
+            "<p>Private active-set estimate: the <b>noisy</b> cumulative number of users who have "
+            "left the active set (remaining budget below "
+            f"<code>telemetry.active_min_remaining = {_esc(settings.telemetry.active_min_remaining)}"
+            "</code>, or retired), released each day by a binary-tree counter on the separate "
+            f"telemetry budget. On {_esc(last.day)}: {_esc(_fmt(last.value[0]))} ± "
+            f"{_esc(_fmt(last.ci95[0]))} (95%).</p>"
+            '<div class="legend"><span><i style="background:'
+            f'{PALETTE[3]}"></i>departed (cumulative, noisy)</span><span><i style="background:'
+            '#999;opacity:.35"></i>95% band</span></div>'
+            + _line_chart("noisy cumulative departures from the active set", plot_days, series)
+        )
+    if data.budget_stats:
+        rec = data.budget_stats[-1]
+        hist = [float(v) for v in rec.get("histogram_noisy", [])]
+        per = max(1, len(hist) // 10)
+        groups = [sum(hist[i : i + per]) for i in range(0, len(hist), per)]
+        labels = [f"{i * per / len(hist):.1f}–{(i + 1) * per / len(hist):.1f}" for i in range(10)]
+        quantiles = ", ".join(
+            f"{_esc(q)}: {'n/a' if v is None else _esc(f'{v:.2f}')}"
+            for q, v in rec.get("quantiles", {}).items()
+        )
+        parts.append(
+            f"<p>Private budget statistics (<code>streamfilter budget-stats</code>, "
+            f"{len(data.budget_stats)} call(s); latest as of {_esc(rec.get('last_closed_day'))}): "
+            f"≈ {_esc(_fmt(float(rec['users_noisy'])))} users charged at least once, mean spent "
+            f"fraction {_esc(_fmt(float(rec['mean_spent_fraction'])))}, quantiles of the spent "
+            f"fraction {quantiles} — all noisy.</p>"
+            + (
+                _column_chart("noisy users per spent fraction of B", labels, groups)
+                if len(groups) == len(labels)
+                else ""
+            )
+        )
+    if not active and not data.budget_stats:
+        parts.append(
+            "<p><b>No noisy budget-exhaustion telemetry has been released for this run yet.</b> "
+            "Turn on the private active-set estimate (<code>[telemetry] active_set = true</code>) "
+            "for a daily noisy count of users who have left the active set, or run "
+            "<code>streamfilter budget-stats</code> for noisy statistics of the spent budgets; "
+            "both are charged to the separate telemetry budget.</p>"
+        )
+    parts.append(
+        '<p class="note">Exact counts of exhausted or refused users are statistics of users: '
+        "releasing them would break the guarantee, so this report never computes them. Answers "
+        "are accurate for the <i>active set</i> — the users whose budget still admits the query. "
+        f"Telemetry budget charged so far: ρ = {_esc(_fmt(data.telemetry_rho_charged))} of "
+        f"<code>telemetry.rho = {_esc(_fmt(settings.telemetry.rho))}</code>.</p></section>"
+    )
+    return "".join(parts)
+
+
 # --------------------------------------------------------------------------- the page
 _CSS = """
 body{font:15px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:#1d2330;
@@ -418,13 +535,23 @@ def render_report(
     when = (generated or dt.datetime.now(dt.UTC)).strftime("%Y-%m-%d %H:%M UTC")
     by_query: dict[str, list[Release]] = {}
     for rel in sorted(data.releases, key=lambda r: r.day):
-        by_query.setdefault(rel.query_id, []).append(rel)
+        if rel.query_id != ACTIVE_SET_QUERY_ID:  # telemetry: shown in its own section
+            by_query.setdefault(rel.query_id, []).append(rel)
     span = f"{data.days[0]} to {data.days[-1]}" if data.days else "no day closed yet"
 
     eps_rows = "".join(
         f"<tr><td>{_esc(method)}</td><td>{_esc(_fmt(eps))}</td></tr>"
         for method, eps in sorted(g.epsilon_by_method.items())
     )
+    composition = ""
+    if data.telemetry_rho_charged > 0:
+        composition = (
+            '<p class="note">Telemetry (below) spends a separate budget: '
+            f"ρ<sub>tel</sub> = {_esc(_fmt(data.telemetry_rho_charged))} charged so far, so each "
+            f"user's total is ({_esc(_fmt(g.rho))} + {_esc(_fmt(data.telemetry_rho_charged))})-zCDP "
+            f"(zCDP composition), at most ρ + telemetry.rho = "
+            f"{_esc(_fmt(g.rho + settings.telemetry.rho))}.</p>"
+        )
     guarantee = (
         '<section class="card" id="guarantee"><h3>The guarantee'
         '<span class="tag">data-independent</span></h3>'
@@ -444,7 +571,7 @@ def render_report(
         f"<div><b>{_esc(repr(params.granularity))}</b><span>lattice step γ</span></div>"
         "</div>"
         f"<table><tr><th>conversion</th><th>ε at δ = {_esc(f'{g.delta:g}')}</th></tr>"
-        f"{eps_rows}</table></section>"
+        f"{eps_rows}</table>{composition}</section>"
     )
 
     if by_query:
@@ -457,17 +584,7 @@ def render_report(
     else:
         queries = '<section class="card"><p>No release has been published yet.</p></section>'
 
-    telemetry = (
-        '<section class="card" id="telemetry"><h3>Budget exhaustion'
-        '<span class="tag">noisy only</span></h3>'
-        "<p><b>No noisy budget-exhaustion telemetry has been released for this run yet.</b> "
-        "streamfilter does not publish a private estimate of how many users have exhausted their "
-        "budget (a continual-counting estimate charged to a separate telemetry budget is planned)."
-        '</p><p class="note">Exact counts of exhausted or refused users are statistics of '
-        "users: releasing them would break the guarantee above, so this report does not compute "
-        "them. Answers are accurate for the <i>active set</i> — the users whose budget still "
-        "admits the query.</p></section>"
-    )
+    telemetry = _telemetry_section(data, settings, data.days)
 
     if data.rejects_source is None:
         rejects = (

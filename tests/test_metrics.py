@@ -156,6 +156,10 @@ def test_privacy_configuration_gauges_come_from_the_guarantee():
         assert get("streamfilter_privacy_epsilon_by_conversion", {"conversion": method}) == eps
     assert get("streamfilter_privacy_granularity") == params.granularity
     assert get("streamfilter_privacy_ci95_halfwidth") == params.ci95_halfwidth
+    assert get("streamfilter_privacy_telemetry_rho") is None  # only when told
+    reg2 = CollectorRegistry()
+    PrometheusObserver(reg2, params, telemetry_rho=0.05)
+    assert reg2.get_sample_value("streamfilter_privacy_telemetry_rho") == 0.05
     info = {
         "mechanism": "discrete_gaussian",
         "exhaustion": "skip",

@@ -12,6 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from streamfilter import report
+from streamfilter.budget import budget_stats
 from streamfilter.cli import main
 from streamfilter.config import load_config
 from streamfilter.report import load_report_data, render_report, write_report
@@ -26,7 +28,8 @@ DAYS = [f"2026-02-{d:02d}" for d in range(1, 15)]
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
     """A finished run: 14 days, a standing sum, a standing histogram, a one-day query, a query
-    that starts late, and some malformed input."""
+    that starts late, some malformed input; the private active-set estimate on (users exhaust
+    B_norm = 12 around day 9), and one ``budget-stats`` call afterwards."""
     d = tmp_path_factory.mktemp("report")
     lines = []
     for k, day in enumerate(DAYS):
@@ -76,15 +79,17 @@ def run_dir(tmp_path_factory):
     )
     (d / "queries.jsonl").write_text("\n".join(q) + "\n")
     (d / "streamfilter.toml").write_text(
-        '[privacy]\nb_norm = 64.0\nrho = 2.0\ndelta = 1e-6\n[source]\nkind = "file"\n'
+        '[privacy]\nb_norm = 12.0\nrho = 2.0\ndelta = 1e-6\n[source]\nkind = "file"\n'
         'path = "events.jsonl"\n[queries]\nkind = "file"\npath = "queries.jsonl"\n'
         '[sink]\nkind = "file"\npath = "releases.jsonl"\n[state]\npath = "state.db"\n'
+        "[telemetry]\nactive_set = true\nactive_set_horizon = 64\n"
     )
     parts = build_daemon(load_config(d / "streamfilter.toml"), follow=False)
     try:
         parts.daemon.run(until_end=True)
     finally:
         parts.close()
+    budget_stats(load_config(d / "streamfilter.toml"))  # noisy, charged to the telemetry budget
     return d
 
 
@@ -93,9 +98,10 @@ def test_report_shows_releases_guarantee_telemetry_and_rejects(run_dir):
     data = load_report_data(settings)
     assert data.days == DAYS
     page = render_report(settings, data)
-    # one plot per query with several releases (3), one for the single-release queries, and
-    # the rejects bar chart
-    assert page.count('<svg class="plot"') == 4
+    # one plot per query with several releases (3), one for the single-release queries, one for
+    # the active-set estimate; the spent-fraction columns and the rejects bar chart
+    assert page.count('<svg class="plot"') == 5
+    assert page.count('<svg class="plot columns"') == 1
     assert page.count('<svg class="plot bars"') == 1
     assert 'id="q-active"' in page and 'id="q-plans"' in page and 'id="q-late-start"' in page
     assert 'id="single-release"' in page and "focus-pro" in page
@@ -106,8 +112,17 @@ def test_report_shows_releases_guarantee_telemetry_and_rejects(run_dir):
     assert f"{g.epsilon:.6g}" in page and f"{g.delta:g}" in page
     for method in g.epsilon_by_method:
         assert f"<td>{method}</td>" in page
-    # telemetry: only noisy values, and there are none yet: the page says so
-    assert "No noisy budget-exhaustion telemetry has been released" in page
+    # telemetry: the noisy active-set estimate and the noisy budget statistics, in their own
+    # section (never as a query), with the telemetry budget they spent
+    assert 'id="q-_active_set"' not in page
+    telemetry = page[page.index('id="telemetry"') : page.index('id="rejects"')]
+    assert "noisy cumulative departures from the active set" in telemetry
+    assert "Private budget statistics" in telemetry and "1 call(s)" in telemetry
+    assert '<svg class="plot columns"' in telemetry
+    assert "No noisy budget-exhaustion telemetry" not in page
+    charged = settings.telemetry.active_set_rho + settings.telemetry.stats_rho
+    assert data.telemetry_rho_charged == pytest.approx(charged)
+    assert "ρ<sub>tel</sub>" in page  # the guarantee says how telemetry composes
     # rejects by reason, labelled as operator data
     assert "operator data" in page.lower()
     assert data.rejects == {"malformed_json": 1, "invalid_day": 1, "unknown_field": 1}
@@ -126,6 +141,19 @@ def test_report_is_self_contained_and_leaks_no_user_data(run_dir):
     rejects = (run_dir / "rejects.jsonl").read_text()
     assert USERS[0] in rejects
     assert "uid-REPORT" not in page
+
+
+def test_report_never_reads_per_user_budgets(run_dir, monkeypatch):
+    queries = []
+    real = report._store_rows
+
+    def spy(path, sql):
+        queries.append(sql)
+        return real(path, sql)
+
+    monkeypatch.setattr(report, "_store_rows", spy)
+    render_report(load_config(run_dir / "streamfilter.toml"))
+    assert queries and not [q for q in queries if "budgets" in q or "active_set_state" in q]
 
 
 def test_report_reads_the_state_while_the_daemon_holds_it(run_dir, tmp_path):
@@ -152,6 +180,7 @@ def test_report_without_any_release_yet(tmp_path):
     )
     page = render_report(load_config(tmp_path / "sf.toml"))
     assert "No release has been published yet" in page
+    assert "No noisy budget-exhaustion telemetry has been released" in page
     assert "No input was rejected" in page
 
 
@@ -253,6 +282,6 @@ def test_report_renders_in_headless_chromium(run_dir, tmp_path):
     dom = subprocess.run(
         [*base, "--dump-dom", url], capture_output=True, timeout=180, text=True
     ).stdout
-    assert dom.count("<svg") == 5
+    assert dom.count("<svg") == 7  # 4 release plots, active set, spent fractions, rejects
     assert dom.count('class="band"') >= 3 and dom.count('class="series"') >= 5
     Path(tmp_path / "screenshot-path.txt").write_text(str(shot))
