@@ -23,10 +23,35 @@ from streamfilter.engine.records import DayRecords
 from streamfilter.privacy.noise import SeededRandomBits
 
 QUERIES = [
-    {"query_id": "active", "kind": "sum", "features": ["active"], "clip": 1.0, "from_day": "2026-01-01"},
-    {"query_id": "plans", "kind": "histogram", "feature": "plan", "categories": ["free", "pro", "team"], "clip": 1.0, "from_day": "2026-01-01"},
-    {"query_id": "mix", "kind": "linear", "weights": {"active": [1, 0], "minutes": [0, 0.01]}, "clip": 2.0, "from_day": "2026-01-01"},
-    {"query_id": "pair", "kind": "sum", "features": ["active", "sessions"], "clip": 3.0, "from_day": "2026-01-01"},
+    {
+        "query_id": "active",
+        "kind": "sum",
+        "features": ["active"],
+        "clip": 1.0,
+        "from_day": "2026-01-01",
+    },
+    {
+        "query_id": "plans",
+        "kind": "histogram",
+        "feature": "plan",
+        "categories": ["free", "pro", "team"],
+        "clip": 1.0,
+        "from_day": "2026-01-01",
+    },
+    {
+        "query_id": "mix",
+        "kind": "linear",
+        "weights": {"active": [1, 0], "minutes": [0, 0.01]},
+        "clip": 2.0,
+        "from_day": "2026-01-01",
+    },
+    {
+        "query_id": "pair",
+        "kind": "sum",
+        "features": ["active", "sessions"],
+        "clip": 3.0,
+        "from_day": "2026-01-01",
+    },
 ]
 PARAMS = PrivacyParams.create(b_norm=8.0, rho=0.5, granularity=2.0**-10)
 DAY = "2026-01-05"
@@ -37,8 +62,22 @@ def make_day(n: int, seed: int = 0) -> DayRecords:
     rng = np.random.default_rng(seed)
     users = np.array([f"u-{i}" for i in range(n)], dtype=object)
     plans = np.array(["plan=free", "plan=pro", "plan=team"], dtype=object)[rng.integers(0, 3, n)]
-    coords = np.concatenate([np.full(n, "active", object), np.full(n, "minutes", object), np.full(n, "sessions", object), plans])
-    values = np.concatenate([np.ones(n), np.round(rng.gamma(2.0, 6.0, n), 1), rng.integers(1, 4, n).astype(float), np.ones(n)])
+    coords = np.concatenate(
+        [
+            np.full(n, "active", object),
+            np.full(n, "minutes", object),
+            np.full(n, "sessions", object),
+            plans,
+        ]
+    )
+    values = np.concatenate(
+        [
+            np.ones(n),
+            np.round(rng.gamma(2.0, 6.0, n), 1),
+            rng.integers(1, 4, n).astype(float),
+            np.ones(n),
+        ]
+    )
     return DayRecords.from_columns(DAY, np.tile(users, 4), coords, values)
 
 
@@ -65,7 +104,9 @@ def baseline_close(records: DayRecords, ledger: BudgetLedger) -> list[list[int]]
     rows: dict[str, dict[str, float]] = {}
     users = records.users
     names = records.coord_names
-    for u, c, v in zip(records.user_pos.tolist(), records.coord.tolist(), records.value.tolist(), strict=True):
+    for u, c, v in zip(
+        records.user_pos.tolist(), records.coord.tolist(), records.value.tolist(), strict=True
+    ):
         rows.setdefault(users[u], {})[names[c]] = v
     spent = {u: s for u, s, _ in ledger.items()}
     totals = []

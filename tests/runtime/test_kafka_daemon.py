@@ -149,7 +149,13 @@ class Spawned:
     def __init__(self, args, cwd, env=None):
         self.log = Path(cwd) / "daemon.log"
         with open(self.log, "ab") as err:
-            self.proc = subprocess.Popen([sys.executable, "-m", "streamfilter", *args], cwd=cwd, stdout=subprocess.DEVNULL, stderr=err, env={**os.environ, **(env or {})})
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "streamfilter", *args],
+                cwd=cwd,
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+                env={**os.environ, **(env or {})},
+            )
 
     def tail(self) -> str:
         return self.log.read_text(errors="replace")[-3000:]
