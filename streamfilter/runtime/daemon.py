@@ -166,8 +166,8 @@ class Daemon:
             records = self.source.poll(self.batch_size)
             for rec in records:
                 self._ingest(rec.partition, rec.offset, rec.next_offset, rec.value)
-            if records:
-                self.observer.records_read(records[0].partition, len(records))
+            for partition, count in Counter(rec.partition for rec in records).items():
+                self.observer.records_read(partition, count)
             if until_end and not records and self.source.at_end():
                 self._close_through(self._last_open_day())
                 break
