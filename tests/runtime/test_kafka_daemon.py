@@ -313,6 +313,9 @@ def test_sigkill_at_random_moments_and_crash_points(kafka_bootstrap, tmp_path):
     proc = spawn(args, cwd=work)
     try:
         got = wait_for_release(kafka_bootstrap, topics["releases"], (last_day, "active"), 120)
+        time.sleep(
+            3
+        )  # the last daemon is up (past interpreter start-up) before it is asked to stop
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
