@@ -34,21 +34,23 @@ class ConfigError(ValueError):
 
 
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+MAX_DURATION_S = 366 * 86400.0
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
 
 
 def parse_duration(value: str | float | int) -> float:
     """``"2h"``, ``"10m"``, ``"30s"``, ``"250ms"`` or a number of seconds → seconds."""
     if isinstance(value, int | float) and not isinstance(value, bool):
-        if value < 0:
-            raise ValueError("a duration must not be negative")
-        return float(value)
-    if not isinstance(value, str):
+        seconds = float(value)
+    elif isinstance(value, str) and (m := _DURATION_RE.match(value)):
+        seconds = float(m.group(1)) * _UNIT_SECONDS[m.group(2)]
+    else:
         raise ValueError("a duration is a string like '2h', '10m', '30s' or a number of seconds")
-    m = _DURATION_RE.match(value)
-    if not m:
-        raise ValueError("a duration is a string like '2h', '10m', '30s' or a number of seconds")
-    return float(m.group(1)) * _UNIT_SECONDS[m.group(2)]
+    if not 0 <= seconds <= MAX_DURATION_S:
+        raise ValueError(
+            f"a duration must be between 0 and {MAX_DURATION_S:.0f} seconds (366 days)"
+        )
+    return seconds
 
 
 Seconds = Annotated[float, Field(ge=0)]
@@ -327,11 +329,21 @@ def load_config(path: str | Path | None = None, **overrides: Any) -> Settings:
             data = tomllib.loads(path.read_text(encoding="utf-8"))
         except FileNotFoundError:
             raise ConfigError(f"config file not found: {path}") from None
+        except OSError as exc:
+            raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+        except UnicodeDecodeError:
+            raise ConfigError(f"config file {path} is not UTF-8 text") from None
+        except RecursionError:
+            raise ConfigError(f"config file {path} is nested too deeply") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
         _resolve_paths(data, path.resolve().parent)
     for key, value in overrides.items():
         data.setdefault(key, {}).update(value)
+    unknown = sorted(k for k in data if k not in Settings.model_fields)
+    if unknown:
+        # refuse, e.g., pydantic-settings loader options such as `_env_prefix` used as keys
+        raise ConfigError(f"invalid configuration:\n  unknown section(s): {', '.join(unknown)}")
     try:
         settings = Settings(**data)
     except ValidationError as exc:

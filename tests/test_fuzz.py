@@ -12,9 +12,7 @@ Properties:
   bytes; the ledger and the releases are byte-identical to a run fed only the valid records; no
   release value is NaN or infinite.
 
-Known defects found by this fuzzing are pinned as ``xfail`` regression tests at the end (they
-show up as XPASS once fixed: then drop the marker); the random strategies avoid their triggers so
-the properties above keep guarding everything else.
+Defects this fuzzing found are fixed and pinned as regression tests at the end.
 """
 
 from __future__ import annotations
@@ -799,18 +797,12 @@ def _counter(values):
     return Counter(values)
 
 
-# ------------------------------------------------------------------------------ known defects
-# Each is a minimal reproduction of a bug found by the fuzzing above (reported, not fixed here:
-# the production code belongs to other owners). Non-strict so that a fix elsewhere does not
-# turn CI red; an XPASS in the summary means: remove the marker.
+# ------------------------------------------------------------------------------ regressions
+# Each is a minimal reproduction of a bug the fuzzing above found (all fixed): lone-surrogate
+# ids, clips too large for the lattice, the last representable day, non-string feature names,
+# non-UTF-8 / deeply nested / loader-option config files, infinite durations.
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="BUG: parse_event accepts a user_id with a lone surrogate (JSON escape \\ud800); "
-    "SQLite cannot encode it and the day commit raises UnicodeEncodeError — a poison record "
-    "that stops the daemon on every restart",
-)
 def test_lone_surrogate_user_id_is_rejected_or_survives_the_daemon():
     line = b'{"user_id": "\\ud800", "day": "2026-01-01", "values": {"active": 1}}'
     with tempfile.TemporaryDirectory() as tmp:
@@ -820,12 +812,6 @@ def test_lone_surrogate_user_id_is_rejected_or_survives_the_daemon():
     assert summary.records_read == 1
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="BUG: parse_query accepts any clip with clip/granularity > 2^31 (e.g. clip = 2097153 "
-    "at the default granularity 2^-10); every day close then raises ValueError from "
-    "Lattice.max_cost_units, and the daemon has already stored the query",
-)
 @pytest.mark.parametrize("clip", [2097153, 1e300])
 def test_accepted_query_with_huge_clip_does_not_crash_the_day_close(clip):
     query = dict(QUERIES[0], clip=clip)
@@ -837,11 +823,6 @@ def test_accepted_query_with_huge_clip_does_not_crash_the_day_close(clip):
     assert len(sink.payloads) + len(rejects.records) >= 1
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="BUG: an event dated 9999-12-31 is accepted; after closing that day the daemon "
-    "computes the next day and dies with OverflowError (date out of range)",
-)
 def test_event_on_the_last_representable_day_does_not_crash_the_daemon():
     line = json.dumps({"user_id": "u", "day": "9999-12-31", "values": {"active": 1}}).encode()
     with tempfile.TemporaryDirectory() as tmp:
@@ -851,21 +832,11 @@ def test_event_on_the_last_representable_day_does_not_crash_the_daemon():
     assert summary.records_read == 1
 
 
-@pytest.mark.xfail(
-    strict=False,
-    raises=TypeError,
-    reason="BUG: parse_event on a dict (the Monitor API path) with a non-string feature name "
-    "raises TypeError instead of Reject; Monitor.close_day then aborts the whole day",
-)
 def test_dict_event_with_non_string_feature_name_is_rejected():
     with pytest.raises(Reject):
         parse_event({"user_id": "u", "day": "2026-01-01", "values": {1: 2.0}})
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="BUG: a config file that is not UTF-8 raises UnicodeDecodeError, not ConfigError",
-)
 def test_config_file_with_invalid_utf8_is_a_config_error(clean_env, tmp_path):
     path = tmp_path / "c.toml"
     path.write_bytes(b"\xff[privacy]\nrho = 0.5\n")
@@ -873,10 +844,6 @@ def test_config_file_with_invalid_utf8_is_a_config_error(clean_env, tmp_path):
         load_config(path)
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="BUG: deeply nested TOML arrays make tomllib raise RecursionError, not ConfigError",
-)
 def test_deeply_nested_config_is_a_config_error(clean_env, tmp_path):
     path = tmp_path / "c.toml"
     path.write_text("x = " + "[" * 5000 + "]" * 5000 + "\n")
@@ -884,12 +851,6 @@ def test_deeply_nested_config_is_a_config_error(clean_env, tmp_path):
         load_config(path)
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="BUG: top-level keys naming pydantic-settings init options (_env_prefix, _env_file, "
-    "_secrets_dir, _cli_parse_args, ...) are passed to Settings(**data) as options instead of "
-    "being refused as unknown keys: TypeError/SystemExit, or env overrides silently redirected",
-)
 @pytest.mark.parametrize(
     "line", ["_env_prefix = 7", "_env_file = 3", "_build_sources = 1", '_env_prefix = "X_"']
 )
@@ -900,11 +861,6 @@ def test_config_keys_cannot_reconfigure_the_settings_loader(clean_env, tmp_path,
         load_config(path)
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="BUG: durations accept inf (TOML inf or a huge number of days): a daemon in follow "
-    "mode then never closes a day",
-)
 @pytest.mark.parametrize("value", ["inf", '"' + "9" * 400 + 'd"'])
 def test_infinite_duration_is_a_config_error(clean_env, tmp_path, value):
     path = tmp_path / "c.toml"

@@ -16,7 +16,15 @@ from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    model_validator,
+)
 
 __all__ = [
     "MAX_ABS_VALUE",
@@ -62,6 +70,10 @@ class Event:
     event_id: str | None = None
 
 
+#: days outside this range are refused (the daemon computes the next day of every closed day)
+MIN_DAY, MAX_DAY = "1970-01-01", "9998-12-31"
+
+
 def _parse_day(value: Any, field: str) -> str:
     if not isinstance(value, str) or not _DAY_RE.fullmatch(value):
         raise Reject("invalid_day", f"{field} must be an ISO date YYYY-MM-DD")
@@ -69,7 +81,18 @@ def _parse_day(value: Any, field: str) -> str:
         dt.date.fromisoformat(value)
     except ValueError:
         raise Reject("invalid_day", f"{field} is not a valid calendar date") from None
+    if not MIN_DAY <= value <= MAX_DAY:
+        raise Reject("invalid_day", f"{field} must be between {MIN_DAY} and {MAX_DAY}")
     return value
+
+
+def _is_utf8(text: str) -> bool:
+    """False for strings with lone surrogates (valid JSON escapes, not encodable text)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _check_id(value: Any, field: str, reason: str) -> str:
@@ -77,6 +100,8 @@ def _check_id(value: Any, field: str, reason: str) -> str:
         raise Reject(reason, f"{field} must be a string")
     if not value or len(value) > MAX_ID_CHARS:
         raise Reject(reason, f"{field} must have 1 to {MAX_ID_CHARS} characters")
+    if not _is_utf8(value):
+        raise Reject(reason, f"{field} must be valid Unicode text (no lone surrogates)")
     return value
 
 
@@ -113,6 +138,8 @@ def parse_event(raw: bytes | str | dict[str, Any]) -> Event:
         raise Reject("invalid_values", f"values has more than {MAX_FEATURES_PER_EVENT} features")
     clean: dict[str, float | str] = {}
     for name, v in values.items():
+        if not isinstance(name, str) or not _is_utf8(name):
+            raise Reject("invalid_values", "feature names must be valid Unicode strings")
         if not name or len(name) > MAX_FEATURE_CHARS or "=" in name:
             raise Reject(
                 "invalid_values",
@@ -128,9 +155,10 @@ def parse_event(raw: bytes | str | dict[str, Any]) -> Event:
                 )
             clean[name] = fv
         elif isinstance(v, str):
-            if len(v) > MAX_STRING_VALUE_CHARS:
+            if len(v) > MAX_STRING_VALUE_CHARS or not _is_utf8(v):
                 raise Reject(
-                    "invalid_values", f"values.{name} is longer than {MAX_STRING_VALUE_CHARS}"
+                    "invalid_values",
+                    f"values.{name} must be valid text of at most {MAX_STRING_VALUE_CHARS} chars",
                 )
             clean[name] = v
         else:
@@ -145,8 +173,23 @@ def _refuse_constant(name: str) -> Any:
 # --------------------------------------------------------------------------- pydantic schema
 
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False, ge=-MAX_ABS_VALUE, le=MAX_ABS_VALUE)]
-Identifier = Annotated[str, Field(min_length=1, max_length=MAX_ID_CHARS)]
+Identifier = Annotated[
+    str, Field(min_length=1, max_length=MAX_ID_CHARS), AfterValidator(lambda v: _model_text(v))
+]
 FeatureName = Annotated[str, Field(min_length=1, max_length=MAX_FEATURE_CHARS, pattern=r"^[^=]+$")]
+
+
+def _model_day(value: str) -> str:
+    try:
+        return _parse_day(value, "day")
+    except Reject as rej:
+        raise ValueError(rej.detail) from None
+
+
+def _model_text(value: str) -> str:
+    if not _is_utf8(value):
+        raise ValueError("must be valid Unicode text")
+    return value
 
 
 class EventModel(BaseModel):
@@ -154,7 +197,7 @@ class EventModel(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)
     user_id: Identifier
-    day: dt.date
+    day: Annotated[str, AfterValidator(_model_day)]
     values: dict[FeatureName, FiniteFloat | Annotated[str, Field(max_length=256)]]
     event_id: Identifier | None = None
 

@@ -46,9 +46,25 @@ class Engine:
         #: opt-in private active-set estimate (``engine.telemetry``); None = off
         self.active_set: ActiveSetTracker | None = None
 
+    def check_query(self, query: AnyQuery) -> bool:
+        """Dry run of :meth:`register_query`: True if new, False if already registered.
+
+        Besides the query book's checks (closed day, duplicate id), the clip must fit this run's
+        lattice: ``clip/granularity ≤ 2^31`` keeps every cost and sum inside 64-bit integers.
+        """
+        try:
+            self.params.lattice.max_cost_units(query.clip)
+        except ValueError:
+            raise Reject(
+                "invalid_query", "clip is too large for the configured granularity (clip/γ > 2^31)"
+            ) from None
+        return self.queries.check(query, self.last_closed_day)
+
     def register_query(self, query: AnyQuery) -> bool:
         """Register (True), accept an identical re-registration (False), or raise ``Reject``."""
-        return self.queries.register(query, self.last_closed_day)
+        if self.check_query(query):
+            return self.queries.register(query, self.last_closed_day)
+        return False
 
     def check_day(self, day: str) -> None:
         dt.date.fromisoformat(day)

@@ -195,7 +195,7 @@ class Daemon:
     def _register_query(self, where: str, raw: bytes) -> None:
         try:
             query = parse_query(raw)
-            if self.engine.queries.check(query, self.engine.last_closed_day):
+            if self.engine.check_query(query):
                 self.store.add_query(query.canonical_json().encode())
                 self.engine.register_query(query)
                 self.summary.queries_registered += 1
