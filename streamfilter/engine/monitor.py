@@ -11,7 +11,7 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from streamfilter.engine.contract import Event, Reject, Release, parse_event, parse_query
 from streamfilter.engine.day import DayOutcome, SeededPerRelease, close_day
@@ -23,7 +23,22 @@ from streamfilter.engine.telemetry import ActiveSetSpec, ActiveSetTracker
 from streamfilter.privacy.accounting import Guarantee
 from streamfilter.privacy.noise import RandomBits, SystemRandomBits
 
-__all__ = ["Engine", "Monitor", "RejectedRecord"]
+__all__ = ["DayInput", "Engine", "InputRecord", "Monitor", "RejectedRecord"]
+
+
+class InputRecord(Protocol):
+    """A validated input record (an event, or a contribution in local mode) of one day."""
+
+    @property
+    def day(self) -> str: ...
+
+
+class DayInput(Protocol):
+    """One open day's input buffer: ``add`` returns False for a duplicate record."""
+
+    day: str
+
+    def add(self, record: Any) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -74,8 +89,17 @@ class Engine:
     def is_closed(self, day: str) -> bool:
         return self.last_closed_day is not None and day <= self.last_closed_day
 
-    def prepare_day(self, acc: DayAccumulator) -> DayOutcome:
+    # the daemon's input hooks: central mode reads events (local mode: ``engine.local``)
+    def parse_record(self, raw: bytes | str) -> InputRecord:
+        """Validate one input line; raise ``Reject``."""
+        return parse_event(raw)
+
+    def new_day(self, day: str) -> DayInput:
+        return DayAccumulator(day)
+
+    def prepare_day(self, acc: DayInput) -> DayOutcome:
         """Compute the day's releases and debits; mutates nothing."""
+        assert isinstance(acc, DayAccumulator)
         self.check_day(acc.day)
         return close_day(
             acc.finish(),

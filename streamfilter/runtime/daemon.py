@@ -29,9 +29,8 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from streamfilter.engine.contract import Reject, Release, parse_event, parse_query
-from streamfilter.engine.monitor import Engine
-from streamfilter.engine.records import DayAccumulator
+from streamfilter.engine.contract import Reject, Release, parse_query
+from streamfilter.engine.monitor import DayInput, Engine
 from streamfilter.runtime.faults import crash_point
 from streamfilter.runtime.feeds import QueryFeed
 from streamfilter.runtime.observer import DaemonObserver
@@ -116,7 +115,7 @@ class Daemon:
         self.observer = observer or DaemonObserver()
         self.stop_event = threading.Event()
         self.summary = RunSummary()
-        self._open: dict[str, DayAccumulator] = {}
+        self._open: dict[str, DayInput] = {}
         self._min_offset: dict[str, dict[str, int]] = {}  # day -> partition -> first offset
         self._read_offset: dict[str, int] = {}
         self._high: dict[str, int] = {}
@@ -149,16 +148,18 @@ class Daemon:
             self._read_offset[p] = offsets.get(p, 0)
 
     # ------------------------------------------------------------------ main loop
-    def run(self, until_end: bool = False) -> RunSummary:
+    def run(self, until_end: bool = False, through_day: str | None = None) -> RunSummary:
+        """Run until stopped; with ``until_end``, close every open day (and, if given, every day
+        through ``through_day``) once the input is exhausted, then return."""
         try:
-            return self._run(until_end)
+            return self._run(until_end, through_day)
         except StoreError as exc:
             self.observer.failing_closed(str(exc))
             raise
         finally:
             self.observer.stopped()
 
-    def _run(self, until_end: bool) -> RunSummary:
+    def _run(self, until_end: bool, through_day: str | None = None) -> RunSummary:
         self._relay_outbox()
         self.observer.started()
         while not self.stop_event.is_set():
@@ -169,7 +170,8 @@ class Daemon:
             for partition, count in Counter(rec.partition for rec in records).items():
                 self.observer.records_read(partition, count)
             if until_end and not records and self.source.at_end():
-                self._close_through(self._last_open_day())
+                last = max(filter(None, (self._last_open_day(), through_day)), default=None)
+                self._close_through(last)
                 break
             if not until_end:
                 self._close_ready()
@@ -208,7 +210,7 @@ class Daemon:
         self._last_seen[partition] = self.monotonic()
         replay = offset < self._high.get(partition, 0)
         try:
-            event = parse_event(raw)
+            event = self.engine.parse_record(raw)
         except Reject as rej:
             if replay:
                 self.summary.replayed_skipped += 1
@@ -225,7 +227,7 @@ class Daemon:
             self._max_day[partition] = event.day
         acc = self._open.get(event.day)
         if acc is None:
-            acc = self._open[event.day] = DayAccumulator(event.day)
+            acc = self._open[event.day] = self.engine.new_day(event.day)
         mins = self._min_offset.setdefault(event.day, {})
         if partition not in mins:
             mins[partition] = offset
@@ -279,6 +281,19 @@ class Daemon:
             self._close_day(day)
             day = _next_day(day)
 
+    def announce(self, day: str) -> list[str]:
+        """Register every query known for ``day`` now (feed and policy, as at the day's close)
+        and return the canonical JSON of the queries that apply to it, in registration order.
+
+        Local mode: devices answer only announced queries; registering again at the close is a
+        no-op because policies are deterministic in their inputs."""
+        self.engine.check_day(day)
+        for where, raw in self.feed.poll_all():
+            self._register_query(where, raw)
+        for where, raw in self.feed.on_day(self.engine.history, day):
+            self._register_query(where, raw)
+        return [q.canonical_json() for q in self.engine.queries.for_day(day)]
+
     def _positions_after(self, day: str) -> dict[str, Position]:
         positions: dict[str, Position] = {}
         for p, read in self._read_offset.items():
@@ -293,7 +308,7 @@ class Daemon:
         """The checkpoint: prepare → commit (one transaction) → apply → relay (see module doc)."""
         for where, raw in self.feed.on_day(self.engine.history, day):
             self._register_query(where, raw)
-        acc = self._open.pop(day, None) or DayAccumulator(day)
+        acc = self._open.pop(day, None) or self.engine.new_day(day)
         started = time.perf_counter()
         # 1. prepare: releases with noise drawn, debits computed; nothing mutated yet
         outcome = self.engine.prepare_day(acc)
