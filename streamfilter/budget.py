@@ -86,6 +86,11 @@ def _check_fingerprint(stored: str | None, params: PrivacyParams, settings: Sett
     from streamfilter.config import ConfigError
     from streamfilter.runtime.app import config_fingerprint
 
+    if settings.mode.kind == "local":
+        raise ConfigError(
+            "local mode keeps no per-user budgets on the server: each device shows its own "
+            "(streamfilter.client.LocalFilter.odometer)"
+        )
     if stored is not None and stored != config_fingerprint(params):
         raise ConfigError(
             f"[privacy] differs from the configuration the state {settings.state.path} was "

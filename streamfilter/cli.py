@@ -1,4 +1,4 @@
-"""Command line: ``streamfilter run | guarantee | demo``.
+"""Command line: ``streamfilter run | guarantee | simulate-local | demo`` and more.
 
 Exit codes: 0 success (also after SIGTERM), 2 configuration error, 3 state owned by another
 process, 4 state store failure (fail closed: nothing was released), 1 anything unexpected.
@@ -125,6 +125,14 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_simulate_local(args: argparse.Namespace) -> int:
+    from streamfilter.simulate import simulate_local, write_summary
+
+    summary = simulate_local(load_config(args.config), allow_test_seed=args.testing)
+    print(write_summary(summary), file=sys.stderr)
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from streamfilter.demo import run_demo
 
@@ -167,6 +175,19 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--config", required=True)
     rep.add_argument("--out", default="report.html", help="output file (default: report.html)")
     rep.set_defaults(func=cmd_report)
+
+    sim = sub.add_parser(
+        "simulate-local",
+        help="local mode: one simulated device (own filter) per user of [source], driving the "
+        "local-mode server",
+    )
+    sim.add_argument("--config", required=True, help="TOML configuration with [mode] kind=local")
+    sim.add_argument(
+        "--testing",
+        action="store_true",
+        help="allow [testing] noise_seed (releases are NOT private)",
+    )
+    sim.set_defaults(func=cmd_simulate_local)
 
     demo = sub.add_parser("demo", help="synthetic sparse-monitoring stream on the embedded default")
     demo.add_argument("--users", type=int, default=100_000)

@@ -160,6 +160,35 @@ class RejectsSection(_TopicKeys):
         return self
 
 
+class ModeSection(_Section):
+    """``central``: the daemon reads raw events and keeps each user's filter. ``local``: each
+    device runs its own filter (``streamfilter.client``) and the daemon reads contributions."""
+
+    kind: Literal["central", "local"] = "central"
+
+
+class LocalSection(_TopicKeys):
+    """Local mode: the variant and where the devices' contributions arrive (a file or a topic).
+
+    ``central_noise``: devices send exact admitted vectors, the server adds the ``[privacy]``
+    noise once. ``local_noise``: each device adds ``N_Z(0, sigma_local²)`` per coordinate (data
+    units) and the server only sums.
+    """
+
+    variant: Literal["central_noise", "local_noise"] = "central_noise"
+    sigma_local: float | None = Field(None, gt=0, allow_inf_nan=False)
+    kind: Literal["file", "kafka"] = "file"
+    path: Path | None = None
+
+    @model_validator(mode="after")
+    def _needs(self) -> LocalSection:
+        if self.variant == "local_noise" and self.sigma_local is None:
+            raise ValueError("local.variant = 'local_noise' needs local.sigma_local")
+        if self.kind == "kafka" and not self.topic:
+            raise ValueError("local.kind = 'kafka' needs local.topic")
+        return self
+
+
 class KafkaSection(_Section):
     """Client settings; security keys are passed through to kafka-python unchanged."""
 
@@ -258,6 +287,29 @@ class Settings(BaseSettings):
     metrics: MetricsSection = MetricsSection()
     testing: TestingSection = TestingSection()
     telemetry: TelemetrySection = TelemetrySection()
+    mode: ModeSection = ModeSection()
+    local: LocalSection = LocalSection()
+
+    @model_validator(mode="after")
+    def _local_mode(self) -> Settings:
+        if self.mode.kind == "local":
+            if self.local.kind == "file" and self.local.path is None:
+                raise ValueError("mode.kind = 'local' needs local.path (or local.kind = 'kafka')")
+            if self.telemetry.active_set:
+                raise ValueError(
+                    "telemetry.active_set needs per-user state; it is not available in local mode"
+                )
+        return self
+
+    def sigma2_local_units(self) -> int | None:
+        """``ceil(sigma_local²/γ²)`` for ``local_noise`` (None otherwise)."""
+        if self.mode.kind != "local" or self.local.variant != "local_noise":
+            return None
+        assert self.local.sigma_local is not None
+        try:
+            return self.privacy_params().lattice.sigma2_units(self.local.sigma_local)
+        except ValueError as exc:
+            raise ConfigError(f"local.sigma_local: {exc}") from None
 
     @classmethod
     def settings_customise_sources(
@@ -289,8 +341,10 @@ class Settings(BaseSettings):
     def kafka_topics(self) -> list[tuple[str, _TopicKeys]]:
         """(config key, section) of every section that names a Kafka topic."""
         out: list[tuple[str, _TopicKeys]] = []
-        for key in ("source", "queries", "sink", "rejects"):
+        for key in ("source", "queries", "sink", "rejects", "local"):
             section = getattr(self, key)
+            if key == "local" and self.mode.kind != "local":
+                continue
             if section.kind == "kafka":
                 out.append((f"{key}.topic", section))
         return out
@@ -303,7 +357,7 @@ class Settings(BaseSettings):
 
 
 def _resolve_paths(data: dict[str, Any], base: Path) -> None:
-    for section in ("source", "queries", "sink", "rejects", "state"):
+    for section in ("source", "queries", "sink", "rejects", "state", "local"):
         sec = data.get(section)
         if isinstance(sec, dict) and isinstance(sec.get("path"), str):
             p = Path(sec["path"])
@@ -349,4 +403,5 @@ def load_config(path: str | Path | None = None, **overrides: Any) -> Settings:
     except ValidationError as exc:
         raise ConfigError(_format_errors(exc)) from None
     settings.privacy_params()  # derived checks (lattice, overflow) name [privacy]
+    settings.sigma2_local_units()  # and [local]
     return settings

@@ -30,6 +30,9 @@ class QueryBook:
     def __contains__(self, query_id: object) -> bool:
         return query_id in self._queries
 
+    def get(self, query_id: str) -> AnyQuery | None:
+        return self._queries.get(query_id)
+
     def check(self, query: AnyQuery, last_closed_day: str | None) -> bool:
         """Dry run of :meth:`register`: True if new, False if an identical query is registered.
 

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from streamfilter.config import ConfigError, Settings
 from streamfilter.engine.day import SeededPerRelease
+from streamfilter.engine.local import LocalEngine
 from streamfilter.engine.monitor import Engine
 from streamfilter.engine.params import PrivacyParams
 from streamfilter.privacy.noise import RandomBits, SystemRandomBits
@@ -25,12 +26,20 @@ if TYPE_CHECKING:
     from streamfilter.metrics import MetricsEndpoint
     from streamfilter.runtime.kafka import TopicSpec
 
-__all__ = ["Components", "build_daemon", "check_topics", "config_fingerprint", "topic_specs"]
+__all__ = [
+    "Components",
+    "build_daemon",
+    "check_topics",
+    "config_fingerprint",
+    "event_source",
+    "topic_specs",
+]
 
 
-def config_fingerprint(params: PrivacyParams) -> str:
-    """What must never change during a run: the lattice, the budget, the noise, the policy."""
-    desc = {
+def config_fingerprint(params: PrivacyParams, settings: Settings | None = None) -> str:
+    """What must never change during a run: the lattice, the budget, the noise, the policy (and,
+    in local mode, the variant and the devices' noise)."""
+    desc: dict[str, object] = {
         "granularity": params.granularity,
         "budget_units": params.budget_units,
         "sigma2_units": params.sigma2_units,
@@ -38,6 +47,11 @@ def config_fingerprint(params: PrivacyParams) -> str:
         "exhaustion": str(params.exhaustion),
         "mechanism": params.mechanism,
     }
+    if settings is not None and settings.mode.kind == "local":
+        desc["mode"] = {
+            "variant": settings.local.variant,
+            "sigma2_local_units": settings.sigma2_local_units(),
+        }
     return hashlib.sha256(json.dumps(desc, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -65,7 +79,33 @@ class Components:
                 closer()
 
 
+def _contributions_source(settings: Settings, follow: bool) -> Source:
+    """Local mode: the devices' contributions (``[local]``) are the daemon's input."""
+    loc = settings.local
+    if loc.kind == "file":
+        assert loc.path is not None
+        return FileSource(loc.path, follow=follow)
+    from streamfilter.runtime.kafka import KafkaSource
+
+    assert loc.topic is not None
+    k = settings.kafka
+    return KafkaSource(loc.topic, k.client_config(), k.group_id)
+
+
+def _engine(settings: Settings, params: PrivacyParams, bits: RandomBits) -> Engine:
+    if settings.mode.kind == "local":
+        return LocalEngine(params, bits, settings.local.variant, settings.sigma2_local_units())
+    return Engine(params, bits)
+
+
 def _source(settings: Settings, follow: bool) -> Source:
+    if settings.mode.kind == "local":
+        return _contributions_source(settings, follow)
+    return event_source(settings, follow)
+
+
+def event_source(settings: Settings, follow: bool = False) -> Source:
+    """The ``[source]`` of raw events (central mode's input; local mode's simulated devices)."""
     s = settings.source
     if s.kind == "file":
         assert s.path is not None
@@ -155,13 +195,14 @@ def build_daemon(
     settings.state.path.parent.mkdir(parents=True, exist_ok=True)
     store = SQLiteStateStore(settings.state.path)
     try:
-        fingerprint = config_fingerprint(params)
+        fingerprint = config_fingerprint(params, settings)
         stored = store.load().config_fingerprint
         if stored is None:
             store.set_config_fingerprint(fingerprint)
         elif stored != fingerprint:
             raise ConfigError(
-                f"[privacy] differs from the configuration this state was created with "
+                f"[privacy] (or [mode]/[local]) differs from the configuration this state was "
+                "created with "
                 f"(state {settings.state.path}); granularity, b_norm, rho/epsilon, mechanism and "
                 "exhaustion cannot change during a run — start a new state instead"
             )
@@ -188,7 +229,7 @@ def build_daemon(
         metrics = metrics_endpoint(settings, params)
     w = settings.window
     daemon = Daemon(
-        Engine(params, bits),
+        _engine(settings, params, bits),
         store,
         source,
         feed,

@@ -116,6 +116,9 @@ class KafkaSource(Source):
             for label, offset, value in self._c.poll(max_records, self._poll_timeout_ms)
         ]
 
+    def mark_end(self) -> None:
+        self._end_at_start = self._c.consumer.end_offsets(self._c.tps)
+
     def at_end(self) -> bool:
         """Consumed up to the end offsets seen when the run started (``--until-end``)."""
         return all(self._c.consumer.position(tp) >= self._end_at_start[tp] for tp in self._c.tps)

@@ -45,6 +45,10 @@ class Source(abc.ABC):
     def at_end(self) -> bool:
         """True once everything that existed at start has been returned."""
 
+    def mark_end(self) -> None:  # noqa: B027 - optional hook
+        """Make :meth:`at_end` refer to what exists now (a driver that appends input between
+        ``--until-end`` runs, e.g. ``simulate-local``)."""
+
     def committed(self, offsets: dict[str, int]) -> None:  # noqa: B027 - optional hook
         """The store committed these resume offsets; a source may mirror them (Kafka groups)."""
 

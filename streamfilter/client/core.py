@@ -1,0 +1,177 @@
+"""The device's side of one day, vectorised over devices (one device = a batch of one).
+
+Remark 4.6 of Feldman & Zrnic: the individual filter's decision for user ``i`` depends only on
+``i``'s own records and on what was already published, so each user can run it themselves and
+the server needs no per-user state. ``answer_day`` is that decision: for every announced query of
+the day, in announcement order, clip → lattice → exact integer cost → admit iff
+``spent + c ≤ B`` (``privacy.individual.filter_contributions``, the same function the central
+engine calls), and the noise of the ``local_noise`` variant.
+
+What leaves the device is only what the filter admitted with a non-zero vector. A refused (or
+retired, or exhausted) device sends nothing, and so does one whose admitted vector is zero: the
+server's sum is the same as if it had sent zeros, so the central sum is unchanged.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from fractions import Fraction
+
+import numpy as np
+
+from streamfilter.client.protocol import Announcement
+from streamfilter.privacy.accounting import sigma_for_rho
+from streamfilter.privacy.individual import Exhaustion, filter_contributions
+from streamfilter.privacy.lattice import Lattice
+from streamfilter.privacy.noise import RandomBits, discrete_gaussian
+
+__all__ = ["DayAnswers", "DeviceConfig", "Variant", "answer_day"]
+
+
+class Variant(StrEnum):
+    #: the device sends its exact admitted vector; the server adds N_Z(0, s²) once per release
+    CENTRAL_NOISE = "central_noise"
+    #: the device adds its own N_Z(0, s_local²) per coordinate; the server only sums
+    LOCAL_NOISE = "local_noise"
+
+
+@dataclass(frozen=True)
+class DeviceConfig:
+    """What a device is enrolled with; must equal the server's ``[privacy]``/``[local]``.
+
+    ``sigma`` is the noise the device's loss is measured against, data units: the server's σ
+    (``central_noise``) or the device's own ``sigma_local`` (``local_noise``).
+    """
+
+    b_norm: float
+    granularity: float
+    exhaustion: Exhaustion
+    variant: Variant
+    sigma: float
+    delta: float = 1e-6
+    #: the noise the loss is measured against: the server's ``[privacy] mechanism`` for
+    #: ``central_noise``; always ``discrete_gaussian`` for ``local_noise``
+    mechanism: str = "discrete_gaussian"
+
+    @classmethod
+    def create(
+        cls,
+        *,
+        b_norm: float,
+        granularity: float = 2.0**-10,
+        exhaustion: str = "skip",
+        variant: str = "central_noise",
+        rho: float | None = None,
+        sigma_local: float | None = None,
+        delta: float = 1e-6,
+        mechanism: str = "discrete_gaussian",
+    ) -> DeviceConfig:
+        """``rho`` (the server's central ρ) for ``central_noise``; ``sigma_local`` for
+        ``local_noise``. Validates the lattice exactly as the server does."""
+        v = Variant(variant)
+        if v is Variant.CENTRAL_NOISE:
+            if rho is None:
+                raise ValueError("central_noise needs rho (the server's zCDP parameter)")
+            sigma = sigma_for_rho(b_norm, rho)
+        else:
+            if sigma_local is None or not (math.isfinite(sigma_local) and sigma_local > 0):
+                raise ValueError("local_noise needs a positive finite sigma_local")
+            sigma = float(sigma_local)
+            mechanism = "discrete_gaussian"
+        if mechanism not in ("discrete_gaussian", "gaussian"):
+            raise ValueError("mechanism must be discrete_gaussian or gaussian")
+        config = cls(
+            float(b_norm), float(granularity), Exhaustion(exhaustion), v, sigma, delta, mechanism
+        )
+        config.lattice.budget_units(config.b_norm)
+        config.lattice.sigma2_units(config.sigma)
+        return config
+
+    @property
+    def lattice(self) -> Lattice:
+        return Lattice(self.granularity)
+
+    @property
+    def budget_units(self) -> int:
+        return self.lattice.budget_units(self.b_norm)
+
+    @property
+    def sigma2_units(self) -> int:
+        """``ceil(σ²/γ²)``: the server's s² (``central_noise``) or the device's own."""
+        return self.lattice.sigma2_units(self.sigma)
+
+    @property
+    def rho(self) -> float:
+        """The zCDP this enrolment guarantees, ``B/(2 s²)`` (Theorem 4.5, integer units)."""
+        return float(Fraction(self.budget_units, 2 * self.sigma2_units))
+
+    def fingerprint(self) -> dict[str, object]:
+        return {
+            "granularity": self.granularity,
+            "budget_units": self.budget_units,
+            "sigma2_units": self.sigma2_units,
+            "exhaustion": str(self.exhaustion),
+            "variant": str(self.variant),
+            "mechanism": self.mechanism,
+        }
+
+
+@dataclass(frozen=True)
+class DayAnswers:
+    """For each answered query: which batch rows send (indices) and what (int64 units)."""
+
+    query_ids: list[str]
+    senders: list[np.ndarray]
+    units: list[np.ndarray]
+    spent_units: np.ndarray
+    retired: np.ndarray
+
+
+def answer_day(
+    config: DeviceConfig,
+    queries: Sequence[Announcement],
+    matrices: Sequence[np.ndarray],
+    spent_units: np.ndarray,
+    retired: np.ndarray,
+    bits: RandomBits | None,
+) -> DayAnswers:
+    """One day for a batch of devices. ``matrices[j]`` is the (n × k_j) record matrix of the
+    coordinates ``queries[j]`` reads; ``spent_units``/``retired`` are the devices' states before
+    the day. Nothing is mutated; the caller persists the returned state before sending.
+
+    ``local_noise`` draws one batch of ``d`` noise values per sending device and query from
+    ``bits`` (CKS 2020 exact sampler); the device's messages are then ``B/(2 s_local²)``-zCDP
+    against whoever reads them (Theorem 4.5 applied to the device's own Gaussian mechanism).
+    """
+    spent = np.asarray(spent_units, dtype=np.int64)
+    gone = np.asarray(retired, dtype=bool)
+    out_ids: list[str] = []
+    out_senders: list[np.ndarray] = []
+    out_units: list[np.ndarray] = []
+    for query, matrix in zip(queries, matrices, strict=True):
+        x = matrix @ query.weight_matrix()
+        step = filter_contributions(
+            x,
+            query.clip,
+            config.lattice,
+            spent,
+            gone,
+            config.budget_units,
+            config.exhaustion,
+        )
+        spent = spent + step.cost_units
+        gone = gone | step.newly_retired
+        senders = np.flatnonzero(step.admitted & (step.units != 0).any(axis=1))
+        units = step.units[senders]
+        if config.variant is Variant.LOCAL_NOISE and len(senders):
+            if bits is None:
+                raise ValueError("local_noise needs a source of random bits")
+            noise = discrete_gaussian(bits, config.sigma2_units, units.size)
+            units = units + noise.reshape(units.shape)
+        out_ids.append(query.query_id)
+        out_senders.append(senders)
+        out_units.append(units)
+    return DayAnswers(out_ids, out_senders, out_units, spent, gone)

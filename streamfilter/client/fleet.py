@@ -1,0 +1,79 @@
+"""``DeviceFleet``: many simulated devices, each with its own filter state, in arrays.
+
+For simulation and load tests (``streamfilter simulate-local``): device ``i``'s state is row
+``i`` of ``spent_units``/``retired`` and its day is row ``i`` of the record matrices, and every
+decision goes through ``client.core.answer_day`` — the code a single :class:`LocalFilter` runs —
+so a fleet of N behaves as N independent devices (tested against separate ``LocalFilter``
+objects). State lives in memory: a fleet simulates devices, it is not one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from streamfilter.client.core import DeviceConfig, Variant, answer_day
+from streamfilter.client.protocol import Announcement
+from streamfilter.privacy.noise import RandomBits
+
+__all__ = ["DeviceFleet", "FleetAnswers"]
+
+
+@dataclass(frozen=True)
+class FleetAnswers:
+    """Per answered query: the sending devices' row indices and their (n_send × d) units."""
+
+    query_ids: list[str]
+    devices: list[np.ndarray]
+    units: list[np.ndarray]
+
+
+class DeviceFleet:
+    def __init__(self, config: DeviceConfig, bits: RandomBits | None = None) -> None:
+        self.config = config
+        self.bits = bits
+        self._row: dict[str, int] = {}
+        self.spent_units = np.zeros(0, dtype=np.int64)
+        self.retired = np.zeros(0, dtype=bool)
+        self.last_day: str | None = None
+
+    def __len__(self) -> int:
+        return len(self._row)
+
+    def rows(self, device_ids: Sequence[str] | np.ndarray) -> np.ndarray:
+        """Row of each device, enrolling devices seen for the first time (zero spent)."""
+        row = self._row
+        out = np.fromiter((row.setdefault(d, len(row)) for d in device_ids), np.int64)
+        grow = len(row) - len(self.spent_units)
+        if grow > 0:
+            self.spent_units = np.concatenate([self.spent_units, np.zeros(grow, np.int64)])
+            self.retired = np.concatenate([self.retired, np.zeros(grow, bool)])
+        return out
+
+    def spent(self, device_id: str) -> int:
+        row = self._row.get(device_id)
+        return 0 if row is None else int(self.spent_units[row])
+
+    def answer(
+        self,
+        day: str,
+        queries: Sequence[Announcement],
+        device_ids: Sequence[str] | np.ndarray,
+        matrices: Sequence[np.ndarray],
+    ) -> FleetAnswers:
+        """Devices ``device_ids`` (those with a record on ``day``) answer the day's ``queries``;
+        ``matrices[j]`` holds their records' coordinates of ``queries[j]``, one row per device.
+        Devices without a record that day neither send nor change."""
+        if self.last_day is not None and day <= self.last_day:
+            raise ValueError(f"day {day} is not after the last answered day {self.last_day}")
+        rows = self.rows(device_ids)
+        noise = self.bits if self.config.variant is Variant.LOCAL_NOISE else None
+        ans = answer_day(
+            self.config, queries, matrices, self.spent_units[rows], self.retired[rows], noise
+        )
+        self.spent_units[rows] = ans.spent_units
+        self.retired[rows] = ans.retired
+        self.last_day = day
+        return FleetAnswers(ans.query_ids, [rows[s] for s in ans.senders], ans.units)
