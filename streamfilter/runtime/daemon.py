@@ -36,7 +36,13 @@ from streamfilter.runtime.feeds import QueryFeed
 from streamfilter.runtime.observer import DaemonObserver
 from streamfilter.runtime.sinks import Sink, reject_payload
 from streamfilter.runtime.sources import Source
-from streamfilter.runtime.store import DayCommit, Position, StateStore, StoreError
+from streamfilter.runtime.store import (
+    DayCommit,
+    Position,
+    StateStore,
+    StoreError,
+    check_sink_not_ahead,
+)
 
 __all__ = ["Daemon", "RunSummary"]
 
@@ -160,6 +166,12 @@ class Daemon:
             self.observer.stopped()
 
     def _run(self, until_end: bool, through_day: str | None = None) -> RunSummary:
+        # a stale state must not publish anything: the sink may already hold later days
+        check_sink_not_ahead(
+            getattr(self.store, "path", "(store)"),
+            self.engine.last_closed_day,
+            self.sink.last_published_day(),
+        )
         self._relay_outbox()
         self.observer.started()
         while not self.stop_event.is_set():

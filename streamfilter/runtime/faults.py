@@ -2,7 +2,9 @@
 
 Set ``STREAMFILTER_CRASH_AT=<name>[:<n>]`` and the process SIGKILLs itself the n-th time (default
 the first) it reaches ``crash_point(<name>)``. Names used by the daemon: ``after_commit``,
-``after_publish``, ``before_mark_sent``. Unset (production), a crash point is one dict lookup.
+``after_publish``, ``before_mark_sent``; by the SQLite store: ``before_mirror`` (the day is
+committed, its sequence not yet mirrored to ``<state>.seq``). Unset (production), a crash point
+is one dict lookup.
 """
 
 from __future__ import annotations

@@ -5,6 +5,10 @@ Guarantee expected by the outbox relay: when :meth:`Sink.flush` returns, every r
 published with a key (``day/query_id`` for releases); a sink may drop a record whose key it
 already holds with identical bytes (the file sink does, so a restart after a crash between
 "published" and "marked sent" leaves exactly one line per release).
+
+A sink that can read back what it already holds reports the latest day it holds a release of
+(:meth:`Sink.last_published_day`): the daemon refuses to start from a state whose last closed day
+is earlier (a restored stale copy of the state; DESIGN.md §5).
 """
 
 from __future__ import annotations
@@ -27,6 +31,10 @@ class Sink(abc.ABC):
     def flush(self) -> None:
         """Return once everything published so far is durable / acknowledged."""
 
+    def last_published_day(self) -> str | None:
+        """The latest day this sink already holds a release of, if it can tell (else ``None``)."""
+        return None
+
     def close(self) -> None:  # noqa: B027 - optional hook
         pass
 
@@ -48,6 +56,7 @@ class FileSink(Sink):
                     except (ValueError, KeyError, TypeError):
                         continue
         self._dedupe = dedupe_releases
+        self._held_through = max((k.split("/", 1)[0] for k in self._keys), default=None)
         self._fh: IO[bytes] = open(self.path, "ab")  # noqa: SIM115 - owned by the sink
 
     def publish(self, key: str, payload: bytes) -> None:
@@ -60,6 +69,10 @@ class FileSink(Sink):
     def flush(self) -> None:
         self._fh.flush()
         os.fsync(self._fh.fileno())
+
+    def last_published_day(self) -> str | None:
+        """The latest ``day`` among the release lines the file held when it was opened."""
+        return self._held_through
 
     def close(self) -> None:
         if not self._fh.closed:

@@ -8,6 +8,22 @@ republishes the stored bytes and never draws noise twice.
 ``StateStore`` is the interface (one contract test suite runs against every implementation);
 ``SQLiteStateStore`` is the embedded default (WAL, ``synchronous=FULL``, one writer enforced by an
 exclusive ``flock`` on ``<path>.lock``). A planned PostgreSQL ledger implements the same methods.
+
+Fail closed (DESIGN.md §5). Opening a SQLite state refuses, with ``StoreError``, a file SQLite
+cannot read, a file whose ``PRAGMA integrity_check`` is not ``ok`` (corruption is never papered
+over, and a damaged state is never replaced by an empty one) and a file it cannot write (probed
+at open with a write that is rolled back, so a read-only state fails at start, not at the first
+day close). A commit that fails (disk full, I/O error) raises ``StoreError`` and changes nothing.
+
+Stale copies. Every committed day increments the store's monotonic sequence ``seq``; after each
+commit the sequence is mirrored *outside* the database, in ``<path>.seq`` (JSON: the state's
+random ``state_id``, ``seq``, ``last_closed_day``; written to a temporary file, fsync'd, renamed,
+directory fsync'd). On open: a mirror *ahead* of the store means the state is an older copy than
+what was already committed (and possibly published) — ``StaleStoreError``, the daemon refuses to
+start. A mirror *behind* the store is the harmless trace of a crash between the commit and the
+mirror write, and is repaired. A mirror of another ``state_id`` (the state was deleted, emptied or
+swapped) is refused too, unless that state never committed a day.
+
 ``SQLiteStateReader`` is a lock-free, read-only view for ``streamfilter budget`` (WAL readers never
 block the writer and see the last committed day).
 
@@ -26,6 +42,7 @@ import json
 import math
 import os
 import sqlite3
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -34,11 +51,14 @@ from typing import IO
 
 import numpy as np
 
+from streamfilter.runtime.faults import crash_point
+
 __all__ = [
     "DayCommit",
     "Position",
     "SQLiteStateReader",
     "SQLiteStateStore",
+    "StaleStoreError",
     "StateStore",
     "StoreError",
     "StoreLockedError",
@@ -46,6 +66,7 @@ __all__ = [
     "TelemetryBalance",
     "TelemetryBudgetError",
     "TelemetryCharge",
+    "check_sink_not_ahead",
 ]
 
 
@@ -55,6 +76,21 @@ class StoreError(RuntimeError):
 
 class StoreLockedError(StoreError):
     """Another process owns this state."""
+
+
+class StaleStoreError(StoreError):
+    """The state is older than what was already committed from it (a restored stale copy), or
+    is not the state its sequence mirror describes: starting from it could publish a second,
+    differently-noised release of a (day, query) and forget budget already spent."""
+
+
+def _sqlite_error(exc: sqlite3.Error) -> str:
+    """SQLite's message with its error code name and, for write failures, the likely cause."""
+    name = getattr(exc, "sqlite_errorname", None)
+    text = f"{exc} ({name})" if name else str(exc)
+    if name is not None and (name == "SQLITE_FULL" or name.startswith("SQLITE_IOERR")):
+        text += " — disk full, a file size limit, or failing storage?"
+    return text
 
 
 class TelemetryBudgetError(ValueError):
@@ -220,18 +256,95 @@ class SQLiteStateStore(StateStore):
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
+        self.mirror_path = self.path.with_name(self.path.name + ".seq")
         self._lock_file: IO[bytes] | None = None
         self._acquire_lock()
         try:
             self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            self._check_integrity()
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=FULL")
             self._db.execute("PRAGMA foreign_keys=ON")
             self._db.executescript(_SCHEMA)
-            self._db.execute("PRAGMA integrity_check(1)").fetchone()
+            self._check_writable()
+            self._db.execute(
+                "INSERT INTO meta(key, value) VALUES('state_id', ?) ON CONFLICT(key) DO NOTHING",
+                (uuid.uuid4().hex,),
+            )
+            self.state_id = str(self._meta("state_id"))
+            self._check_mirror()
         except sqlite3.Error as exc:
-            self._release_lock()
-            raise StoreError(f"cannot open state store {self.path}: {exc}") from exc
+            self._close_on_error()
+            raise StoreError(
+                f"cannot open state store {self.path}: {_sqlite_error(exc)}; refusing to start"
+            ) from exc
+        except BaseException:
+            self._close_on_error()
+            raise
+
+    def _close_on_error(self) -> None:
+        db = getattr(self, "_db", None)
+        if db is not None:
+            with contextlib.suppress(sqlite3.Error):
+                db.close()
+        self._release_lock()
+
+    # -- fail closed at open ---------------------------------------------------------------
+    def _check_integrity(self) -> None:
+        """Refuse a damaged database (never fall back to an empty state)."""
+        problems = [str(r[0]) for r in self._db.execute("PRAGMA integrity_check(3)")]
+        if problems != ["ok"]:
+            raise StoreError(
+                f"state store {self.path} is corrupt (SQLite integrity check: "
+                f"{'; '.join(problems)[:300]}); refusing to start from it — restore the newest "
+                "intact copy of the state"
+            )
+
+    def _check_writable(self) -> None:
+        """A write that is rolled back: SQLite opens a file it cannot write read-only without a
+        word, and the first commit would fail only when the first day closes."""
+        db = self._db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES('write_probe', '')")
+        except sqlite3.Error as exc:
+            raise StoreError(
+                f"state store {self.path} cannot be written ({_sqlite_error(exc)}); every closed "
+                "day must be committed before it is released — make the state writable"
+            ) from exc
+        finally:
+            db.execute("ROLLBACK")
+
+    # -- the sequence mirror outside the store ---------------------------------------------
+    def _check_mirror(self) -> None:
+        seq = int(self._meta("seq") or 0)
+        last = self._meta("last_closed_day")
+        mirror = _read_mirror(self.mirror_path)
+        if mirror is not None and mirror.seq > 0 and mirror.state_id != self.state_id:
+            raise StaleStoreError(
+                f"state store {self.path} is not the state recorded in {self.mirror_path}, which "
+                f"committed {mirror.seq} days through {mirror.last_closed_day} (this state: {seq} "
+                "days) — the state was deleted, emptied or replaced; restore the newest copy of "
+                "the state, or start a new run with a new [state] path"
+            )
+        if mirror is not None and mirror.seq > seq:
+            raise StaleStoreError(
+                f"state store {self.path} is stale: it holds {seq} committed days (last closed "
+                f"day {last or 'none'}) but {mirror.seq} days through {mirror.last_closed_day} "
+                f"were already committed and may have been published ({self.mirror_path}); "
+                "resuming would re-draw noise for released days and forget spent budget — "
+                "restore the newest copy of the state, or start a new run with a new [state] path"
+            )
+        if mirror is None or mirror != _Mirror(self.state_id, seq, last):
+            self._write_mirror(seq, last)  # first start, or behind after a crash: repair
+
+    def _write_mirror(self, seq: int, last_closed_day: str | None) -> None:
+        try:
+            _write_mirror(self.mirror_path, _Mirror(self.state_id, seq, last_closed_day))
+        except OSError as exc:
+            raise StoreError(
+                f"cannot write the sequence mirror {self.mirror_path}: {exc.strerror or exc}"
+            ) from exc
 
     # -- single writer -------------------------------------------------------------------
     def _acquire_lock(self) -> None:
@@ -275,7 +388,9 @@ class SQLiteStateStore(StateStore):
             with contextlib.suppress(sqlite3.Error):
                 if self._db.in_transaction:
                     self._db.execute("ROLLBACK")
-            raise StoreError(f"state store {self.path} failed to commit: {exc}") from exc
+            raise StoreError(
+                f"state store {self.path} failed to commit: {_sqlite_error(exc)}"
+            ) from exc
 
     def _meta(self, key: str) -> str | None:
         row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
@@ -358,6 +473,9 @@ class SQLiteStateStore(StateStore):
             # 5. the opt-in active-set tracker (exact partial counts: stored, never published)
             if commit.active_set_state is not None:
                 self._set_meta(db, "active_set_state", commit.active_set_state.decode())
+        # 6. mirror the sequence outside the store (a crash here leaves it behind: repaired)
+        crash_point("before_mirror")
+        self._write_mirror(seq, commit.day)
         return seq
 
     @staticmethod
@@ -451,6 +569,80 @@ class SQLiteStateStore(StateStore):
         with contextlib.suppress(sqlite3.Error):
             self._db.close()
         self._release_lock()
+
+
+def check_sink_not_ahead(
+    state_path: str | os.PathLike[str], last_closed_day: str | None, published_day: str | None
+) -> None:
+    """Refuse a state whose last closed day is before a day the release sink already holds: the
+    published releases are a mirror of the sequence the state cannot roll back (a stale copy
+    restored together with its ``.seq`` file is caught here)."""
+    if published_day is not None and (last_closed_day is None or published_day > last_closed_day):
+        raise StaleStoreError(
+            f"state store {state_path} is stale: the release sink already holds releases of "
+            f"{published_day}, after the state's last closed day ({last_closed_day or 'none'}); "
+            "resuming would re-draw noise for released days and forget spent budget — restore "
+            "the newest copy of the state, or start a new run with a new [state] path and sink"
+        )
+
+
+@dataclass(frozen=True)
+class _Mirror:
+    """The contents of ``<state>.seq``: which state, how many days it committed, the last one."""
+
+    state_id: str
+    seq: int
+    last_closed_day: str | None
+
+
+def _read_mirror(path: Path) -> _Mirror | None:
+    try:
+        text = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise StoreError(f"cannot read the sequence mirror {path}: {exc.strerror}") from exc
+    try:
+        obj = json.loads(text)
+        mirror = _Mirror(obj["state_id"], obj["seq"], obj["last_closed_day"])
+        valid = (
+            isinstance(mirror.state_id, str)
+            and type(mirror.seq) is int
+            and mirror.seq >= 0
+            and (mirror.last_closed_day is None or isinstance(mirror.last_closed_day, str))
+        )
+    except (ValueError, KeyError, TypeError):
+        valid = False
+    if not valid:
+        raise StoreError(
+            f"the sequence mirror {path} is unreadable, so whether the state is the newest "
+            "copy cannot be checked; refusing to start — if the state is the newest copy, delete "
+            f"{path} and start again"
+        )
+    return mirror
+
+
+def _write_mirror(path: Path, mirror: _Mirror) -> None:
+    """Atomically replace ``path``: temporary file, fsync, rename, fsync the directory."""
+    data = json.dumps(
+        {"state_id": mirror.state_id, "seq": mirror.seq, "last_closed_day": mirror.last_closed_day},
+        sort_keys=True,
+    ).encode()
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        view = memoryview(data + b"\n")
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
 
 
 def _read_ledger(db: sqlite3.Connection) -> list[TelemetryCharge]:
