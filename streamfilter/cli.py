@@ -74,6 +74,21 @@ def cmd_guarantee(args: argparse.Namespace) -> int:
             "ci95_halfwidth": params.ci95_halfwidth,
         }
     )
+    out["mode"] = settings.mode.kind
+    if settings.mode.kind == "local":
+        out["local_variant"] = settings.local.variant
+        s2_local = settings.sigma2_local_units()
+        if s2_local is not None:
+            # each device's messages against the server itself: Theorem 4.5 with the device's
+            # own noise, B/(2·s_l²)-zCDP (client.core); the release is post-processing of them
+            from fractions import Fraction
+
+            from streamfilter.privacy.accounting import epsilon_from_rho_cks
+
+            rho_local = float(Fraction(params.budget_units, 2 * s2_local))
+            out["rho_local_per_device"] = rho_local
+            out["epsilon_local_per_device"] = epsilon_from_rho_cks(rho_local, params.delta)
+            out["sigma_local"] = settings.local.sigma_local
     if args.json:
         print(json.dumps(out, indent=2, sort_keys=True))
     else:
@@ -96,6 +111,15 @@ def _guarantee_text(g: dict[str, object]) -> str:
         f"  budget Σ‖q‖² ≤ B_norm = {g['b_norm']:g} per user, lattice γ = {g['granularity']!r}, "
         f"exhaustion {g['exhaustion']}",
     ]
+    if g.get("mode") == "local":
+        lines.append(f"  local mode, variant {g['local_variant']}: devices run the filter")
+        if "rho_local_per_device" in g:
+            lines[1:3] = [
+                f"  each device's messages: {g['rho_local_per_device']:.6g}-zCDP against the "
+                f"server itself (σ_local = {g['sigma_local']:g}; "
+                f"ε = {g['epsilon_local_per_device']:.6g} at δ = {g['delta']:.3g}, CKS)",
+                "  (the server adds no noise; releases are sums of the devices' noisy messages)",
+            ]
     return "\n".join(lines)
 
 

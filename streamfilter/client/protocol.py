@@ -127,9 +127,9 @@ class Announcement:
             weights = obj.get("weights")
             if not isinstance(weights, dict) or not 1 <= len(weights) <= MAX_QUERY_DIM:
                 raise AnnouncementError("weights must map coordinates to rows of d numbers")
-            coords = list(weights)
+            coords = sorted(weights)  # the server's order (``LinearQuery.coordinates``)
             rows = []
-            for row in weights.values():
+            for row in (weights[c] for c in coords):
                 if (
                     not isinstance(row, list)
                     or not 1 <= len(row) <= MAX_QUERY_DIM
