@@ -1,10 +1,29 @@
 """streamfilter: private continual monitoring with a per-user individual privacy filter.
 
-``Monitor`` is the Python API (no I/O); ``streamfilter run`` is the daemon on the same engine.
+``Monitor`` is the Python API (no I/O); ``streamfilter run`` is the daemon on the same engine;
+``streamfilter.client`` is the device side of local mode. The top-level names load lazily, so a
+device importing ``streamfilter.client`` gets only the privacy core (no pydantic, no server).
 """
 
-from streamfilter.engine.contract import Release
-from streamfilter.engine.monitor import Monitor
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from streamfilter.engine.contract import Release
+    from streamfilter.engine.monitor import Monitor
 
 __version__ = "0.1.0"
 __all__ = ["Monitor", "Release", "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Monitor":
+        from streamfilter.engine.monitor import Monitor
+
+        return Monitor
+    if name == "Release":
+        from streamfilter.engine.contract import Release
+
+        return Release
+    raise AttributeError(f"module 'streamfilter' has no attribute {name!r}")

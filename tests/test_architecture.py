@@ -59,3 +59,24 @@ def test_layers_only_import_downward():
                 ):
                     violations.append(f"{path.relative_to(PKG)} imports {name}")
     assert violations == []
+
+
+def test_the_client_loads_only_the_privacy_core_numpy_and_the_stdlib():
+    """``streamfilter.client`` ships to devices: no server code, no server dependencies."""
+    code = (
+        "import sys\n"
+        "before = set(sys.modules)\n"
+        "import streamfilter.client\n"
+        "new = {m.split('.')[0] for m in set(sys.modules) - before}\n"
+        "ours = {m for m in set(sys.modules) - before if m.startswith('streamfilter.')}\n"
+        "print(sorted(new - set(sys.stdlib_module_names)))\n"
+        "print(sorted({m.split('.')[1] for m in ours}))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    third_party, ours = out.stdout.strip().splitlines()
+    # scipy (the privacy core's numerics) brings its private C modules and typing_extensions
+    public = {m for m in ast.literal_eval(third_party) if not m.startswith("_")}
+    assert public <= {"streamfilter", "numpy", "scipy", "cython_runtime", "typing_extensions"}
+    assert set(ast.literal_eval(ours)) == {"client", "privacy"}
