@@ -19,6 +19,7 @@ MODULES = [
     "benchmarks.bench_noise",
     "benchmarks.bench_sparse",
     "benchmarks.bench_kafka",
+    "benchmarks.bench_local",
 ]
 HERE = Path(__file__).resolve().parent
 

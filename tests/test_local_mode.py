@@ -292,3 +292,17 @@ def test_local_mode_over_kafka_matches_the_file_wire(tmp_path, kafka_bootstrap):
     assert main(["simulate-local", "--testing", "--config", str(write(kdir, "k.toml", text))]) == 0
     a = (tmp_path / "local-releases.jsonl").read_bytes()
     assert a and a == (kdir / "local-releases.jsonl").read_bytes()
+
+
+@given(st.lists(contribution_lines, max_size=20))
+@settings(max_examples=300, deadline=None)
+def test_the_batch_path_agrees_with_the_line_parser(lines):
+    eng = engine()
+    batch = eng.parse_records(lines)
+    for raw, got in zip(lines, batch, strict=True):
+        try:
+            want = eng.parse_record(raw)
+        except Reject as rej:
+            assert isinstance(got, Reject) and (got.reason, got.detail) == (rej.reason, rej.detail)
+        else:
+            assert got == want

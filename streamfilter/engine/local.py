@@ -28,11 +28,14 @@ bound, at most √2 too large) and the 95% half-width is the subgaussian bound
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import msgspec
 import numpy as np
 
 from streamfilter.engine.contract import MAX_DAY, MIN_DAY, Reject, Release
@@ -63,12 +66,80 @@ _INT64_MAX = 2**63 - 1
 _TAIL_T = 50.0
 
 
-@dataclass(frozen=True, slots=True)
-class ContributionRecord:
+class ContributionRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True, gc=False):
+    """A contribution whose shape is valid (``parse_contribution``); decoded by msgspec on the
+    batch path (``parse_contributions``), which only ever accepts — every line it refuses, or
+    that fails a check it cannot express, is re-parsed by ``parse_contribution`` for the reason.
+    """
+
     day: str
     query_id: str
-    units: tuple[int, ...]
+    units: list[int]
     nonce: str
+
+
+_decode = msgspec.json.Decoder(ContributionRecord).decode
+_DAY_OK: dict[str, bool] = {}
+
+
+def _day_ok(day: str) -> bool:
+    ok = _DAY_OK.get(day)
+    if ok is None:
+        try:
+            _check_day(day)
+            ok = True
+        except Reject:
+            ok = False
+        if len(_DAY_OK) >= 4096:
+            _DAY_OK.clear()
+        _DAY_OK[day] = ok
+    return ok
+
+
+def _check_day(day: object) -> str:
+    if not isinstance(day, str) or not _DAY_RE.match(day) or not MIN_DAY <= day <= MAX_DAY:
+        raise Reject("invalid_day", f"day must be an ISO date between {MIN_DAY} and {MAX_DAY}")
+    try:
+        dt.date.fromisoformat(day)
+    except ValueError:
+        raise Reject("invalid_day", "day is not a valid calendar date") from None
+    return day
+
+
+def _fast(line: bytes) -> ContributionRecord | None:
+    """The record if the decoder and the shape checks accept ``line``, else None."""
+    if len(line) > MAX_CONTRIBUTION_BYTES:
+        return None
+    try:
+        rec = _decode(line)
+    except Exception:  # any refusal: parse_contribution is the authority on why
+        return None
+    units = rec.units
+    if (
+        not units
+        or not _day_ok(rec.day)
+        or not _QUERY_ID_RE.match(rec.query_id)
+        or not _NONCE_RE.match(rec.nonce)
+        or max(units) > _INT64_MAX
+        or min(units) < -_INT64_MAX
+    ):
+        return None
+    return rec
+
+
+def parse_contributions(lines: Sequence[bytes]) -> list[ContributionRecord | Reject]:
+    """``parse_contribution`` of each line, a ``Reject`` returned in its place (batch path)."""
+    out: list[ContributionRecord | Reject] = []
+    for line in lines:
+        rec = _fast(line)
+        if rec is None:
+            try:
+                rec = parse_contribution(line)
+            except Reject as rej:
+                out.append(rej)
+                continue
+        out.append(rec)
+    return out
 
 
 def parse_contribution(raw: bytes | str) -> ContributionRecord:
@@ -90,13 +161,7 @@ def parse_contribution(raw: bytes | str) -> ContributionRecord:
     for key in ("day", "query_id", "units", "nonce"):
         if key not in obj:
             raise Reject("missing_field", f"missing required field {key}")
-    day = obj["day"]
-    if not isinstance(day, str) or not _DAY_RE.match(day) or not MIN_DAY <= day <= MAX_DAY:
-        raise Reject("invalid_day", f"day must be an ISO date between {MIN_DAY} and {MAX_DAY}")
-    try:
-        np.datetime64(day, "D")
-    except ValueError:
-        raise Reject("invalid_day", "day is not a valid calendar date") from None
+    day = _check_day(obj["day"])
     query_id = obj["query_id"]
     if not isinstance(query_id, str) or not _QUERY_ID_RE.match(query_id):
         raise Reject("invalid_query_id", "query_id must match [A-Za-z0-9_.:-]{1,128}")
@@ -111,7 +176,7 @@ def parse_contribution(raw: bytes | str) -> ContributionRecord:
             raise Reject("invalid_units", "units must be integers (lattice units)")
         if not -_INT64_MAX <= u <= _INT64_MAX:
             raise Reject("invalid_units", "units must fit in 64-bit integers")
-    return ContributionRecord(day, query_id, tuple(units), nonce)
+    return ContributionRecord(day, query_id, units, nonce)
 
 
 def _refuse_constant(name: str) -> object:
@@ -123,7 +188,7 @@ class ContributionAccumulator:
     """One open day of contributions: per query the validated unit vectors, and seen nonces."""
 
     day: str
-    _units: dict[str, list[tuple[int, ...]]] = field(default_factory=dict)
+    _units: dict[str, list[list[int]]] = field(default_factory=dict)
     _nonces: set[tuple[str, str]] = field(default_factory=set)
     events: int = 0
     duplicates: int = 0
@@ -202,6 +267,7 @@ class LocalEngine(Engine):
             raise ValueError("local_noise needs sigma2_local_units")
         self.variant = variant
         self.sigma2_local_units = sigma2_local_units
+        self._limit_cache: dict[str, tuple[AnyQuery, int, int]] = {}
 
     def max_norm2_units(self, query: AnyQuery) -> int:
         """Largest ``‖u‖²`` accepted for one contribution to ``query`` (module docstring)."""
@@ -213,19 +279,49 @@ class LocalEngine(Engine):
         tail2 = self.sigma2_local_units * (d + 2 * math.sqrt(d * _TAIL_T) + 2 * _TAIL_T)
         return math.ceil((math.sqrt(cap) + math.sqrt(tail2)) ** 2)
 
-    def parse_record(self, raw: bytes | str) -> InputRecord:
-        rec = parse_contribution(raw)
-        query = self.queries.get(rec.query_id)
-        if query is None:
+    def _limits(self, query_id: str) -> tuple[AnyQuery, int, int] | None:
+        """(query, d, largest accepted ‖u‖²), cached: a registered query never changes."""
+        hit = self._limit_cache.get(query_id)
+        if hit is None:
+            query = self.queries.get(query_id)
+            if query is None:
+                return None
+            hit = self._limit_cache[query_id] = (
+                query,
+                len(query.labels()),
+                self.max_norm2_units(query),
+            )
+        return hit
+
+    def check_contribution(self, rec: ContributionRecord) -> ContributionRecord:
+        """The query-dependent checks of an untrusted contribution; raise ``Reject``."""
+        limits = self._limits(rec.query_id)
+        if limits is None:
             raise Reject("unknown_query", "query_id is not a registered query")
+        query, dim, max_norm2 = limits
         if not query.applies_to(rec.day):
             raise Reject("inactive_query", "the query does not apply to the contribution's day")
-        if len(rec.units) != len(query.labels()):
+        if len(rec.units) != dim:
             raise Reject("invalid_dimension", "units must have the query's dimension d")
-        if sum(u * u for u in rec.units) > self.max_norm2_units(query):
+        if sum(u * u for u in rec.units) > max_norm2:  # exact Python integers
             reason = "over_clip" if self.variant == CENTRAL_NOISE else "implausible_norm"
             raise Reject(reason, "the contribution's norm exceeds what the query's clip allows")
         return rec
+
+    def parse_record(self, raw: bytes | str) -> InputRecord:
+        return self.check_contribution(parse_contribution(raw))
+
+    def parse_records(self, raws: Sequence[bytes]) -> Sequence[InputRecord | Reject]:
+        out: list[InputRecord | Reject] = []
+        for rec in parse_contributions(raws):
+            if isinstance(rec, Reject):
+                out.append(rec)
+                continue
+            try:
+                out.append(self.check_contribution(rec))
+            except Reject as rej:
+                out.append(rej)
+        return out
 
     def new_day(self, day: str) -> DayInput:
         return ContributionAccumulator(day)
