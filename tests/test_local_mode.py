@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sqlite3
 from pathlib import Path
 
@@ -306,3 +307,40 @@ def test_the_batch_path_agrees_with_the_line_parser(lines):
             assert isinstance(got, Reject) and (got.reason, got.detail) == (rej.reason, rej.detail)
         else:
             assert got == want
+
+
+# ----------------------------------------------------------------------------- exactly once
+def test_local_server_restarts_after_sigkill_with_identical_releases(tmp_path):
+    """The local-mode server uses the central day close: killed at each crash point and
+    restarted, it ends with exactly the releases of the uninterrupted simulation."""
+    import shutil
+    import signal
+    import subprocess
+    import sys
+
+    queries = tmp_path / "queries.jsonl"
+    qs = [{**QUERY, "from_day": "2026-01-02"}, {**QUERY, "query_id": "p2", "clip": 2.0}]
+    queries.write_text("".join(json.dumps(q) + "\n" for q in qs))
+
+    def cfg(where: Path) -> Path:
+        text = config_text(where, "local").replace(
+            '[queries]\nkind = "policy"\npolicy = "streamfilter.policies:drill_down"\n',
+            f'[queries]\nkind = "file"\npath = "{queries}"\n',
+        )
+        return write(where, "local.toml", text)
+
+    assert main(["simulate-local", "--testing", "--config", str(cfg(tmp_path))]) == 0
+    expected = (tmp_path / "local-releases.jsonl").read_bytes()
+    assert len(expected.splitlines()) >= 20
+    for point in ("after_commit:3", "after_publish:2", "before_mark_sent:4"):
+        work = tmp_path / point.replace(":", "_")
+        work.mkdir()
+        shutil.copy(tmp_path / "contributions.jsonl", work / "contributions.jsonl")
+        args = [sys.executable, "-m", "streamfilter", "run", "--until-end", "--testing"]
+        args += ["--config", str(cfg(work))]
+        crashed = subprocess.run(
+            args, env={**os.environ, "STREAMFILTER_CRASH_AT": point}, capture_output=True
+        )
+        assert crashed.returncode == -signal.SIGKILL, crashed.stderr
+        subprocess.run(args, check=True, capture_output=True)
+        assert (work / "local-releases.jsonl").read_bytes() == expected, point
