@@ -1,7 +1,9 @@
 """The public data contract: events, queries and releases (DESIGN.md §3).
 
-Events are validated by a hand-written fast path (``parse_event``): it is on the hot path (every
-input line) and must reject bad input with a *reason* and never a quoted value. ``EventModel`` is
+Events are validated by ``parse_event``, which rejects bad input with a *reason* and never a
+quoted value. The daemon's hot path validates whole batches with ``engine.ingest.parse_events``
+(msgspec decodes straight into :class:`Event`; every line it cannot accept goes to
+``parse_event``), which returns exactly what ``parse_event`` returns or raises. ``EventModel`` is
 the same contract as a pydantic model (JSON schema, documentation; a test checks they agree).
 Queries are rare and validated with pydantic (``parse_query``).
 """
@@ -15,6 +17,7 @@ import re
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
+import msgspec
 import numpy as np
 from pydantic import (
     AfterValidator,
@@ -60,14 +63,28 @@ class Reject(ValueError):
         self.detail = detail
 
 
-@dataclass(frozen=True, slots=True)
-class Event:
-    """A validated event. ``values`` maps feature → finite float or category string."""
+_Id = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_ID_CHARS)]
+_Number = Annotated[float, msgspec.Meta(ge=-MAX_ABS_VALUE, le=MAX_ABS_VALUE)]
+_Category = Annotated[str, msgspec.Meta(max_length=MAX_STRING_VALUE_CHARS)]
+_FeatureName = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_FEATURE_CHARS)]
+_Values = Annotated[
+    dict[_FeatureName, _Number | _Category], msgspec.Meta(max_length=MAX_FEATURES_PER_EVENT)
+]
 
-    user_id: str
+
+class Event(msgspec.Struct, frozen=True, forbid_unknown_fields=True, gc=False):
+    """A validated event. ``values`` maps feature → finite float or category string.
+
+    A msgspec struct so that ``engine.ingest`` can decode JSON straight into it; the field
+    constraints are the part of the contract msgspec checks itself (the rest is checked there).
+    Constructing one directly validates nothing: use ``parse_event``. (``gc=False``: an event
+    holds only strings and floats, so it can never be part of a reference cycle.)
+    """
+
+    user_id: _Id
     day: str
-    values: dict[str, float | str]
-    event_id: str | None = None
+    values: _Values
+    event_id: _Id | None = None
 
 
 #: days outside this range are refused (the daemon computes the next day of every closed day)
@@ -303,10 +320,12 @@ class LinearQuery(_QueryBase):
         return self
 
     def coordinates(self) -> list[str]:
-        return list(self.weights_)
+        # sorted: the stored (canonical) form and the announced one give the same matrix and
+        # hence the same float sums, before and after a restart and on devices
+        return sorted(self.weights_)
 
     def weights(self) -> np.ndarray:
-        return np.array(list(self.weights_.values()), dtype=np.float64)
+        return np.array([self.weights_[c] for c in self.coordinates()], dtype=np.float64)
 
     def labels(self) -> list[str]:
         d = len(next(iter(self.weights_.values())))

@@ -9,12 +9,13 @@ the two; ``Monitor`` (for notebooks and tests) calls them back to back. Both run
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from streamfilter.engine.contract import Event, Reject, Release, parse_event, parse_query
 from streamfilter.engine.day import DayOutcome, SeededPerRelease, close_day
+from streamfilter.engine.ingest import parse_events
 from streamfilter.engine.ledger import BudgetLedger
 from streamfilter.engine.params import PrivacyParams
 from streamfilter.engine.queries import AnyQuery, QueryBook
@@ -93,6 +94,21 @@ class Engine:
     def parse_record(self, raw: bytes | str) -> InputRecord:
         """Validate one input line; raise ``Reject``."""
         return parse_event(raw)
+
+    def parse_records(self, raws: Sequence[bytes]) -> Sequence[InputRecord | Reject]:
+        """``parse_record`` of each line, a ``Reject`` returned in its place (the daemon's batch
+        hook). Events go through the batch decoder (``engine.ingest``: same results, ~6× faster);
+        an engine with its own ``parse_record`` gets it called per line unless it overrides this.
+        """
+        if type(self).parse_record is Engine.parse_record:
+            return parse_events(raws)
+        out: list[InputRecord | Reject] = []
+        for raw in raws:
+            try:
+                out.append(self.parse_record(raw))
+            except Reject as rej:
+                out.append(rej)
+        return out
 
     def new_day(self, day: str) -> DayInput:
         return DayAccumulator(day)

@@ -35,7 +35,7 @@ from streamfilter.runtime.faults import crash_point
 from streamfilter.runtime.feeds import QueryFeed
 from streamfilter.runtime.observer import DaemonObserver
 from streamfilter.runtime.sinks import Sink, reject_payload
-from streamfilter.runtime.sources import Source
+from streamfilter.runtime.sources import Source, SourceRecord
 from streamfilter.runtime.store import (
     DayCommit,
     Position,
@@ -176,12 +176,11 @@ class Daemon:
         self.observer.started()
         while not self.stop_event.is_set():
             self._poll_queries()
-            records = self.source.poll(self.batch_size)
-            for rec in records:
-                self._ingest(rec.partition, rec.offset, rec.next_offset, rec.value)
-            for partition, count in Counter(rec.partition for rec in records).items():
-                self.observer.records_read(partition, count)
-            if until_end and not records and self.source.at_end():
+            # at the end of the input already: no poll (a Kafka poll would wait its timeout)
+            at_end = until_end and self.source.at_end()
+            records = [] if at_end else self.source.poll(self.batch_size)
+            self._ingest_batch(records)
+            if until_end and not records and (at_end or self.source.at_end()):
                 last = max(filter(None, (self._last_open_day(), through_day)), default=None)
                 self._close_through(last)
                 break
@@ -217,36 +216,55 @@ class Daemon:
             self._reject(rej.reason, rej.detail, raw, where)
 
     def _ingest(self, partition: str, offset: int, next_offset: int, raw: bytes) -> None:
-        self.summary.records_read += 1
-        self._read_offset[partition] = next_offset
-        self._last_seen[partition] = self.monotonic()
-        replay = offset < self._high.get(partition, 0)
-        try:
-            event = self.engine.parse_record(raw)
-        except Reject as rej:
-            if replay:
-                self.summary.replayed_skipped += 1
-            else:
-                self._reject(rej.reason, rej.detail, raw, f"{partition}:{offset}")
+        self._ingest_batch([SourceRecord(partition, offset, next_offset, raw)])
+
+    def _ingest_batch(self, records: list[SourceRecord]) -> None:
+        """Validate a polled batch at once (``engine.parse_records``), then per record: reject
+        it (with its reason, or ``late``; silently when replayed) or add it to its open day. The
+        per-partition and per-day bookkeeping is done when the partition or the day changes."""
+        if not records:
             return
-        if self.engine.is_closed(event.day):
-            if replay:
-                self.summary.replayed_skipped += 1
+        parsed = self.engine.parse_records([rec.value for rec in records])
+        self.summary.records_read += len(records)
+        now = self.monotonic()
+        counts = Counter(rec.partition for rec in records)
+        for partition, count in counts.items():
+            self._last_seen[partition] = now
+            self.observer.records_read(partition, count)
+        self._read_offset.update({rec.partition: rec.next_offset for rec in records})
+        accepted = duplicates = 0
+        key: tuple[str, str] | None = None  # (day, partition) of the previous added record
+        add = None
+        for rec, item in zip(records, parsed, strict=True):
+            if isinstance(item, Reject):
+                self._reject_record(rec, item.reason, item.detail)
+                continue
+            day = item.day
+            if key is None or key[0] != day or key[1] != rec.partition:
+                if self.engine.is_closed(day):
+                    self._reject_record(rec, "late", "event day is already closed")
+                    continue
+                key = (day, rec.partition)
+                if day > self._max_day.get(rec.partition, ""):
+                    self._max_day[rec.partition] = day
+                acc = self._open.get(day)
+                if acc is None:
+                    acc = self._open[day] = self.engine.new_day(day)
+                add = acc.add
+                self._min_offset.setdefault(day, {}).setdefault(rec.partition, rec.offset)
+            assert add is not None
+            if add(item):
+                accepted += 1
             else:
-                self._reject("late", "event day is already closed", raw, f"{partition}:{offset}")
-            return
-        if event.day > self._max_day.get(partition, ""):
-            self._max_day[partition] = event.day
-        acc = self._open.get(event.day)
-        if acc is None:
-            acc = self._open[event.day] = self.engine.new_day(event.day)
-        mins = self._min_offset.setdefault(event.day, {})
-        if partition not in mins:
-            mins[partition] = offset
-        if acc.add(event):
-            self.summary.events_accepted += 1
+                duplicates += 1
+        self.summary.events_accepted += accepted
+        self.summary.events_duplicate += duplicates
+
+    def _reject_record(self, rec: SourceRecord, reason: str, detail: str) -> None:
+        if rec.offset < self._high.get(rec.partition, 0):  # replayed: rejected the first time
+            self.summary.replayed_skipped += 1
         else:
-            self.summary.events_duplicate += 1
+            self._reject(reason, detail, rec.value, f"{rec.partition}:{rec.offset}")
 
     # ------------------------------------------------------------------ closing days
     def _first_open_day(self) -> str | None:

@@ -111,10 +111,13 @@ class KafkaSource(Source):
         self._c.seek(offsets)
 
     def poll(self, max_records: int) -> list[SourceRecord]:
-        return [
-            SourceRecord(label, offset, offset + 1, value)
-            for label, offset, value in self._c.poll(max_records, self._poll_timeout_ms)
-        ]
+        batches = self._c.consumer.poll(timeout_ms=self._poll_timeout_ms, max_records=max_records)
+        out: list[SourceRecord] = []
+        for tp, records in sorted(batches.items(), key=lambda kv: kv[0].partition):
+            label = _label(tp)
+            # one object per record, built directly (this runs for every input record)
+            out += [SourceRecord(label, r.offset, r.offset + 1, r.value or b"") for r in records]
+        return out
 
     def mark_end(self) -> None:
         self._end_at_start = self._c.consumer.end_offsets(self._c.tps)

@@ -12,17 +12,19 @@ import abc
 import datetime as dt
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+import msgspec
 import numpy as np
 
 __all__ = ["FileSource", "Source", "SourceRecord", "SyntheticSource"]
 
 
-@dataclass(frozen=True, slots=True)
-class SourceRecord:
+class SourceRecord(msgspec.Struct, frozen=True, gc=False):
+    """One input record. (A msgspec struct: built ~10× faster than a frozen dataclass, and
+    every input record is one.)"""
+
     partition: str
     offset: int
     next_offset: int
