@@ -14,6 +14,11 @@ cannot read, a file whose ``PRAGMA integrity_check`` is not ``ok`` (corruption i
 over, and a damaged state is never replaced by an empty one) and a file it cannot write (probed
 at open with a write that is rolled back, so a read-only state fails at start, not at the first
 day close). A commit that fails (disk full, I/O error) raises ``StoreError`` and changes nothing.
+``integrity_check`` sees only SQLite's page structure, so every row also carries a CRC-32 of its
+values (``crc`` column, written with the row, checked whenever the row is read: at load, before
+a release is published, for telemetry charges): a damaged budget, release, query, position or
+meta value is refused instead of silently used. States written before the column existed get it
+(computed from their rows as they are, after the integrity check) on the first open.
 
 Stale copies. Every committed day increments the store's monotonic sequence ``seq``; after each
 commit the sequence is mirrored *outside* the database, in ``<path>.seq`` (JSON: the state's
@@ -43,6 +48,7 @@ import math
 import os
 import sqlite3
 import uuid
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -90,6 +96,8 @@ def _sqlite_error(exc: sqlite3.Error) -> str:
     text = f"{exc} ({name})" if name else str(exc)
     if name is not None and (name == "SQLITE_FULL" or name.startswith("SQLITE_IOERR")):
         text += " — disk full, a file size limit, or failing storage?"
+    elif name is not None and name.startswith(("SQLITE_CORRUPT", "SQLITE_NOTADB")):
+        text += " — the state file is damaged: restore the newest intact copy of the state"
     return text
 
 
@@ -229,26 +237,66 @@ class StateStore(abc.ABC):
 
 
 _SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL, crc INTEGER);
 CREATE TABLE IF NOT EXISTS budgets (
-    user_id TEXT PRIMARY KEY, spent_units INTEGER NOT NULL, retired INTEGER NOT NULL
+    user_id TEXT PRIMARY KEY, spent_units INTEGER NOT NULL, retired INTEGER NOT NULL, crc INTEGER
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS queries (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT, query_id TEXT UNIQUE NOT NULL, payload BLOB NOT NULL
+    seq INTEGER PRIMARY KEY AUTOINCREMENT, query_id TEXT UNIQUE NOT NULL, payload BLOB NOT NULL,
+    crc INTEGER
 );
-CREATE TABLE IF NOT EXISTS days (day TEXT PRIMARY KEY, seq INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS days (day TEXT PRIMARY KEY, seq INTEGER NOT NULL, crc INTEGER);
 CREATE TABLE IF NOT EXISTS releases (
     day TEXT NOT NULL, query_id TEXT NOT NULL, ord INTEGER NOT NULL, payload BLOB NOT NULL,
-    sent INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (day, query_id)
+    sent INTEGER NOT NULL DEFAULT 0, crc INTEGER, PRIMARY KEY (day, query_id)
 );
 CREATE TABLE IF NOT EXISTS positions (
-    partition TEXT PRIMARY KEY, resume_offset INTEGER NOT NULL, high_offset INTEGER NOT NULL
+    partition TEXT PRIMARY KEY, resume_offset INTEGER NOT NULL, high_offset INTEGER NOT NULL,
+    crc INTEGER
 );
 CREATE TABLE IF NOT EXISTS telemetry_ledger (
     seq INTEGER PRIMARY KEY AUTOINCREMENT, kind TEXT NOT NULL, rho REAL NOT NULL,
-    record BLOB NOT NULL
+    record BLOB NOT NULL, crc INTEGER
 );
 """
+
+#: the columns each row's ``crc`` covers, and the primary key (to backfill older states)
+_CRC_COLUMNS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "meta": (("key", "value"), ("key",)),
+    "budgets": (("user_id", "spent_units", "retired"), ("user_id",)),
+    "queries": (("seq", "query_id", "payload"), ("seq",)),
+    "days": (("day", "seq"), ("day",)),
+    "releases": (("day", "query_id", "ord", "payload", "sent"), ("day", "query_id")),
+    "positions": (("partition", "resume_offset", "high_offset"), ("partition",)),
+    "telemetry_ledger": (("seq", "kind", "rho", "record"), ("seq",)),
+}
+
+
+def _row_crc(*values: object) -> int:
+    """CRC-32 of a row's values, each type-tagged and length-prefixed (``repr`` for numbers and
+    text, raw bytes for blobs): one damaged byte, or a value of another type, changes it."""
+    crc = 0
+    for v in values:
+        data = v if isinstance(v, bytes) else repr(v).encode("utf-8", "surrogatepass")
+        head = (b"b" if isinstance(v, bytes) else b"r") + len(data).to_bytes(8, "little")
+        crc = zlib.crc32(data, zlib.crc32(head, crc))
+    return crc
+
+
+class _CorruptRowError(StoreError):
+    def __init__(self, path: Path, table: str) -> None:
+        super().__init__(
+            f"state store {path} is corrupt: a row of table {table} does not match its checksum; "
+            "refusing to use it — restore the newest intact copy of the state"
+        )
+
+
+def _checked(path: Path, table: str, row: tuple[object, ...]) -> tuple[object, ...]:
+    """``row`` = the covered values then ``crc``; returns the values if they match."""
+    *values, crc = row
+    if crc != _row_crc(*values):
+        raise _CorruptRowError(path, table)
+    return tuple(values)
 
 
 class SQLiteStateStore(StateStore):
@@ -267,9 +315,12 @@ class SQLiteStateStore(StateStore):
             self._db.execute("PRAGMA foreign_keys=ON")
             self._db.executescript(_SCHEMA)
             self._check_writable()
+            self._add_checksums()
+            state_id = uuid.uuid4().hex
             self._db.execute(
-                "INSERT INTO meta(key, value) VALUES('state_id', ?) ON CONFLICT(key) DO NOTHING",
-                (uuid.uuid4().hex,),
+                "INSERT INTO meta(key, value, crc) VALUES('state_id', ?, ?) "
+                "ON CONFLICT(key) DO NOTHING",
+                (state_id, _row_crc("state_id", state_id)),
             )
             self.state_id = str(self._meta("state_id"))
             self._check_mirror()
@@ -292,7 +343,8 @@ class SQLiteStateStore(StateStore):
     # -- fail closed at open ---------------------------------------------------------------
     def _check_integrity(self) -> None:
         """Refuse a damaged database (never fall back to an empty state)."""
-        problems = [str(r[0]) for r in self._db.execute("PRAGMA integrity_check(3)")]
+        rows = self._db.execute("PRAGMA integrity_check(3)")
+        problems = [" ".join(str(r[0]).split()) for r in rows]
         if problems != ["ok"]:
             raise StoreError(
                 f"state store {self.path} is corrupt (SQLite integrity check: "
@@ -314,6 +366,27 @@ class SQLiteStateStore(StateStore):
             ) from exc
         finally:
             db.execute("ROLLBACK")
+
+    def _add_checksums(self) -> None:
+        """A state written before rows carried a ``crc``: add the column, computed from the rows
+        as they are (checked by ``integrity_check`` just before)."""
+        missing = [
+            table
+            for table in _CRC_COLUMNS
+            if "crc" not in {r[1] for r in self._db.execute(f"PRAGMA table_info({table})")}
+        ]
+        if not missing:
+            return
+        with self._transaction() as db:
+            for table in missing:
+                columns, key = _CRC_COLUMNS[table]
+                db.execute(f"ALTER TABLE {table} ADD COLUMN crc INTEGER")
+                rows = db.execute(f"SELECT {', '.join(columns)} FROM {table}").fetchall()
+                where = " AND ".join(f"{k} = ?" for k in key)
+                db.executemany(
+                    f"UPDATE {table} SET crc = ? WHERE {where}",
+                    [(_row_crc(*r), *(r[columns.index(k)] for k in key)) for r in rows],
+                )
 
     # -- the sequence mirror outside the store ---------------------------------------------
     def _check_mirror(self) -> None:
@@ -393,11 +466,14 @@ class SQLiteStateStore(StateStore):
             ) from exc
 
     def _meta(self, key: str) -> str | None:
-        row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
-        return None if row is None else str(row[0])
+        row = self._db.execute("SELECT key, value, crc FROM meta WHERE key = ?", (key,)).fetchone()
+        return None if row is None else str(_checked(self.path, "meta", row)[1])
 
     # -- StateStore ----------------------------------------------------------------------
     def load(self) -> StoredState:
+        """Read the whole state, every row checked against its ``crc`` (``StoreError`` if one
+        does not match: a damaged state is never half-loaded)."""
+        path = self.path
         try:
             db = self._db
             state = StoredState(
@@ -405,69 +481,82 @@ class SQLiteStateStore(StateStore):
                 last_closed_day=self._meta("last_closed_day"),
                 seq=int(self._meta("seq") or 0),
             )
-            state.budgets = [
-                (u, int(s), bool(r))
-                for u, s, r in db.execute("SELECT user_id, spent_units, retired FROM budgets")
-            ]
-            state.queries = [
-                bytes(p) for (p,) in db.execute("SELECT payload FROM queries ORDER BY seq")
-            ]
-            state.positions = {
-                p: Position(int(r), int(h))
-                for p, r, h in db.execute(
-                    "SELECT partition, resume_offset, high_offset FROM positions"
-                )
-            }
-            state.releases = [
-                bytes(p) for (p,) in db.execute("SELECT payload FROM releases ORDER BY day, ord")
-            ]
+            rows = db.execute("SELECT user_id, spent_units, retired, crc FROM budgets")
+            budgets = (_checked(path, "budgets", row) for row in rows)
+            state.budgets = [(str(u), _int(s), bool(r)) for u, s, r in budgets]
+            rows = db.execute("SELECT seq, query_id, payload, crc FROM queries ORDER BY seq")
+            state.queries = [_blob(_checked(path, "queries", row)[2]) for row in rows]
+            rows = db.execute("SELECT partition, resume_offset, high_offset, crc FROM positions")
+            positions = (_checked(path, "positions", row) for row in rows)
+            state.positions = {str(p): Position(_int(r), _int(h)) for p, r, h in positions}
+            rows = db.execute(
+                "SELECT day, query_id, ord, payload, sent, crc FROM releases ORDER BY day, ord"
+            )
+            state.releases = [_blob(_checked(path, "releases", row)[3]) for row in rows]
+            for row in db.execute("SELECT day, seq, crc FROM days"):
+                _checked(path, "days", row)
             active_set = self._meta("active_set_state")
             state.active_set_state = None if active_set is None else active_set.encode()
             return state
         except sqlite3.Error as exc:
-            raise StoreError(f"cannot read state store {self.path}: {exc}") from exc
+            raise StoreError(
+                f"cannot read state store {path}: {_sqlite_error(exc)}; refusing to start"
+            ) from exc
 
     def set_config_fingerprint(self, fingerprint: str) -> None:
         with self._transaction() as db:
-            db.execute(
-                "INSERT INTO meta(key, value) VALUES('config_fingerprint', ?) "
-                "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
-                (fingerprint,),
-            )
+            self._set_meta(db, "config_fingerprint", fingerprint)
 
     def add_query(self, canonical_json: bytes) -> None:
         query_id = json.loads(canonical_json)["query_id"]
+        payload = bytes(canonical_json)
         with self._transaction() as db:
-            db.execute(
+            cur = db.execute(
                 "INSERT INTO queries(query_id, payload) VALUES(?, ?) ON CONFLICT(query_id) DO NOTHING",
-                (query_id, canonical_json),
+                (query_id, payload),
             )
+            if cur.rowcount == 1:
+                seq = cur.lastrowid
+                db.execute(
+                    "UPDATE queries SET crc = ? WHERE seq = ?",
+                    (_row_crc(seq, query_id, payload), seq),
+                )
 
     def commit_day(self, commit: DayCommit) -> int:
         """One transaction: 1. budgets, 2. releases (unsent), 3. positions, 4. day + sequence."""
         with self._transaction() as db:
             # 1. budget debits (exact integers)
             db.executemany(
-                "INSERT INTO budgets(user_id, spent_units, retired) VALUES(?, ?, ?) "
+                "INSERT INTO budgets(user_id, spent_units, retired, crc) VALUES(?, ?, ?, ?) "
                 "ON CONFLICT(user_id) DO UPDATE SET spent_units = excluded.spent_units, "
-                "retired = excluded.retired",
-                zip(
-                    commit.changed_users.tolist(),
-                    commit.spent_units.tolist(),
-                    commit.retired.astype(int).tolist(),
-                    strict=True,
+                "retired = excluded.retired, crc = excluded.crc",
+                (
+                    (u, s, r, _row_crc(u, s, r))
+                    for u, s, r in zip(
+                        commit.changed_users.tolist(),
+                        commit.spent_units.tolist(),
+                        commit.retired.astype(int).tolist(),
+                        strict=True,
+                    )
                 ),
             )
             # 2. releases, noise already drawn; the primary key refuses a second (day, query)
             db.executemany(
-                "INSERT INTO releases(day, query_id, ord, payload) VALUES(?, ?, ?, ?)",
-                [(commit.day, qid, i, payload) for i, (qid, payload) in enumerate(commit.releases)],
+                "INSERT INTO releases(day, query_id, ord, payload, sent, crc) "
+                "VALUES(?, ?, ?, ?, 0, ?)",
+                [
+                    (commit.day, qid, i, bytes(p), _row_crc(commit.day, qid, i, bytes(p), 0))
+                    for i, (qid, p) in enumerate(commit.releases)
+                ],
             )
             # 3. input positions
             self._write_positions(db, commit.positions)
             # 4. the day and the monotonic sequence
             seq = int(self._meta("seq") or 0) + 1
-            db.execute("INSERT INTO days(day, seq) VALUES(?, ?)", (commit.day, seq))
+            db.execute(
+                "INSERT INTO days(day, seq, crc) VALUES(?, ?, ?)",
+                (commit.day, seq, _row_crc(commit.day, seq)),
+            )
             for key, value in (("seq", str(seq)), ("last_closed_day", commit.day)):
                 self._set_meta(db, key, value)
             # 5. the opt-in active-set tracker (exact partial counts: stored, never published)
@@ -481,18 +570,19 @@ class SQLiteStateStore(StateStore):
     @staticmethod
     def _set_meta(db: sqlite3.Connection, key: str, value: str) -> None:
         db.execute(
-            "INSERT INTO meta(key, value) VALUES(?, ?) "
-            "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
-            (key, value),
+            "INSERT INTO meta(key, value, crc) VALUES(?, ?, ?) "
+            "ON CONFLICT(key) DO UPDATE SET value = excluded.value, crc = excluded.crc",
+            (key, value, _row_crc(key, value)),
         )
 
     @staticmethod
     def _write_positions(db: sqlite3.Connection, positions: dict[str, Position]) -> None:
+        rows = [(p, pos.resume_offset, pos.high_offset) for p, pos in positions.items()]
         db.executemany(
-            "INSERT INTO positions(partition, resume_offset, high_offset) VALUES(?, ?, ?) "
+            "INSERT INTO positions(partition, resume_offset, high_offset, crc) VALUES(?, ?, ?, ?) "
             "ON CONFLICT(partition) DO UPDATE SET resume_offset = excluded.resume_offset, "
-            "high_offset = excluded.high_offset",
-            [(p, pos.resume_offset, pos.high_offset) for p, pos in positions.items()],
+            "high_offset = excluded.high_offset, crc = excluded.crc",
+            [(*row, _row_crc(*row)) for row in rows],
         )
 
     def save_positions(self, positions: dict[str, Position]) -> None:
@@ -500,29 +590,47 @@ class SQLiteStateStore(StateStore):
             self._write_positions(db, positions)
 
     def unsent_releases(self) -> list[tuple[str, str, bytes]]:
+        """Checked against each row's ``crc`` right before they are published."""
         try:
             rows = self._db.execute(
-                "SELECT day, query_id, payload FROM releases WHERE sent = 0 ORDER BY day, ord"
+                "SELECT day, query_id, ord, payload, sent, crc FROM releases WHERE sent = 0 "
+                "ORDER BY day, ord"
             ).fetchall()
         except sqlite3.Error as exc:
-            raise StoreError(f"cannot read state store {self.path}: {exc}") from exc
-        return [(str(d), str(q), bytes(p)) for d, q, p in rows]
+            raise StoreError(f"cannot read state store {self.path}: {_sqlite_error(exc)}") from exc
+        checked = [_checked(self.path, "releases", row) for row in rows]
+        return [(str(d), str(q), _blob(p)) for d, q, _ord, p, _sent in checked]
 
     def mark_sent(self, keys: list[tuple[str, str]]) -> None:
         with self._transaction() as db:
-            db.executemany("UPDATE releases SET sent = 1 WHERE day = ? AND query_id = ?", keys)
+            for day, query_id in keys:
+                row = db.execute(
+                    "SELECT day, query_id, ord, payload, sent, crc FROM releases "
+                    "WHERE day = ? AND query_id = ?",
+                    (day, query_id),
+                ).fetchone()
+                if row is None:
+                    continue
+                _day, _qid, order, payload, _sent = _checked(self.path, "releases", row)
+                db.execute(
+                    "UPDATE releases SET sent = 1, crc = ? WHERE day = ? AND query_id = ?",
+                    (_row_crc(day, query_id, order, payload, 1), day, query_id),
+                )
 
     def spent_units(self, user_id: str) -> tuple[int, bool] | None:
         row = self._db.execute(
-            "SELECT spent_units, retired FROM budgets WHERE user_id = ?", (user_id,)
+            "SELECT user_id, spent_units, retired, crc FROM budgets WHERE user_id = ?", (user_id,)
         ).fetchone()
-        return None if row is None else (int(row[0]), bool(row[1]))
+        if row is None:
+            return None
+        _user, spent, retired = _checked(self.path, "budgets", row)
+        return _int(spent), bool(retired)
 
     def telemetry_ledger(self) -> list[TelemetryCharge]:
         try:
-            return _read_ledger(self._db)
+            return _read_ledger(self._db, self.path)
         except sqlite3.Error as exc:
-            raise StoreError(f"cannot read state store {self.path}: {exc}") from exc
+            raise StoreError(f"cannot read state store {self.path}: {_sqlite_error(exc)}") from exc
 
     def charge_telemetry(
         self, charge: TelemetryCharge, rho_total: float, *, active_set_state: bytes | None = None
@@ -540,7 +648,7 @@ class SQLiteStateStore(StateStore):
                     f"state's telemetry ledger was started with (state {self.path}); it cannot "
                     "change during a run"
                 )
-            charges = [c.rho for c in _read_ledger(db)]
+            charges = [c.rho for c in _read_ledger(db, self.path)]
             before = _balance(rho_total, charges)
             if sum(map(Fraction, charges), Fraction(charge.rho)) > Fraction(rho_total):
                 raise TelemetryBudgetError(
@@ -550,9 +658,11 @@ class SQLiteStateStore(StateStore):
                 )
             if pinned is None:
                 self._set_meta(db, "telemetry_rho_total", repr(float(rho_total)))
+            row = (charge.kind, float(charge.rho), bytes(charge.record))
+            cur = db.execute("INSERT INTO telemetry_ledger(kind, rho, record) VALUES(?, ?, ?)", row)
             db.execute(
-                "INSERT INTO telemetry_ledger(kind, rho, record) VALUES(?, ?, ?)",
-                (charge.kind, float(charge.rho), charge.record),
+                "UPDATE telemetry_ledger SET crc = ? WHERE seq = ?",
+                (_row_crc(cur.lastrowid, *row), cur.lastrowid),
             )
             if active_set_state is not None:
                 self._set_meta(db, "active_set_state", active_set_state.decode())
@@ -645,9 +755,22 @@ def _write_mirror(path: Path, mirror: _Mirror) -> None:
         os.close(dir_fd)
 
 
-def _read_ledger(db: sqlite3.Connection) -> list[TelemetryCharge]:
-    rows = db.execute("SELECT kind, rho, record FROM telemetry_ledger ORDER BY seq").fetchall()
-    return [TelemetryCharge(str(k), float(r), bytes(p)) for k, r, p in rows]
+def _int(value: object) -> int:
+    if type(value) is not int:
+        raise StoreError("the state store holds a value of the wrong type where an integer belongs")
+    return value
+
+
+def _blob(value: object) -> bytes:
+    if not isinstance(value, bytes):
+        raise StoreError("the state store holds a value of the wrong type where a blob belongs")
+    return value
+
+
+def _read_ledger(db: sqlite3.Connection, path: Path) -> list[TelemetryCharge]:
+    rows = db.execute("SELECT seq, kind, rho, record, crc FROM telemetry_ledger ORDER BY seq")
+    checked = [_checked(path, "telemetry_ledger", row) for row in rows]
+    return [TelemetryCharge(str(k), float(r), _blob(p)) for _s, k, r, p in checked]  # type: ignore[arg-type]
 
 
 class SQLiteStateReader:
