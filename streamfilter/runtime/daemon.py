@@ -291,16 +291,31 @@ class Daemon:
 
     def _close_ready(self) -> None:
         last_open = self._last_open_day()
+        quiet_since = self._input_quiet_since()
         day = self._first_open_day()
         target = None
-        # the latest day that may close; every earlier day then closes too (in order)
+        # the latest day that may close; every earlier day then closes too (in order). A day
+        # after the last day with events closes on the same schedule when the input was already
+        # quiet at its deadline (end + allowed_lateness): when releases leave must not depend on
+        # whether anyone sent data that day (DESIGN.md §6 item 7). A backfill that pauses never
+        # closes days it has not reached: their deadlines passed before the input went quiet.
         while (
-            day is not None and last_open is not None and day <= last_open and self._closable(day)
+            day is not None
+            and self._closable(day)
+            and (
+                (last_open is not None and day <= last_open)
+                or _day_end_utc(day) + self.allowed_lateness_s > quiet_since
+            )
         ):
             target = day
             day = _next_day(day)
         if target is not None:
             self._close_through(target)
+
+    def _input_quiet_since(self) -> float:
+        """Wall-clock time of the last input record (of the start when none was read yet)."""
+        last = max(self._last_seen.values(), default=self._started)
+        return self.wall_clock() - (self.monotonic() - last)
 
     def _close_through(self, last: str | None) -> None:
         if last is not None:
