@@ -335,8 +335,8 @@ class Settings(BaseSettings):
                 exhaustion=p.exhaustion,
                 mechanism=p.mechanism,
             )
-        except ValueError as exc:
-            raise ConfigError(f"[privacy]: {exc}") from None
+        except (ValueError, ArithmeticError) as exc:
+            raise ConfigError(f"[privacy]: {_without_values(str(exc))}") from None
 
     def kafka_topics(self) -> list[tuple[str, _TopicKeys]]:
         """(config key, section) of every section that names a Kafka topic."""
@@ -354,6 +354,14 @@ class Settings(BaseSettings):
             return self.rejects.path
         base = self.sink.path.parent if self.sink.path is not None else self.state.path.parent
         return base / "rejects.jsonl"
+
+
+def _without_values(message: str) -> str:
+    """The Python API's messages quote the offending number (``..., got granularity=0.3``,
+    ``b_norm=1e-08 is below ...``); a configuration error names the key and the rule only —
+    values are never echoed into logs (DESIGN.md §6 item 10)."""
+    text = re.sub(r",?\s*got\s+\w+\s*=\s*\S+?(?=[;,]|$)", "", message)
+    return re.sub(r"([\w/²]+)\s*=\s*[^\s,;:]+", r"\1", text)
 
 
 def _resolve_paths(data: dict[str, Any], base: Path) -> None:

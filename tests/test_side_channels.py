@@ -46,10 +46,13 @@ plus ``allowed_lateness``.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import io
 import json
 import logging
+import math
+import os
 import re
 import subprocess
 import sys
@@ -60,11 +63,14 @@ from types import SimpleNamespace
 import numpy as np
 import prometheus_client.metrics as prometheus_metrics
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import generate_latest
 
 import streamfilter.engine.day as day_module
 import streamfilter.runtime.daemon as daemon_module
+from streamfilter.engine.contract import Reject, parse_event, parse_query
 from streamfilter.engine.day import SeededPerRelease
 from streamfilter.engine.monitor import Engine
 from streamfilter.engine.params import PrivacyParams
@@ -592,3 +598,288 @@ def test_a_pausing_backfill_never_closes_days_it_has_not_read(tmp_path):
         assert rejects.payloads == []
     finally:
         store.close()
+
+
+# ------------------------------------------------------------------------ (d) error messages
+#
+# Property: a reject's reason and detail, and the CLI's error messages, name the field/key and
+# the rule that was broken, never the offending value. Every value the strategies below put into
+# an event, a query or a configuration carries a canary — a ``ZQX<n>Q`` marker in text, or a
+# distinctive 8+ digit number — and no message may contain one. Names are not values: feature
+# names, unknown field names and configuration keys may be named (they are the schema), so the
+# strategies keep them canary-free.
+
+_CANARY_RE = re.compile(r"ZQX\d+Q")
+
+
+@st.composite
+def canary_text(draw, long: bool = False) -> str:
+    tag = f"ZQX{draw(st.integers(0, 10**6))}Q"
+    noise = st.text(st.characters(blacklist_categories=("Cs",)), max_size=4)  # valid Unicode
+    return tag * (40 if long else 1) + draw(noise)
+
+
+canary_numbers = st.integers(10**7, 10**8 - 1)
+
+
+def _canary_values(obj: object) -> list[str]:
+    """Every canary in a generated value, as it could appear in a message."""
+    found: list[str] = []
+    if isinstance(obj, str):
+        found += _CANARY_RE.findall(obj)
+    elif isinstance(obj, bool):
+        pass
+    elif isinstance(obj, int):
+        found += [str(abs(obj))] if abs(obj) >= 10**7 else []
+    elif isinstance(obj, float):
+        found += [str(int(abs(obj)))] if math.isfinite(obj) and abs(obj) >= 10**7 else []
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            found += _canary_values(v)
+    elif isinstance(obj, list):
+        for v in obj:
+            found += _canary_values(v)
+    return found
+
+
+def _assert_quotes_none(message: str, values: object) -> None:
+    for canary in _canary_values(values):
+        assert canary not in message, (canary, message)
+    assert not _CANARY_RE.search(message), message
+
+
+def _bad_value(long_text: bool = True) -> st.SearchStrategy:
+    """A value of the wrong type, out of range or too long — each carrying a canary."""
+    return st.one_of(
+        canary_text(long=long_text),
+        canary_numbers,
+        canary_numbers.map(lambda n: n * 10**6),  # beyond |x| <= 1e12
+        canary_numbers.map(lambda n: n + 0.5),
+        canary_numbers.map(lambda n: -n),
+        st.lists(st.one_of(canary_text(), canary_numbers), min_size=1, max_size=2),
+        st.dictionaries(st.sampled_from(["k", "v"]), canary_text(), min_size=1, max_size=2),
+    )
+
+
+bad_days = st.one_of(
+    canary_text(),
+    canary_numbers,
+    canary_numbers.map(lambda n: f"{n % 9000 + 1000}-02-30ZQX{n}Q"),
+    canary_numbers.map(lambda n: f"ZQX{n}Q-01-01"),
+)
+
+
+@st.composite
+def bad_events(draw) -> dict:
+    """A valid event with one or two fields made bad (so every check of the parser is reached)."""
+    obj: dict = {"user_id": "u-1", "day": "2026-01-01", "values": {"active": 1.0, "plan": "pro"}}
+    for field in draw(st.lists(st.sampled_from(_EVENT_FAULTS), min_size=1, max_size=2)):
+        if field in ("user_id", "event_id"):
+            obj[field] = draw(_bad_value())
+        elif field == "day":
+            obj["day"] = draw(bad_days)
+        elif field == "values":
+            obj["values"] = draw(_bad_value())
+        elif field == "value" and isinstance(obj["values"], dict):
+            obj["values"][draw(st.sampled_from(["active", "plan", "minutes"]))] = draw(_bad_value())
+        elif field == "bogus":
+            obj["bogus"] = draw(_bad_value(long_text=False))
+        elif field == "oversized" and isinstance(obj["values"], dict):
+            obj["values"]["note"] = draw(canary_text(long=True)) * 100  # > 64 KiB
+    return obj
+
+
+_EVENT_FAULTS = ["user_id", "event_id", "day", "values", "value", "value", "bogus", "oversized"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(bad_events())
+def test_event_rejects_never_quote_the_offending_value(event_obj):
+    raw = json.dumps(event_obj).encode()
+    try:
+        parse_event(raw)
+    except Reject as rej:
+        _assert_quotes_none(f"{rej.reason} {rej.detail} {rej}", event_obj)
+    try:
+        parse_event(event_obj)
+    except Reject as rej:
+        _assert_quotes_none(f"{rej.reason} {rej.detail} {rej}", event_obj)
+
+
+_GOOD_QUERY = {
+    "query_id": "q1",
+    "kind": "linear",
+    "weights": {"active": [1.0, 0.0], "minutes": [0.0, 0.01]},
+    "labels": ["a", "b"],
+    "clip": 1.0,
+    "from_day": "2026-01-01",
+    "until_day": "2026-01-05",
+}
+_QUERY_BAD = {
+    "query_id": st.one_of(canary_text(), canary_text(long=True), _bad_value()),
+    "kind": _bad_value(long_text=False),
+    "clip": _bad_value(),
+    "from_day": bad_days,
+    "until_day": bad_days,
+    "features": st.one_of(
+        st.lists(canary_text(long=True), min_size=1, max_size=2),
+        canary_text().map(lambda c: [c, c]),  # duplicates
+        _bad_value(),
+    ),
+    "feature": st.one_of(canary_text(long=True), _bad_value()),
+    "categories": st.one_of(
+        st.lists(canary_text(long=True).map(lambda c: c * 2), min_size=1, max_size=2),
+        canary_text().map(lambda c: [c, c]),
+        _bad_value(),
+    ),
+    "weights": st.one_of(
+        st.dictionaries(
+            st.sampled_from(["active", "minutes"]),
+            st.lists(_bad_value(), min_size=1, max_size=2),
+            min_size=1,
+            max_size=2,
+        ),
+        _bad_value(),
+    ),
+    "labels": st.one_of(st.lists(canary_text(long=True), min_size=1, max_size=2), _bad_value()),
+    "bogus": _bad_value(),
+}
+
+
+@st.composite
+def bad_queries(draw) -> dict:
+    kind = draw(st.sampled_from(["sum", "histogram", "linear"]))
+    q = dict(_GOOD_QUERY, kind=kind)
+    if kind == "sum":
+        q.pop("weights"), q.pop("labels")
+        q["features"] = ["active"]
+    elif kind == "histogram":
+        q.pop("weights"), q.pop("labels")
+        q.update(feature="plan", categories=["free", "pro"])
+    for key in draw(st.sets(st.sampled_from(sorted(_QUERY_BAD)), min_size=1, max_size=3)):
+        q[key] = draw(_QUERY_BAD[key])
+    return q
+
+
+@settings(max_examples=300, deadline=None)
+@given(bad_queries())
+def test_query_rejects_never_quote_the_offending_value(query_obj):
+    for raw in (json.dumps(query_obj).encode(), query_obj):
+        try:
+            parse_query(raw)
+        except Reject as rej:
+            _assert_quotes_none(f"{rej.reason} {rej.detail} {rej}", query_obj)
+
+
+def _toml_value(value: object) -> str:
+    """A TOML inline value: basic strings (non-ASCII as escapes), numbers, arrays, tables."""
+    if isinstance(value, str):
+        chars = (
+            c if 0x20 <= ord(c) < 0x7F and c not in '"\\' else f"\\U{ord(c):08x}" for c in value
+        )
+        return '"' + "".join(chars) + '"'
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items()) + "}"
+    return repr(value)
+
+
+_CONFIG_BAD = {
+    ("privacy", "b_norm"): _bad_value(),
+    ("privacy", "rho"): _bad_value(),
+    ("privacy", "epsilon"): _bad_value(),
+    ("privacy", "delta"): _bad_value(),
+    ("privacy", "granularity"): st.one_of(_bad_value(), canary_numbers.map(lambda n: n + 0.5)),
+    ("privacy", "exhaustion"): _bad_value(),
+    ("privacy", "mechanism"): _bad_value(),
+    ("window", "allowed_lateness"): _bad_value(),
+    ("window", "idle_timeout"): _bad_value(),
+    ("source", "kind"): _bad_value(),
+    ("source", "topic"): _bad_value(long_text=False).filter(lambda v: not isinstance(v, str)),
+    ("queries", "kind"): _bad_value(),
+    ("queries", "policy"): _bad_value(long_text=False).filter(lambda v: not isinstance(v, str)),
+    ("sink", "kind"): _bad_value(),
+    ("kafka", "bootstrap_servers"): _bad_value().filter(lambda v: not isinstance(v, str)),
+    ("kafka", "sasl_plain_password"): _bad_value().filter(lambda v: not isinstance(v, str)),
+    ("kafka", "security_protocol"): _bad_value(),
+    ("metrics", "port"): _bad_value(),
+    ("metrics", "host"): _bad_value().filter(lambda v: not isinstance(v, str)),
+    ("testing", "noise_seed"): _bad_value().filter(lambda v: not isinstance(v, int)),
+    ("telemetry", "rho"): _bad_value(),
+    ("telemetry", "stats_rho"): _bad_value(),
+}
+
+
+@st.composite
+def bad_configs(draw) -> tuple[str, list[object]]:
+    sections: dict[str, dict[str, object]] = {"privacy": {"b_norm": 4.0, "rho": 0.5}}
+    used = []
+    for key in draw(st.sets(st.sampled_from(sorted(_CONFIG_BAD)), min_size=1, max_size=3)):
+        value = draw(_CONFIG_BAD[key])
+        sections.setdefault(key[0], {})[key[1]] = value
+        used.append(value)
+    text = "".join(
+        f"[{name}]\n" + "".join(f"{k} = {_toml_value(v)}\n" for k, v in body.items())
+        for name, body in sections.items()
+    )
+    return text, used
+
+
+@settings(
+    max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(bad_configs())
+def test_cli_config_errors_never_quote_the_offending_value(tmp_path, monkeypatch, config):
+    from streamfilter.cli import main
+
+    for key in list(os.environ):
+        if key.upper().startswith("STREAMFILTER_"):
+            monkeypatch.delenv(key)
+    text, values = config
+    path = tmp_path / "streamfilter.toml"
+    path.write_text(text)
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        code = main(["guarantee", "--config", str(path)])
+    if code == 0:
+        return  # every value happened to be acceptable
+    assert code == 2, err.getvalue()
+    _assert_quotes_none(err.getvalue(), values)
+
+
+# values that pass the schema and fail only the derived checks of [privacy] (the lattice, the
+# 64-bit budget, the calibration): the messages built from PrivacyParams' errors
+privacy_only = st.one_of(
+    canary_numbers.map(lambda n: {"granularity": n + 0.5}),  # not a power of two
+    canary_numbers.map(lambda n: {"b_norm": float(n) * 10**6}),  # overflows 64-bit budgets
+    canary_numbers.map(lambda n: {"b_norm": 1.0 / n, "granularity": 0.5}),  # below one unit
+    canary_numbers.map(lambda n: {"rho": None, "epsilon": float(n), "delta": 1e-300}),
+)
+
+
+@settings(
+    max_examples=50, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(privacy_only)
+def test_cli_privacy_errors_never_quote_the_offending_value(tmp_path, monkeypatch, bad):
+    from streamfilter.cli import main
+
+    for key in list(os.environ):
+        if key.upper().startswith("STREAMFILTER_"):
+            monkeypatch.delenv(key)
+    body = {k: v for k, v in {"b_norm": 4.0, "rho": 0.5, **bad}.items() if v is not None}
+    path = tmp_path / "streamfilter.toml"
+    path.write_text("[privacy]\n" + "".join(f"{k} = {v!r}\n" for k, v in body.items()))
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        code = main(["guarantee", "--config", str(path)])
+    if code == 0:
+        return
+    assert code == 2, err.getvalue()
+    assert "privacy" in err.getvalue()
+    for value in bad.values():
+        if isinstance(value, float):
+            texts = {repr(value), str(int(value))} if value >= 10**7 else {repr(value)}
+            for text in texts:
+                assert text not in err.getvalue(), (text, err.getvalue())
