@@ -607,7 +607,9 @@ def test_a_pausing_backfill_never_closes_days_it_has_not_read(tmp_path):
 # an event, a query or a configuration carries a canary — a ``ZQX<n>Q`` marker in text, or a
 # distinctive 8+ digit number — and no message may contain one. Names are not values: feature
 # names, unknown field names and configuration keys may be named (they are the schema), so the
-# strategies keep them canary-free.
+# strategies keep them canary-free. Also not covered, on purpose: a well-formed setting whose
+# *target* is missing or unreachable (a file path, a Kafka topic, a broker or listen address) is
+# named in its error, because the operator must know which one; those are locations, never data.
 
 _CANARY_RE = re.compile(r"ZQX\d+Q")
 
