@@ -1,17 +1,46 @@
-"""Day close: the vectorised engine next to a straightforward per-user Python filter.
+"""Day close: the vectorised engine next to a per-user Python filter and a numpy lower bound.
 
-Both run the same filter (clip → lattice rounding → exact integer cost → admission against the
-running budget → exact integer sum) on the same day: ``n`` users with events, 4 queries, d = 8
-in total (sum d=1, histogram d=3, linear d=2, sum d=2). The baseline is the loop a careful
-engineer would write first: one Python iteration per user and query.
+One day: ``n`` users with events (one event each: ``active``, ``minutes``, ``sessions`` and a
+``plan``), half of them already charged on earlier days (some close to exhausted), 4 queries,
+d = 8 in total (sum d=1, histogram d=3, linear d=2, sum d=2), exhaustion ``skip``.
+
+What is timed, each from the same :class:`DayRecords` and the same ledger state:
+
+``value`` — the engine: ``close_day`` (budget lookups, one matrix for all queries, clip → lattice
+rounding → exact integer cost → admission → exact integer sums, noise) plus the commit of the
+day into the ledger (``BudgetLedger.apply``). Median of ``runs`` runs, each on a fresh copy of the
+ledger taken outside the timer.
+
+``baseline_value`` — :func:`baseline_close`: the straightforward implementation, one Python
+iteration per user and query over dicts (records as ``{user: {coordinate: value}}``, budgets in
+a ``{user: spent}`` dict updated in place). Same filter: the run checks that it charges every
+user exactly what the engine charges. Median of ``baseline_runs`` runs (fewer: it is slow).
+
+``lower_bound_value`` — :func:`lower_bound`: what any implementation must at least do with these
+records, in numpy: gather the day's cells, as integers, into each query's dense
+(users × coordinates) matrix — 8 columns, the shape of the integer contribution matrix the
+engine sums — and sum it. No budgets, no clipping, no rounding.
+
+Also reported: ``records_s`` (building the ``DayRecords`` from the day's decoded columns,
+``DayRecords.from_columns``, not part of ``value``), ``peak_rss_mib`` (the process's peak
+resident memory during the engine runs, input columns included) and ``ledger_bytes_per_user``
+(the ledger's memory after the day, measured with ``tracemalloc`` on a copy, divided by the
+number of known users).
 """
 
 from __future__ import annotations
 
+import copy
+import gc
 import math
+import resource
 import statistics
 import time
+import tracemalloc
+from collections.abc import Callable
 from fractions import Fraction
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -19,6 +48,7 @@ from streamfilter.engine.contract import parse_query
 from streamfilter.engine.day import close_day
 from streamfilter.engine.ledger import BudgetLedger
 from streamfilter.engine.params import PrivacyParams
+from streamfilter.engine.queries import AnyQuery
 from streamfilter.engine.records import DayRecords
 from streamfilter.privacy.noise import SeededRandomBits
 
@@ -55,10 +85,12 @@ QUERIES = [
 ]
 PARAMS = PrivacyParams.create(b_norm=8.0, rho=0.5, granularity=2.0**-10)
 DAY = "2026-01-05"
+BASELINE = "per-user Python loop over dicts (benchmarks/bench_engine.py:baseline_close)"
+LOWER_BOUND = "numpy gather of the cells into the integer (users × 8) matrix + sum (lower_bound)"
 
 
-def make_day(n: int, seed: int = 0) -> DayRecords:
-    """Columns of one day: every user active, minutes, sessions and one plan."""
+def make_columns(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The day's decoded columns (what ``DayAccumulator`` collects): one event per user."""
     rng = np.random.default_rng(seed)
     users = np.array([f"u-{i}" for i in range(n)], dtype=object)
     plans = np.array(["plan=free", "plan=pro", "plan=team"], dtype=object)[rng.integers(0, 3, n)]
@@ -78,7 +110,12 @@ def make_day(n: int, seed: int = 0) -> DayRecords:
             np.ones(n),
         ]
     )
-    return DayRecords.from_columns(DAY, np.tile(users, 4), coords, values)
+    # the four values of a user come from one event: the same str object, like the accumulator
+    return np.tile(users, 4), coords, values
+
+
+def make_day(n: int, seed: int = 0) -> DayRecords:
+    return DayRecords.from_columns(DAY, *make_columns(n, seed))
 
 
 def ledger_with_history(records: DayRecords, seed: int = 1) -> BudgetLedger:
@@ -91,28 +128,39 @@ def ledger_with_history(records: DayRecords, seed: int = 1) -> BudgetLedger:
     return ledger
 
 
+def queries() -> list[AnyQuery]:
+    return [parse_query(q) for q in QUERIES]
+
+
 def engine_close(records: DayRecords, ledger: BudgetLedger) -> list[list[float]]:
-    queries = [parse_query(q) for q in QUERIES]
-    out = close_day(records, queries, ledger, PARAMS, SeededRandomBits(0))
+    """The engine's day close and commit (``Engine.prepare_day`` + ``commit_day`` minus I/O)."""
+    out = close_day(records, queries(), ledger, PARAMS, SeededRandomBits(0))
+    ledger.apply(out.changed_users, out.spent_units, out.retired)
     return [r.value for r in out.releases]
 
 
-def baseline_close(records: DayRecords, ledger: BudgetLedger) -> list[list[int]]:
-    """Per-user Python loop over dicts: the straightforward implementation."""
+def baseline_close(records: DayRecords, spent: dict[str, int]) -> list[list[int]]:
+    """The straightforward implementation: per-user Python loop over dicts.
+
+    Records become ``{user: {coordinate: value}}``; each query walks every user: the vector
+    ``Σ value·weight``, clip to ``C``, round to the lattice, keep ``‖r‖² ≤ floor(C²/γ²)``
+    exactly, admit iff ``spent + cost ≤ B`` and add. ``spent`` is updated in place. Returns the
+    exact integer sums (lattice units).
+    """
     gamma = PARAMS.granularity
     budget = PARAMS.budget_units
+    users = records.users.tolist()
+    names = records.coord_names.tolist()
     rows: dict[str, dict[str, float]] = {}
-    users = records.users
-    names = records.coord_names
     for u, c, v in zip(
         records.user_pos.tolist(), records.coord.tolist(), records.value.tolist(), strict=True
     ):
         rows.setdefault(users[u], {})[names[c]] = v
-    spent = {u: s for u, s, _ in ledger.items()}
     totals = []
-    for q in (parse_query(x) for x in QUERIES):
+    for q in queries():
         coords, w = q.coordinates(), q.weights().tolist()
         cap = math.floor(Fraction(q.clip) ** 2 / Fraction(gamma) ** 2)
+        radius = min(q.clip / gamma, math.sqrt(cap))
         d = len(w[0])
         total = [0] * d
         for user, rec in rows.items():
@@ -122,9 +170,11 @@ def baseline_close(records: DayRecords, ledger: BudgetLedger) -> list[list[int]]
                 if val:
                     for j in range(d):
                         x[j] += val * row[j]
-            norm = math.sqrt(sum(t * t for t in x)) / gamma
-            scale = min(1.0, (q.clip / gamma) / norm) if norm > 0 else 1.0
-            r = [round(t / gamma * scale) for t in x]
+            y = [t / gamma for t in x]
+            norm = math.sqrt(sum(t * t for t in y))
+            if norm > radius:
+                y = [t * (radius / norm) for t in y]
+            r = [round(t) for t in y]
             cost = sum(t * t for t in r)
             while cost > cap:  # keep ‖r‖² ≤ cap exactly
                 j = max(range(d), key=lambda k: abs(r[k]))
@@ -139,32 +189,175 @@ def baseline_close(records: DayRecords, ledger: BudgetLedger) -> list[list[int]]
     return totals
 
 
-def _median_seconds(fn, repeats: int) -> float:
+def lower_bound_inputs(records: DayRecords) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per query: each cell's column in the query's matrix (-1: not used) and integer value."""
+    units = np.rint(records.value / PARAMS.granularity).astype(np.int64)
+    out = []
+    for q in queries():
+        col_of = {c: j for j, c in enumerate(q.coordinates())}
+        lookup = np.array([col_of.get(c, -1) for c in records.coord_names.tolist()], np.int64)
+        out.append((lookup, units))
+    return out
+
+
+def lower_bound(records: DayRecords, inputs: list[tuple[np.ndarray, np.ndarray]]) -> list[Any]:
+    """Gather the cells into each query's dense integer matrix and sum it (numpy, nothing else)."""
+    totals = []
+    for lookup, units in inputs:
+        cols = lookup[records.coord]
+        keep = cols >= 0
+        m = np.zeros((records.n_users, int(lookup.max()) + 1), np.int64)
+        m[records.user_pos[keep], cols[keep]] = units[keep]
+        totals.append(m.sum(axis=0))
+    return totals
+
+
+# -- measurement helpers ------------------------------------------------------------------------
+
+
+def _timed(fn: Callable[[], object]) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def _median(
+    fn: Callable[[], object], runs: int, setup: Callable[[], object] | None = None
+) -> float:
     times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
+    for _ in range(runs):
+        if setup is not None:
+            setup()
+        gc.collect()
+        times.append(_timed(fn))
     return statistics.median(times)
 
 
-def run(quick: bool = False) -> list[dict[str, object]]:
-    n = 100_000 if quick else 1_000_000
-    repeats = 3 if quick else 5
-    records = make_day(n)
-    ledger = ledger_with_history(records)
-    engine_s = _median_seconds(lambda: engine_close(records, ledger), repeats)
-    baseline_s = _median_seconds(lambda: baseline_close(records, ledger), 1 if not quick else 2)
+def _status_kib(field: str) -> int | None:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+def _reset_peak_rss() -> bool:
+    """Reset the kernel's resident high-water mark (Linux ``clear_refs`` 5)."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
+def _peak_rss_mib() -> float:
+    hwm = _status_kib("VmHWM")
+    if hwm is None:  # not Linux: the process's lifetime peak
+        hwm = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return hwm / 1024
+
+
+def ledger_bytes(ledger: BudgetLedger) -> int:
+    """The ledger's memory, measured: what ``tracemalloc`` sees allocated by a deep copy."""
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        clone = copy.deepcopy(ledger)
+        used = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    del clone
+    return used
+
+
+def _baseline(records: DayRecords, before: BudgetLedger, runs: int) -> tuple[float, dict[str, int]]:
+    """Median time of :func:`baseline_close`, each run on a fresh ``{user: spent}`` dict."""
+    spent_before = {u: s for u, s, _ in before.items()}
+    spent: dict[str, int] = {}
+
+    def fresh_dict() -> None:
+        spent.clear()
+        spent.update(spent_before)
+
+    return _median(lambda: baseline_close(records, spent), runs, fresh_dict), spent
+
+
+def _name(n: int) -> str:
+    return f"{n // 1_000_000}m" if n >= 1_000_000 else f"{n // 1000}k"
+
+
+def bench_day_close(n: int, runs: int = 5, baseline_runs: int = 3) -> dict[str, object]:
+    columns = make_columns(n)
+    records_s = _median(lambda: DayRecords.from_columns(DAY, *columns), min(runs, 3))
+    records = DayRecords.from_columns(DAY, *columns)
+    before = ledger_with_history(records)
+    state: dict[str, BudgetLedger] = {}
+
+    def fresh_ledger() -> None:
+        state["ledger"] = copy.deepcopy(before)
+
+    # engine: close + commit, each run on a fresh copy of the ledger
+    rss_before = (_status_kib("VmRSS") or 0) / 1024
+    peak_reset = _reset_peak_rss()
+    value = _median(lambda: engine_close(records, state["ledger"]), runs, fresh_ledger)
+    peak_rss = _peak_rss_mib()
+    fresh_ledger()
+    t0 = time.perf_counter()
+    out = close_day(records, queries(), state["ledger"], PARAMS, SeededRandomBits(0))
+    close_s = time.perf_counter() - t0
+    commit_s = _timed(
+        lambda: state["ledger"].apply(out.changed_users, out.spent_units, out.retired)
+    )
+    after = state.pop("ledger")
+    per_user = ledger_bytes(after) / len(after)
+
+    inputs = lower_bound_inputs(records)
+    lower = _median(lambda: lower_bound(records, inputs), runs)
+
+    # baseline last (it builds millions of Python objects); same filter: same charges
+    baseline, baseline_spent = _baseline(records, before, baseline_runs)
+    engine_spent, _ = after.state(records.users)
+    if baseline_spent != {u: int(s) for u, s in zip(records.users, engine_spent, strict=True) if s}:
+        raise AssertionError("the baseline and the engine charged users differently")
+    del baseline_spent
+
+    return {
+        "name": f"engine_day_close_{_name(n)}",
+        "value": round(value, 4),
+        "unit": "s",
+        "baseline": BASELINE,
+        "baseline_value": round(baseline, 3),
+        "ratio": round(baseline / value, 1),
+        "runs": runs,
+        "baseline_runs": baseline_runs,
+        "lower_bound": LOWER_BOUND,
+        "lower_bound_value": round(lower, 4),
+        "lower_bound_ratio": round(value / lower, 2),
+        "close_s": round(close_s, 4),
+        "commit_s": round(commit_s, 4),
+        "records_s": round(records_s, 3),
+        "peak_rss_mib": round(peak_rss, 1),
+        "rss_before_engine_mib": round(rss_before, 1),
+        "peak_rss_scope": "engine runs" if peak_reset else "process lifetime",
+        "ledger_bytes_per_user": round(per_user, 1),
+        "known_users_after": len(after),
+        "detail": (
+            f"{n} users with events, 4 queries, d=8; value: close_day + ledger commit, median of "
+            f"{runs}; baseline median of {baseline_runs}; lower_bound_ratio = value / lower bound"
+        ),
+    }
+
+
+def run(quick: bool = False, runs: int = 5) -> list[dict[str, object]]:
+    """Result entries: ``engine_day_close_100k`` (quick) or ``_1m`` and ``_10m`` (full)."""
+    if quick:
+        return [bench_day_close(100_000, runs=runs, baseline_runs=3)]
     return [
-        {
-            "name": f"engine_day_close_{'100k' if quick else '1m'}",
-            "value": round(engine_s, 4),
-            "unit": "s",
-            "baseline": "per-user Python loop (benchmarks/bench_engine.py:baseline_close)",
-            "baseline_value": round(baseline_s, 4),
-            "ratio": round(baseline_s / engine_s, 2),
-            "detail": f"{n} users with events, 4 queries, d=8; median of {repeats} engine runs",
-        }
+        bench_day_close(1_000_000, runs=runs, baseline_runs=3),
+        bench_day_close(10_000_000, runs=runs, baseline_runs=1),
     ]
 
 
@@ -172,4 +365,6 @@ if __name__ == "__main__":
     import json
     import sys
 
-    print(json.dumps(run(quick="--quick" in sys.argv), indent=2))
+    sizes = [int(a) for a in sys.argv[1:] if a.isdigit()]
+    results = [bench_day_close(n) for n in sizes] if sizes else run(quick="--quick" in sys.argv)
+    print(json.dumps(results, indent=2))

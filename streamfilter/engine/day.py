@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from streamfilter.engine.contract import Release
-from streamfilter.engine.ledger import BudgetLedger
+from streamfilter.engine.ledger import BudgetLedger, KeyedUsers
 from streamfilter.engine.params import PrivacyParams
 from streamfilter.engine.queries import AnyQuery
 from streamfilter.engine.records import DayRecords
@@ -113,6 +113,36 @@ def noisy_release(
     )
 
 
+#: multiply-adds per matrix product: OpenBLAS runs products of at most 2^18 on one thread; its
+#: worker threads otherwise spin and stall when the machine is busy
+_MATMUL_MADDS = 1 << 18
+
+
+def _query_vectors(dense: np.ndarray, cols: list[int], weights: np.ndarray) -> np.ndarray:
+    """Each user's unclipped vector ``record[coordinates] @ weights`` (data units, (n, d)).
+
+    ``dense`` and the result are column-major (``order="F"``). Identity weights (``sum``,
+    ``histogram``) select the columns without a product: the same numbers as ``@ eye`` (up to
+    the sign of a zero, which rounds to the same lattice point). Otherwise the product is taken
+    on row-major blocks of rows, each the same BLAS call on the same numbers as one ``@`` over
+    all rows (each output is one dot product whatever the block): bit-identical results.
+    """
+    if cols == list(range(cols[0], cols[0] + len(cols))):
+        sub = dense[:, cols[0] : cols[0] + len(cols)]  # a view
+    else:
+        sub = dense[:, cols]
+    k, d = weights.shape
+    if k == d and np.array_equal(weights, np.eye(d)):
+        return sub
+    n = sub.shape[0]
+    step = max(_MATMUL_MADDS // (k * d), 4096)
+    out = np.empty((n, d), dtype=np.float64, order="F")
+    for start in range(0, n, step):
+        block = np.ascontiguousarray(sub[start : start + step])
+        out[start : start + step] = block @ weights
+    return out
+
+
 def close_day(
     records: DayRecords,
     queries: Sequence[AnyQuery],
@@ -127,23 +157,29 @@ def close_day(
     and its ``_active_set`` release follows the queries' releases (``engine.telemetry``).
     """
     users = records.users
-    spent, retired = ledger.state(users)
+    keys = ledger.keys_of(users, records.keys)
+    located = ledger.locate(users, keys)
+    spent, retired = ledger.state_at(located)
     spent_before, retired_before = spent.copy(), retired.copy()
     lattice = params.lattice
     budget = params.budget_units
     releases: list[Release] = []
     admitted_counts: dict[str, int] = {}
     refused_counts: dict[str, int] = {}
+    # one dense matrix for the coordinates of all the day's queries, built once
+    columns = list(dict.fromkeys(c for q in queries for c in q.coordinates()))
+    column_of = {c: j for j, c in enumerate(columns)}
+    dense = records.matrix(columns, order="F")
     for query in queries:
-        x = records.matrix(query.coordinates()) @ query.weights()
+        x = _query_vectors(dense, [column_of[c] for c in query.coordinates()], query.weights())
         step = filter_contributions(
             x, query.clip, lattice, spent, retired, budget, params.exhaustion
         )
         total = step.units.sum(axis=0, dtype=np.int64)
-        spent = spent + step.cost_units
-        retired = retired | step.newly_retired
+        spent += step.cost_units  # the filter returned; spent_before is a copy
+        retired |= step.newly_retired
         releases.append(noisy_release(records.day, query, total, params, bits))
-        nonzero = np.abs(x).sum(axis=1) > 0
+        nonzero = (x != 0).any(axis=1)
         admitted_counts[query.query_id] = int((step.admitted & nonzero).sum())
         refused_counts[query.query_id] = int((~step.admitted & nonzero).sum())
     tracker = None
@@ -153,11 +189,15 @@ def close_day(
             records.day, spent_before, retired_before, spent, retired, budget, noise
         )
         releases.extend([extra] if extra is not None else [])
-    changed = (spent != spent_before) | (retired != retired_before)
+    changed = np.flatnonzero((spent != spent_before) | (retired != retired_before))
     return DayOutcome(
         day=records.day,
         releases=releases,
-        changed_users=users[changed],
+        changed_users=KeyedUsers.wrap(
+            users[changed],
+            keys.take(changed),
+            located.take(changed),
+        ),
         spent_units=spent[changed],
         retired=retired[changed],
         exact_stats=ExactDayStats(

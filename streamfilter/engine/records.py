@@ -4,18 +4,28 @@ A user's record for a day is a sparse vector over *coordinates*: a numeric featu
 user's values of ``f`` that day; a categorical value ``v`` of feature ``f`` adds 1 to coordinate
 ``f=v`` (DESIGN.md §2 "Record"). A repeated ``event_id`` for the same user and day counts once.
 
-Determinism: users are ordered by ``user_id`` and each (user, coordinate) group is summed in
-sorted value order, so the record — and therefore every release under a test seed — does not
-depend on the order in which events arrived.
+Determinism: users are ordered by their 64-bit id hash (the ledger's order, so budget lookups
+are one monotone walk; distinct ids with equal hashes ordered by id) and each (user, coordinate)
+group is summed in ascending value order. Every per-user computation of the day close is
+row-wise and every sum is an exact integer sum, so the releases under a test seed do not depend
+on the order in which events arrived, nor on the hash key.
+
+Building the records is vectorised: one hash per cell (C-level ``map``), exact coordinate codes
+(C-level ``dict.setdefault``) and sorts of packed int64 keys — no Python bytecode per event.
+Grouping by hash is exact: cells of a group that are not the very same ``str`` object are
+compared by value, and a day whose distinct ids share a hash is ordered by (hash, id).
 """
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 
 from streamfilter.engine.contract import Event
+from streamfilter.engine.ledger import Hasher, UserKeys, encode_ids, object_ids, python_hash
 
 __all__ = ["DayAccumulator", "DayRecords"]
 
@@ -70,9 +80,11 @@ class DayAccumulator:
 class DayRecords:
     """Sparse (users × coordinates) day records, canonical order, duplicates summed.
 
-    ``users``: sorted unique user ids (object array); ``user_pos``/``coord``/``value``: one entry
-    per non-empty (user, coordinate) cell, sorted by (user, coordinate); ``coord_names`` indexes
-    ``coord``.
+    ``users``: the day's distinct user ids (object array) in canonical order — ascending hash
+    (``keys.hashes``, the ledger's order), equal hashes by id; ``user_pos``/``coord``/``value``:
+    one entry per non-empty (user, coordinate) cell, sorted by (user, coordinate);
+    ``coord_names``: sorted coordinate names, indexed by ``coord``; ``keys``: the users' hashes
+    and UTF-8 ids for the ledger (:class:`~streamfilter.engine.ledger.UserKeys`).
     """
 
     day: str
@@ -81,12 +93,26 @@ class DayRecords:
     coord: np.ndarray
     value: np.ndarray
     coord_names: np.ndarray
+    keys: UserKeys | None = None
+
+    @property
+    def user_hash(self) -> np.ndarray:
+        keys = self.keys if self.keys is not None else UserKeys.of(self.users, python_hash)
+        return keys.hashes
 
     @classmethod
     def from_columns(
-        cls, day: str, users: np.ndarray, coords: np.ndarray, values: np.ndarray
+        cls,
+        day: str,
+        users: np.ndarray,
+        coords: np.ndarray,
+        values: np.ndarray,
+        hasher: Hasher = python_hash,
     ) -> DayRecords:
-        if len(users) == 0:
+        users = np.asarray(users, dtype=object).reshape(-1)
+        values = np.asarray(values, dtype=np.float64).reshape(-1)
+        n = len(users)
+        if n == 0:
             empty_i = np.zeros(0, np.int64)
             return cls(
                 day,
@@ -95,36 +121,156 @@ class DayRecords:
                 empty_i,
                 np.zeros(0),
                 np.array([], dtype=object),
+                UserKeys.of([], hasher),
             )
-        uniq_users, user_pos = np.unique(users, return_inverse=True)
-        coord_names, coord = np.unique(coords, return_inverse=True)
-        order = np.lexsort((values, coord, user_pos))
-        user_pos, coord, values = user_pos[order], coord[order], values[order]
-        key = user_pos.astype(np.int64) * len(coord_names) + coord
-        starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
-        summed = np.add.reduceat(values, starts)
-        return cls(
-            day,
-            uniq_users,
-            user_pos[starts].astype(np.int64),
-            coord[starts].astype(np.int64),
-            summed,
-            coord_names,
-        )
+        coord, coord_names = _coordinate_codes(coords)
+        h = np.asarray(hasher(users), dtype=np.int64)
+        order = _sort_order(h)
+        hs = h[order]
+        user_start = np.r_[True, hs[1:] != hs[:-1]]
+        user_start = _split_collisions(users, order, hs, user_start)
+        if user_start is None:  # ids collided inside the day: canonical order (hash, id)
+            order = _order_by_hash_then_id(users, h)
+            hs = h[order]
+            user_start = np.r_[True, (hs[1:] != hs[:-1]) | (users[order[1:]] != users[order[:-1]])]
+        user_pos = np.cumsum(user_start) - 1
+        first = order[user_start]  # each user's first cell, canonical order
+        users_out, keys = _users_and_keys(users, first, hs[user_start], hasher)
+        # cells by (user, coordinate, value): user order is there, sort coordinates within users
+        k = len(coord_names)
+        key = user_pos * k + coord[order]
+        within = _sort_order(key)
+        order, key = order[within], key[within]
+        same = key[1:] == key[:-1]
+        if same.any():  # repeated (user, coordinate): sum them in ascending value order
+            order = _values_ascending_within_runs(order, key, same, values)
+        starts = np.flatnonzero(np.r_[True, ~same])
+        summed = np.add.reduceat(values[order], starts)
+        cell_key = key[starts]
+        return cls(day, users_out, cell_key // k, cell_key % k, summed, coord_names, keys)
 
     @property
     def n_users(self) -> int:
         return len(self.users)
 
-    def matrix(self, coordinates: list[str]) -> np.ndarray:
-        """Dense (n_users × k) float64 matrix of the requested coordinates (0 where absent)."""
-        out = np.zeros((self.n_users, len(coordinates)), dtype=np.float64)
+    def matrix(self, coordinates: list[str], order: Literal["C", "F"] = "C") -> np.ndarray:
+        """Dense (n_users × k) float64 matrix of the requested coordinates (0 where absent).
+
+        ``order="F"`` lays it out column by column: per-user reductions over a few columns
+        are then elementwise operations between columns (much faster in numpy).
+        """
+        if order not in ("C", "F"):
+            raise ValueError("order must be 'C' or 'F'")
+        out = np.zeros((self.n_users, len(coordinates)), dtype=np.float64, order=order)
         if self.n_users == 0 or not coordinates:
             return out
+        k = len(coordinates)
         col_of = {name: j for j, name in enumerate(coordinates)}
         lookup = np.array([col_of.get(name, -1) for name in self.coord_names], dtype=np.int64)
+        if (lookup < 0).all():
+            return out
         cols = lookup[self.coord]
-        keep = cols >= 0
+        value = self.value
+        flat = self.user_pos * k + cols if order == "C" else cols * self.n_users + self.user_pos
+        if (lookup < 0).any():
+            keep = np.flatnonzero(cols >= 0)
+            flat, value = flat[keep], value[keep]
         # each (user, coordinate) cell is unique after from_columns, so plain assignment is exact
-        out[self.user_pos[keep], cols[keep]] = self.value[keep]
+        out.reshape(-1, order="A")[flat] = value
         return out
+
+
+def _coordinate_codes(coords: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Exact code of each cell's coordinate name (index into the sorted distinct names)."""
+    items = coords.tolist() if isinstance(coords, np.ndarray) else list(coords)
+    first_cell: dict[str, int] = {}
+    # one dict lookup per cell in C: each name maps to the index of its first cell
+    code = np.fromiter(
+        map(first_cell.setdefault, items, itertools.count()), dtype=np.int64, count=len(items)
+    )
+    names = list(first_cell)
+    firsts = np.fromiter(first_cell.values(), dtype=np.int64, count=len(names))  # increasing
+    by_name = sorted(range(len(names)), key=names.__getitem__)
+    rank = np.empty(len(names), np.int64)
+    rank[by_name] = np.arange(len(names))
+    coord_names = np.empty(len(names), dtype=object)
+    coord_names[:] = [names[i] for i in by_name]
+    return rank[np.searchsorted(firsts, code)], coord_names
+
+
+def _sort_order(key: np.ndarray) -> np.ndarray:
+    """Stable argsort of an int64 key.
+
+    Packs ``key``'s high bits and the position into one int64 and sorts values (much faster
+    than an argsort); keys whose high bits tie are fixed up by a stable argsort.
+    """
+    n = len(key)
+    bits = max(1, (n - 1).bit_length())
+    if bits > 40:
+        return np.argsort(key, kind="stable")
+    packed = (key >> bits) << bits
+    packed |= np.arange(n, dtype=np.int64)
+    packed.sort()
+    order = packed & ((1 << bits) - 1)
+    ks = key[order]
+    if len(ks) > 1 and not (ks[1:] >= ks[:-1]).all():
+        order = order[np.argsort(ks, kind="stable")]
+    return order
+
+
+def _users_and_keys(
+    users: np.ndarray, first: np.ndarray, hashes: np.ndarray, hasher: Hasher
+) -> tuple[np.ndarray, UserKeys]:
+    """The distinct ids in canonical order and their keys.
+
+    The ``str`` objects are read in arrival order (the order they sit in memory), not in hash
+    order: the ids are encoded in that order and only the pointers are scattered.
+    """
+    arrival = _sort_order(first)  # canonical positions by first cell
+    in_arrival = users[first[arrival]]
+    buffer, starts_a, lengths_a = encode_ids(in_arrival)
+    out = np.empty(len(first), dtype=object)
+    out[arrival] = in_arrival
+    starts = np.empty(len(first), np.int64)
+    lengths = np.empty(len(first), np.int64)
+    starts[arrival] = starts_a
+    lengths[arrival] = lengths_a
+    return out, UserKeys(hasher, hashes, buffer, starts, lengths)
+
+
+def _split_collisions(
+    users: np.ndarray, order: np.ndarray, hs: np.ndarray, user_start: np.ndarray
+) -> np.ndarray | None:
+    """``user_start`` if every hash group holds one id, else None (ids collided)."""
+    gid = np.cumsum(user_start) - 1
+    ptr = object_ids(users)[order]
+    group_first = np.flatnonzero(user_start)[gid]
+    other = np.flatnonzero(ptr != ptr[group_first])  # not the group's first str object
+    if len(other) == 0:
+        return user_start
+    equal = users[order[other]] == users[order[group_first[other]]]
+    return user_start if bool(np.all(equal)) else None
+
+
+def _order_by_hash_then_id(users: np.ndarray, h: np.ndarray) -> np.ndarray:
+    """Stable order by (hash, id) — only when distinct ids of the day share a hash (rare)."""
+    order = np.argsort(h, kind="stable")
+    hs = h[order]
+    brk = np.flatnonzero(np.r_[True, hs[1:] != hs[:-1], True])
+    for s, e in zip(brk[:-1].tolist(), brk[1:].tolist(), strict=True):
+        if e - s > 1:
+            run = order[s:e]
+            order[s:e] = run[sorted(range(e - s), key=lambda j: users[run[j]])]
+    return order
+
+
+def _values_ascending_within_runs(
+    order: np.ndarray, key: np.ndarray, same: np.ndarray, values: np.ndarray
+) -> np.ndarray:
+    """Re-order the cells of each run of equal ``key`` by ascending value (stable)."""
+    in_run = np.r_[same, False] | np.r_[False, same]
+    idx = np.flatnonzero(in_run)
+    sub = np.lexsort((values[order[idx]], key[idx]))
+    order = order.copy()
+    order[idx] = order[idx[sub]]
+    return order

@@ -76,8 +76,7 @@ def filter_contributions(
     (check, then commit).
     """
     n = x.shape[0]
-    cap = np.full(n, lattice.max_cost_units(clip), dtype=np.int64)
-    units, cost = round_to_lattice(x, clip, lattice.granularity, cap)
+    units, cost = round_to_lattice(x, clip, lattice.granularity, lattice.max_cost_units(clip))
     remaining = budget_units - np.asarray(spent_units, dtype=np.int64)
     if (remaining < 0).any():
         raise ValueError("spent_units exceeds the budget: the ledger is corrupt")
@@ -96,6 +95,6 @@ def filter_contributions(
         admitted = fits & ~retired
         if policy is Exhaustion.RETIRE:
             newly_retired = ~fits & ~retired
-    units[~admitted] = 0
-    cost = np.where(admitted, cost, 0)
+    units *= admitted[:, None]  # refused rows add nothing ...
+    cost *= admitted  # ... and are charged nothing
     return FilterStep(units=units, cost_units=cost, admitted=admitted, newly_retired=newly_retired)

@@ -135,14 +135,14 @@ def cost_units(r: np.ndarray) -> np.ndarray:
 
 
 def round_to_lattice(
-    x: np.ndarray, clip: float, granularity: float, cap_units: np.ndarray
+    x: np.ndarray, clip: float, granularity: float, cap_units: np.ndarray | int
 ) -> tuple[np.ndarray, np.ndarray]:
     """Clip each row of ``x`` and round it to integer lattice units with ``‖r‖² ≤ cap_units``.
 
     ``x``: (n, d) float64 in data units. ``cap_units``: (n,) int64 per-row integer cost cap (the
-    query's ``floor(C²/γ²)``, or a smaller remaining budget for exhaustion policy ``clip``).
-    The clip radius of row i is ``min(C, γ·sqrt(cap_i))``. Returns ``(r, cost)`` with ``r`` int64
-    (n, d) and ``cost = ‖r‖²`` int64 (n,), exactly.
+    query's ``floor(C²/γ²)``, or a smaller remaining budget for exhaustion policy ``clip``), or
+    one integer for every row. The clip radius of row i is ``min(C, γ·sqrt(cap_i))``. Returns
+    ``(r, cost)`` with ``r`` int64 (n, d) and ``cost = ‖r‖²`` int64 (n,), exactly.
     """
     x = np.asarray(x, dtype=np.float64)
     if x.ndim != 2:
@@ -155,23 +155,24 @@ def round_to_lattice(
     y = x / granularity
     radius = np.minimum(clip / granularity, np.sqrt(cap_units.astype(np.float64)))
     norm = np.sqrt(np.einsum("ij,ij->i", y, y))
-    with np.errstate(divide="ignore", invalid="ignore"):
-        scale = np.where(norm > radius, radius / norm, 1.0)
-    y = y * scale[:, None]
+    clipped = norm > radius
+    if clipped.any():  # rows beyond the radius scale by radius/norm (norm > radius ≥ 0)
+        y *= np.divide(radius, norm, out=np.ones_like(norm), where=clipped)[:, None]
     r = np.rint(y).astype(np.int64)
     cost = cost_units(r)
     over = cost > cap_units
     if over.any():
         # ‖rint(z)‖ ≤ ‖z‖ + ½·sqrt(d): shrinking the radius by ½·sqrt(d) makes rounding fit
         d = y.shape[1]
+        caps = np.broadcast_to(cap_units, (n,))
         yo = y[over]
-        shrunk = np.maximum(radius[over] - 0.5 * np.sqrt(d), 0.0)
+        shrunk = np.maximum(np.broadcast_to(radius, (n,))[over] - 0.5 * np.sqrt(d), 0.0)
         norm_o = np.sqrt(np.einsum("ij,ij->i", yo, yo))
         with np.errstate(divide="ignore", invalid="ignore"):
             factor = np.where(norm_o > shrunk, shrunk / norm_o, 1.0)
         r[over] = np.rint(yo * factor[:, None]).astype(np.int64)
         cost[over] = cost_units(r[over])
-        _enforce_cost_cap(r, cost, cap_units)
+        _enforce_cost_cap(r, cost, caps)
     return r, cost
 
 

@@ -21,8 +21,8 @@ def test_numbers_summed_categories_counted_event_id_once():
     assert acc.add(ev("b", {"plan": "free"}, "e1"))  # same event_id, other user: counts
     rec = acc.finish()
     m = rec.matrix(["minutes", "plan=pro", "plan=free", "absent"])
-    assert rec.users.tolist() == ["a", "b"]
-    assert m.tolist() == [[12.5, 2.0, 0.0, 0.0], [0.0, 0.0, 1.0, 0.0]]
+    rows = dict(zip(rec.users.tolist(), m.tolist(), strict=True))  # users are in hash order
+    assert rows == {"a": [12.5, 2.0, 0.0, 0.0], "b": [0.0, 0.0, 1.0, 0.0]}
     assert acc.duplicates == 1
 
 
