@@ -140,7 +140,7 @@ def contribution(units, day="2026-01-01", query_id="plans", nonce=NONCE) -> byte
         (b"\xff\xfe", "malformed_json"),
         (
             b'{"day": "2026-01-01", "query_id": "plans", "units": [NaN], "nonce": "x"}',
-            "invalid_units",
+            "invalid_number",
         ),
     ],
 )

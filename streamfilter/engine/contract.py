@@ -122,13 +122,14 @@ def _check_id(value: Any, field: str, reason: str) -> str:
     return value
 
 
-def parse_event(raw: bytes | str | dict[str, Any]) -> Event:
-    """Validate one event (a JSON line, or an already-decoded dict); raise ``Reject``."""
+def load_object(raw: bytes | str | dict[str, Any], what: str, max_bytes: int | None = None) -> Any:
+    """One JSON record of the contract → its object, or ``Reject`` (``oversized``,
+    ``malformed_json``, ``invalid_number`` for NaN/Infinity, ``not_an_object``)."""
     if isinstance(raw, dict):
         obj: Any = raw
     else:
-        if len(raw) > MAX_EVENT_BYTES:
-            raise Reject("oversized", f"event exceeds {MAX_EVENT_BYTES} bytes")
+        if max_bytes is not None and len(raw) > max_bytes:
+            raise Reject("oversized", f"{what} exceeds {max_bytes} bytes")
         try:
             obj = json.loads(raw, parse_constant=_refuse_constant)
         except Reject:
@@ -136,7 +137,14 @@ def parse_event(raw: bytes | str | dict[str, Any]) -> Event:
         except (ValueError, UnicodeDecodeError, RecursionError):
             raise Reject("malformed_json", "not valid UTF-8 JSON") from None
     if not isinstance(obj, dict):
-        raise Reject("not_an_object", "an event must be a JSON object")
+        article = "an" if what[0] in "aeiou" else "a"
+        raise Reject("not_an_object", f"{article} {what} must be a JSON object")
+    return obj
+
+
+def parse_event(raw: bytes | str | dict[str, Any]) -> Event:
+    """Validate one event (a JSON line, or an already-decoded dict); raise ``Reject``."""
+    obj = load_object(raw, "event", MAX_EVENT_BYTES)
     extra = obj.keys() - _EVENT_KEYS
     if extra:
         raise Reject("unknown_field", "unknown field(s): " + ", ".join(sorted(map(str, extra))[:5]))
@@ -343,17 +351,7 @@ _QUERY_ADAPTER: TypeAdapter[SumQuery | HistogramQuery | LinearQuery] = TypeAdapt
 
 def parse_query(raw: bytes | str | dict[str, Any]) -> SumQuery | HistogramQuery | LinearQuery:
     """Validate one query; raise ``Reject`` with reason ``unknown_query_kind`` or ``invalid_query``."""
-    if isinstance(raw, dict):
-        obj: Any = raw
-    else:
-        try:
-            obj = json.loads(raw, parse_constant=_refuse_constant)
-        except Reject:
-            raise
-        except (ValueError, UnicodeDecodeError, RecursionError):
-            raise Reject("malformed_json", "not valid UTF-8 JSON") from None
-    if not isinstance(obj, dict):
-        raise Reject("not_an_object", "a query must be a JSON object")
+    obj = load_object(raw, "query")
     if obj.get("kind") not in ("sum", "histogram", "linear"):
         raise Reject("unknown_query_kind", "kind must be one of sum, histogram, linear")
     try:

@@ -28,8 +28,6 @@ bound, at most √2 too large) and the 95% half-width is the subgaussian bound
 
 from __future__ import annotations
 
-import datetime as dt
-import json
 import math
 import re
 from collections.abc import Sequence
@@ -38,7 +36,7 @@ from dataclasses import dataclass, field
 import msgspec
 import numpy as np
 
-from streamfilter.engine.contract import MAX_DAY, MIN_DAY, Reject, Release
+from streamfilter.engine.contract import Reject, Release, _parse_day, load_object
 from streamfilter.engine.day import DayOutcome, ExactDayStats, noisy_release
 from streamfilter.engine.monitor import DayInput, Engine, InputRecord
 from streamfilter.engine.params import PrivacyParams
@@ -60,7 +58,6 @@ MAX_CONTRIBUTION_BYTES = 65_536
 _KEYS = frozenset({"day", "query_id", "units", "nonce"})
 _QUERY_ID_RE = re.compile(r"^[A-Za-z0-9_.:\-]{1,128}$")
 _NONCE_RE = re.compile(r"^[0-9a-f]{32}$")
-_DAY_RE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 _INT64_MAX = 2**63 - 1
 #: Laurent–Massart exponent of the local-noise norm check (refusal probability ≤ e^-50)
 _TAIL_T = 50.0
@@ -97,13 +94,7 @@ def _day_ok(day: str) -> bool:
 
 
 def _check_day(day: object) -> str:
-    if not isinstance(day, str) or not _DAY_RE.match(day) or not MIN_DAY <= day <= MAX_DAY:
-        raise Reject("invalid_day", f"day must be an ISO date between {MIN_DAY} and {MAX_DAY}")
-    try:
-        dt.date.fromisoformat(day)
-    except ValueError:
-        raise Reject("invalid_day", "day is not a valid calendar date") from None
-    return day
+    return _parse_day(day, "day")
 
 
 def _fast(line: bytes) -> ContributionRecord | None:
@@ -145,16 +136,7 @@ def parse_contributions(lines: Sequence[bytes]) -> list[ContributionRecord | Rej
 def parse_contribution(raw: bytes | str) -> ContributionRecord:
     """Validate the shape of one contribution line (see ``client.protocol``); raise ``Reject``.
     The query-dependent checks (dimension, norm) are :meth:`LocalEngine.parse_record`'s."""
-    if len(raw) > MAX_CONTRIBUTION_BYTES:
-        raise Reject("oversized", f"contribution exceeds {MAX_CONTRIBUTION_BYTES} bytes")
-    try:
-        obj = json.loads(raw, parse_constant=_refuse_constant)
-    except Reject:
-        raise
-    except (ValueError, UnicodeDecodeError, RecursionError):
-        raise Reject("malformed_json", "not valid UTF-8 JSON") from None
-    if not isinstance(obj, dict):
-        raise Reject("not_an_object", "a contribution must be a JSON object")
+    obj = load_object(raw, "contribution", MAX_CONTRIBUTION_BYTES)
     extra = obj.keys() - _KEYS
     if extra:
         raise Reject("unknown_field", "unknown field(s) in a contribution")
@@ -177,10 +159,6 @@ def parse_contribution(raw: bytes | str) -> ContributionRecord:
         if not -_INT64_MAX <= u <= _INT64_MAX:
             raise Reject("invalid_units", "units must fit in 64-bit integers")
     return ContributionRecord(day, query_id, units, nonce)
-
-
-def _refuse_constant(name: str) -> object:
-    raise Reject("invalid_units", "NaN and Infinity are not valid JSON numbers")
 
 
 @dataclass
