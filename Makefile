@@ -32,9 +32,14 @@ test-deps:
 test: lint test-deps
 	$(BIN)/pytest
 
+# The suite writes benchmarks/results.{json,md} (README "Benchmarks"); each entry is the median of
+# >= 5 runs next to its baseline. The Kafka entry starts its own broker the way the tests do
+# (deploy/kafka, free ports) unless KAFKA_BOOTSTRAP names one; `make bench` fails without one.
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.run
 
+# CI smoke, under a minute: small sizes, fewer runs, results-quick.{json,md} (not committed); the
+# Kafka entry is skipped when no broker can be started here.
 bench-quick: $(STAMP)
 	$(BIN)/python -m benchmarks.run --quick
 

@@ -1,8 +1,11 @@
-"""Run the benchmark suite: ``python -m benchmarks.run [--quick]``.
+"""Run the benchmark suite: ``python -m benchmarks.run [--quick] [--only MODULE ...]``.
 
-Writes ``benchmarks/results.json`` (a list of ``{name, value, unit, baseline, baseline_value,
-ratio, machine}``) and ``benchmarks/results.md`` (the table the README includes). Every entry is
-measured side by side with its baseline in the same run; nothing here asserts a time.
+Writes ``benchmarks/results.json`` — a list of ``{name, value, unit, baseline, baseline_value,
+ratio, machine, ...}`` (``machine``: CPU model, cores, RAM, Python, OS) — and
+``benchmarks/results.md``, the table the README includes. ``--quick`` (CI smoke, under a minute)
+uses smaller sizes and fewer runs and writes ``results-quick.json``/``results-quick.md`` instead
+(not committed). Every entry is measured side by side with its baseline in the same run; each
+value is the median of the stated number of runs; nothing here asserts a time.
 """
 
 from __future__ import annotations
@@ -10,56 +13,114 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import os
-import platform
+import time
 from pathlib import Path
+from typing import Any
+
+from benchmarks.common import machine
 
 MODULES = [
-    "benchmarks.bench_engine",
+    "benchmarks.bench_ingest",
+    "benchmarks.bench_engine",  # engine_day_close_* (owned by the engine work)
     "benchmarks.bench_noise",
-    "benchmarks.bench_sparse",
+    "benchmarks.bench_store",
     "benchmarks.bench_kafka",
-    "benchmarks.bench_local",
+    "benchmarks.bench_recovery",
+    "benchmarks.bench_sparse",
 ]
 HERE = Path(__file__).resolve().parent
 
 
-def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}"
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, float):
+        if value == 0 or 0.01 <= abs(value) < 1e6:
+            return f"{value:,.4g}" if abs(value) < 1000 else f"{value:,.0f}"
+        return f"{value:.3g}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+def _target(e: dict[str, Any]) -> str:
+    if not e.get("target"):
+        return "—"
+    met = e.get("target_met")
+    mark = "" if met is None else (" ✅" if met else " ❌ missed")
+    return f"{e['target']}{mark}"
+
+
+def table(entries: list[dict[str, Any]], where: dict[str, Any], quick: bool) -> str:
+    rows = [
+        "| benchmark | value | baseline | baseline value | ratio | target | median of |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for e in entries:
+        if e.get("skipped"):
+            rows.append(f"| `{e['name']}` | skipped: {e['skipped']} | {e['baseline']} | | | | |")
+            continue
+        ratio = _fmt(e.get("ratio"))
+        if e.get("ratio_definition"):
+            ratio += f" ({e['ratio_definition']})"
+        runs = e.get("runs")
+        median_of = "—" if runs is None else f"{runs} run{'' if runs == 1 else 's'}"
+        if e.get("size"):
+            median_of += f", {e['size']}"
+        rows.append(
+            f"| `{e['name']}` | {_fmt(e['value'])} {e['unit']} | {e['baseline']} | "
+            f"{_fmt(e['baseline_value'])} {e['unit']} | {ratio} | {_target(e)} | {median_of} |"
+        )
+    lines = "\n".join(rows)
+    machine_line = (
+        f"Machine: {where['cpu']}, {where['cores']} cores, {where['ram_gb']} GB RAM, "
+        f"Python {where['python']}, {where['os']}."
+    )
+    note = (
+        "**Quick mode** (`--quick`, CI smoke): smaller sizes and fewer runs than `make bench`; "
+        "not comparable with the full figures.\n\n"
+        if quick
+        else ""
+    )
+    details = "\n".join(
+        f"- `{e['name']}`: {e['detail']}"
+        for e in entries
+        if e.get("detail") and not e.get("skipped")
+    )
+    return f"{note}{lines}\n\n{machine_line}\n\n{details}\n"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="small sizes (CI smoke, < 1 min)")
-    parser.add_argument("--only", nargs="*", help="module names to run")
+    parser.add_argument("--only", nargs="*", help="module names to run, e.g. bench_ingest")
     args = parser.parse_args()
     entries = []
     where = machine()
+    started = time.perf_counter()
     for name in MODULES:
         if args.only and name.rsplit(".", 1)[-1] not in args.only:
             continue
+        t0 = time.perf_counter()
         module = importlib.import_module(name)
         for entry in module.run(quick=args.quick):
             entry["machine"] = where
+            entry.setdefault("quick", args.quick)
+            entry.setdefault("module", name.rsplit(".", 1)[-1])
             entries.append(entry)
-            print(json.dumps(entry))
+            print(json.dumps({k: v for k, v in entry.items() if k != "machine"}), flush=True)
+        print(f"# {name}: {time.perf_counter() - t0:.1f} s", flush=True)
+    print(f"# total: {time.perf_counter() - started:.1f} s", flush=True)
     suffix = "-quick" if args.quick else ""
-    (HERE / f"results{suffix}.json").write_text(json.dumps(entries, indent=2) + "\n")
-    rows = ["| benchmark | value | baseline | baseline value | ratio |", "|---|---|---|---|---|"]
-    for e in entries:
-        rows.append(
-            f"| `{e['name']}` | {e['value']} {e['unit']} | {e['baseline']} | "
-            f"{e['baseline_value']} {e['unit']} | {e['ratio']}× |"
-        )
-    (HERE / f"results{suffix}.md").write_text("\n".join(rows) + f"\n\nMachine: {where}\n")
+    out = HERE / f"results{suffix}.json"
+    if args.only and out.exists():  # a partial run replaces its own entries, keeps the others
+        new = {e["name"] for e in entries}
+        kept = [e for e in json.loads(out.read_text()) if e["name"] not in new]
+        entries = kept + entries
+        order = {m.rsplit(".", 1)[-1]: i for i, m in enumerate(MODULES)}
+        entries.sort(key=lambda e: order.get(e.get("module", ""), len(order)))
+    out.write_text(json.dumps(entries, indent=2) + "\n")
+    (HERE / f"results{suffix}.md").write_text(table(entries, where, args.quick))
 
 
 if __name__ == "__main__":
