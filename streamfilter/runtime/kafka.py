@@ -26,6 +26,7 @@ from kafka.structs import OffsetAndMetadata
 from streamfilter.runtime.feeds import QueryFeed
 from streamfilter.runtime.sinks import Sink
 from streamfilter.runtime.sources import Source, SourceRecord
+from streamfilter.runtime.store import StoreError
 
 __all__ = [
     "KafkaQueryFeed",
@@ -187,6 +188,8 @@ class KafkaSink(Sink):
         self, topic: str, client: dict[str, Any], delivery_timeout_s: float = 300.0
     ) -> None:
         self.topic = topic
+        self._client = client
+        self._held_through: tuple[str | None] | None = None
         self._timeout_s = delivery_timeout_s
         self._producer = KafkaProducer(
             **client,
@@ -209,6 +212,48 @@ class KafkaSink(Sink):
         for future in self._pending:
             future.get(timeout=max(1.0, deadline - time.monotonic()))  # raises KafkaError
         self._pending.clear()
+
+    def last_published_day(self) -> str | None:
+        """The latest day among the releases the topic held when first asked.
+
+        Releases are published in day order with key ``day/query_id``, so each partition's last
+        record carries that partition's latest day; the stale-state check (``runtime.store``)
+        compares their maximum with the state's last closed day. Reads one record per partition.
+        """
+        if self._held_through is None:
+            self._held_through = (self._read_last_day(),)
+        return self._held_through[0]
+
+    def _read_last_day(self) -> str | None:
+        consumer = KafkaConsumer(**self._client, group_id=None, enable_auto_commit=False)
+        try:
+            parts = consumer.partitions_for_topic(self.topic) or set()
+            tps = [TopicPartition(self.topic, p) for p in sorted(parts)]
+            if not tps:
+                return None
+            consumer.assign(tps)
+            ends = consumer.end_offsets(tps)
+            starts = consumer.beginning_offsets(tps)
+            wanted = {tp for tp in tps if ends[tp] > starts[tp]}
+            for tp in wanted:
+                consumer.seek(tp, ends[tp] - 1)
+            latest: str | None = None
+            deadline = time.monotonic() + 30.0
+            while wanted and time.monotonic() < deadline:
+                for tp, records in consumer.poll(timeout_ms=500).items():
+                    for rec in records:
+                        if rec.offset == ends[tp] - 1:
+                            wanted.discard(tp)
+                            day = (rec.key or b"").decode("utf-8", "replace").split("/", 1)[0]
+                            latest = max(latest or day, day)
+            if wanted:
+                raise StoreError(
+                    f"could not read the last release of kafka topic {self.topic!r} to check that "
+                    "the state is not a stale copy; refusing to start"
+                )
+            return latest
+        finally:
+            consumer.close()
 
     def close(self) -> None:
         try:

@@ -383,3 +383,42 @@ def test_broker_outage_then_sigterm_drains(kafka_private_broker, tmp_path):
     got = released(bootstrap, topics["releases"])
     assert_matches_reference(got, expected, last_day)
     assert_budgets_within(work)
+
+
+@pytest.mark.timeout(300)
+def test_a_restored_stale_state_is_refused_by_the_release_topic(kafka_bootstrap, tmp_path):
+    """The whole state (database and its .seq mirror) put back to an older copy: only the
+    release topic still knows later days were published — the daemon must refuse to start."""
+    from kafka import KafkaProducer
+
+    events = make_events(days=6, users=100)
+
+    def day_of(ev: bytes) -> str:
+        try:
+            return json.loads(ev)["day"]
+        except ValueError:
+            return ""  # the malformed lines go with the first half
+
+    early = [e for e in events if day_of(e) <= "2026-01-03"]
+    late = [e for e in events if e not in early]
+    work, topics = setup_kafka(tmp_path, kafka_bootstrap, early)
+    cli(["run", "--config", "streamfilter.toml", "--until-end", "--testing"], cwd=work)
+    snapshot = {n: (work / n).read_bytes() for n in ("state.db", "state.db.seq")}
+    producer = KafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all")
+    for ev in late:
+        producer.send(topics["events"], value=ev)
+    producer.flush()
+    producer.close()
+    cli(["run", "--config", "streamfilter.toml", "--until-end", "--testing"], cwd=work)
+    before = released(kafka_bootstrap, topics["releases"])
+    assert max(day for day, _ in before) == "2026-01-06"
+    for name, data in snapshot.items():
+        (work / name).write_bytes(data)
+    for extra in ("state.db-wal", "state.db-shm"):
+        (work / extra).unlink(missing_ok=True)
+    proc = cli(
+        ["run", "--config", "streamfilter.toml", "--until-end", "--testing"], cwd=work, check=False
+    )
+    assert proc.returncode == 4, proc.stderr
+    assert "stale" in proc.stderr and "2026-01-06" in proc.stderr
+    assert released(kafka_bootstrap, topics["releases"]) == before  # nothing re-drawn
