@@ -4,8 +4,8 @@ Only users that were ever charged are stored: an absent user (all-zero record) c
 leaves no trace (DESIGN.md §6.8). The state store is the durable source of truth; this ledger is
 rebuilt from it on start and updated only after a day's transaction committed.
 
-Layout (≈ 35 + 8·⌈len(id)/8⌉ bytes per known user, no Python object per user)
------------------------------------------------------------------------------
+Layout: 27 + 8·⌈len(id)/8⌉ bytes per known user (35 B for ids of ≤ 8 bytes), no Python object
+---------------------------------------------------------------------------------------------
 One entry per known user, all columns sorted by a 64-bit keyed hash of the user id:
 
 ``_key``     int64   hash of the id (:func:`python_hash`: CPython's SipHash-1-3 of the ``str``,
@@ -42,6 +42,7 @@ __all__ = [
     "UserKeys",
     "encode_ids",
     "object_ids",
+    "pack_ids",
     "python_hash",
 ]
 
@@ -70,8 +71,8 @@ def object_ids(objects: np.ndarray) -> np.ndarray:
     """
     a = np.ascontiguousarray(objects, dtype=object)
     if len(a) == 0:
-        return np.zeros(0, np.int64)
-    ptr = ctypes.cast(a.ctypes.data, ctypes.POINTER(ctypes.c_int64))
+        return np.zeros(0, np.uintp)
+    ptr = ctypes.cast(a.ctypes.data, ctypes.POINTER(ctypes.c_size_t))  # the PyObject* slots
     out: np.ndarray = np.ctypeslib.as_array(ptr, (len(a),)).copy()
     return out
 
@@ -117,6 +118,39 @@ def _n_words(lengths: np.ndarray) -> np.ndarray:
     return (np.asarray(lengths, dtype=np.int64) + 7) // 8
 
 
+def pack_ids(
+    buffer: bytes, starts: np.ndarray, lengths: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """The ids of :func:`encode_ids`, each zero-padded to whole words, one after the other:
+    ``(words uint64, woff)`` with id ``i`` at ``words[woff[i] : woff[i] + ⌈lengths[i]/8⌉]``."""
+    width = _n_words(lengths)
+    woff = np.cumsum(width) - width
+    words = np.zeros(int(width.sum()), np.uint64)
+    for w in _distinct(width):
+        if w:
+            sel = np.flatnonzero(width == w)
+            words[woff[sel][:, None] + np.arange(w)] = _id_words(
+                buffer, starts[sel], lengths[sel], w
+            )
+    return words, woff
+
+
+def _gather_words(
+    words: np.ndarray, woff: np.ndarray, lengths: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Packed ids (``words`` at offsets ``woff``, in any order) laid out one after the other in
+    the order of ``woff``: ``(words, woff)`` of the compacted copy."""
+    width = _n_words(lengths)
+    new_woff = np.cumsum(width) - width
+    out = np.zeros(int(width.sum()), np.uint64)
+    for w in _distinct(width):
+        if w:
+            sel = np.flatnonzero(width == w)
+            k = np.arange(w)
+            out[new_woff[sel][:, None] + k] = words[woff[sel][:, None] + k]
+    return out, new_woff
+
+
 def _distinct(a: np.ndarray) -> list[int]:
     """Distinct values of a small-range int array (ids span 0..128 words)."""
     if len(a) == 0:
@@ -133,16 +167,17 @@ def _is_sorted(a: np.ndarray) -> bool:
 class UserKeys:
     """What the ledger needs of a batch of ids, computed once: ``hasher`` hash and UTF-8 bytes.
 
-    ``hashes[i]`` is ``hasher`` of id ``i``; its UTF-8 is ``buffer[starts[i]:starts[i] +
-    lengths[i]]`` (``buffer``: as :func:`encode_ids` pads it). Build it with :meth:`of`, or take a subset
-    of one with :meth:`take`: keys that do not describe their ids would misplace users.
+    ``hashes[i]`` is ``hasher`` of id ``i``; its UTF-8 (``lengths[i]`` bytes), zero-padded to
+    words, is ``words[woff[i]:]`` (as :func:`pack_ids` lays it out; a subset taken with
+    :meth:`take` shares the words). Build it with :meth:`of`: keys that do not describe their
+    ids would misplace users.
     """
 
     hasher: Hasher
     hashes: np.ndarray
-    buffer: bytes
-    starts: np.ndarray
     lengths: np.ndarray
+    woff: np.ndarray
+    words: np.ndarray
 
     @classmethod
     def of(cls, users: Sequence[str] | np.ndarray, hasher: Hasher) -> UserKeys:
@@ -150,15 +185,21 @@ class UserKeys:
         hashes = np.asarray(hasher(np.asarray(users, dtype=object)), dtype=np.int64)
         if hashes.shape != lengths.shape:
             raise ValueError("the hasher must return one int64 per user")
-        return cls(hasher, hashes, buffer, starts, lengths)
+        words, woff = pack_ids(buffer, starts, lengths)
+        return cls(hasher, hashes, lengths, woff, words)
 
     def __len__(self) -> int:
         return len(self.hashes)
 
     def take(self, idx: np.ndarray) -> UserKeys:
         return UserKeys(
-            self.hasher, self.hashes[idx], self.buffer, self.starts[idx], self.lengths[idx]
+            self.hasher, self.hashes[idx], self.lengths[idx], self.woff[idx], self.words
         )
+
+    def compacted(self) -> UserKeys:
+        """The same keys with their words laid out in this order (a sequential read later)."""
+        words, woff = _gather_words(self.words, self.woff, self.lengths)
+        return UserKeys(self.hasher, self.hashes, self.lengths, woff, words)
 
 
 @dataclass(frozen=True)
@@ -318,7 +359,7 @@ class BudgetLedger:
             if w == 0:
                 continue
             sel = np.flatnonzero(equal & (width == w))
-            mine = _id_words(keys.buffer, keys.starts[sel], lengths[sel], w)
+            mine = keys.words[keys.woff[sel][:, None] + np.arange(w)]
             stored = self._words[self._woff[entries[sel]][:, None] + np.arange(w)]
             equal[sel] = (mine == stored).all(axis=1)
         return equal
@@ -411,15 +452,7 @@ class BudgetLedger:
         sorted columns, ids included."""
         h, lengths = keys.hashes, keys.lengths
         width = _n_words(lengths)
-        words = np.zeros(int(width.sum()), np.uint64)
-        wstart = np.cumsum(width) - width
-        for w in _distinct(width):
-            if w == 0:
-                continue
-            sel = np.flatnonzero(width == w)
-            words[wstart[sel][:, None] + np.arange(w)] = _id_words(
-                keys.buffer, keys.starts[sel], lengths[sel], w
-            )
+        words, _ = _gather_words(keys.words, keys.woff, lengths)
         n_old, n_new = len(self._key), len(h)
         at = slots.copy()
         clash = np.flatnonzero(at < n_old)
