@@ -22,7 +22,9 @@ matrix the engine sums — users × 8 (the 4 queries' coordinates side by side; 
 layout is computed outside the timer) — and sum its columns. No budgets, no clipping, no
 rounding, no weights. ``lower_bound_ratio`` = value / lower bound (target ≤ 3).
 
-Also reported: ``records_s`` (building the ``DayRecords`` from the day's decoded columns,
+Also reported: ``value_cpu_s``/``baseline_cpu_s``/``ratio_cpu`` (medians of the process CPU
+time of the same runs: steadier than wall time on a shared machine; the engine runs on one
+thread), ``records_s`` (building the ``DayRecords`` from the day's decoded columns,
 ``DayRecords.from_columns``, not part of ``value``), ``peak_rss_mib`` (the process's peak
 resident memory during the engine runs, input columns included) and ``ledger_bytes_per_user``
 (the ledger's memory after the day, measured with ``tracemalloc`` on a copy, divided by the
@@ -227,13 +229,26 @@ def _timed(fn: Callable[[], object]) -> float:
 def _median(
     fn: Callable[[], object], runs: int, setup: Callable[[], object] | None = None
 ) -> float:
-    times = []
+    return _medians(fn, runs, setup)[0]
+
+
+def _medians(
+    fn: Callable[[], object], runs: int, setup: Callable[[], object] | None = None
+) -> tuple[float, float]:
+    """Median wall-clock and median CPU seconds (this process) of ``fn`` over ``runs`` runs.
+
+    The CPU time is what the run itself used: on a machine shared with other work it is the
+    steadier of the two (the engine runs on one thread).
+    """
+    wall, cpu = [], []
     for _ in range(runs):
         if setup is not None:
             setup()
         gc.collect()
-        times.append(_timed(fn))
-    return statistics.median(times)
+        c0 = time.process_time()
+        wall.append(_timed(fn))
+        cpu.append(time.process_time() - c0)
+    return statistics.median(wall), statistics.median(cpu)
 
 
 def _status_kib(field: str) -> int | None:
@@ -276,7 +291,9 @@ def ledger_bytes(ledger: BudgetLedger) -> int:
     return used
 
 
-def _baseline(records: DayRecords, before: BudgetLedger, runs: int) -> tuple[float, dict[str, int]]:
+def _baseline(
+    records: DayRecords, before: BudgetLedger, runs: int
+) -> tuple[float, float, dict[str, int]]:
     """Median time of :func:`baseline_close`, each run on a fresh ``{user: spent}`` dict."""
     spent_before = {u: s for u, s, _ in before.items()}
     spent: dict[str, int] = {}
@@ -285,7 +302,8 @@ def _baseline(records: DayRecords, before: BudgetLedger, runs: int) -> tuple[flo
         spent.clear()
         spent.update(spent_before)
 
-    return _median(lambda: baseline_close(records, spent), runs, fresh_dict), spent
+    wall, cpu = _medians(lambda: baseline_close(records, spent), runs, fresh_dict)
+    return wall, cpu, spent
 
 
 def _name(n: int) -> str:
@@ -305,7 +323,7 @@ def bench_day_close(n: int, runs: int = 5, baseline_runs: int = 3) -> dict[str, 
     # engine: close + commit, each run on a fresh copy of the ledger
     rss_before = (_status_kib("VmRSS") or 0) / 1024
     peak_reset = _reset_peak_rss()
-    value = _median(lambda: engine_close(records, state["ledger"]), runs, fresh_ledger)
+    value, value_cpu = _medians(lambda: engine_close(records, state["ledger"]), runs, fresh_ledger)
     peak_rss = _peak_rss_mib()
     fresh_ledger()
     t0 = time.perf_counter()
@@ -321,7 +339,7 @@ def bench_day_close(n: int, runs: int = 5, baseline_runs: int = 3) -> dict[str, 
     lower = _median(lambda: lower_bound(records, inputs), runs)
 
     # baseline last (it builds millions of Python objects); same filter: same charges
-    baseline, baseline_spent = _baseline(records, before, baseline_runs)
+    baseline, baseline_cpu, baseline_spent = _baseline(records, before, baseline_runs)
     engine_spent, _ = after.state(records.users)
     if baseline_spent != {u: int(s) for u, s in zip(records.users, engine_spent, strict=True) if s}:
         raise AssertionError("the baseline and the engine charged users differently")
@@ -343,6 +361,9 @@ def bench_day_close(n: int, runs: int = 5, baseline_runs: int = 3) -> dict[str, 
         "runs": runs,
         "baseline_runs": baseline_runs,
         "size": f"{n:,} users with events, 4 queries, d=8",
+        "value_cpu_s": round(value_cpu, 4),
+        "baseline_cpu_s": round(baseline_cpu, 3),
+        "ratio_cpu": round(baseline_cpu / value_cpu, 1),
         "lower_bound": LOWER_BOUND,
         "lower_bound_value": round(lower, 4),
         "lower_bound_ratio": round(lb_ratio, 2),
