@@ -2,9 +2,11 @@
 
 Writes ``benchmarks/results.json`` — a list of ``{name, value, unit, baseline, baseline_value,
 ratio, machine, ...}`` (``machine``: CPU model, cores, RAM, Python, OS) — and
-``benchmarks/results.md``, the table the README includes. ``--quick`` (CI smoke, under a minute)
+``benchmarks/results.md``, the table the README includes (a full run also rewrites it between
+the README's include markers). ``--quick`` (CI smoke, under a minute)
 uses smaller sizes and fewer runs and writes ``results-quick.json``/``results-quick.md`` instead
-(not committed). Every entry is measured side by side with its baseline in the same run; each
+(not committed). Each module runs in its own interpreter (a module that fails, e.g. killed for
+memory, becomes a failed entry and the suite goes on). Every entry is measured side by side with its baseline in the same run; each
 value is the median of the stated number of runs; nothing here asserts a time.
 """
 
@@ -13,11 +15,14 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import machine
+from benchmarks.common import machine, skipped
 
 MODULES = [
     "benchmarks.bench_ingest",
@@ -29,6 +34,9 @@ MODULES = [
     "benchmarks.bench_sparse",
 ]
 HERE = Path(__file__).resolve().parent
+#: README.md includes benchmarks/results.md between these markers (rewritten by a full run)
+BEGIN = "<!-- benchmarks/results.md: begin -->"
+END = "<!-- benchmarks/results.md: end -->"
 
 
 def _fmt(value: Any) -> str:
@@ -58,7 +66,8 @@ def table(entries: list[dict[str, Any]], where: dict[str, Any], quick: bool) -> 
     ]
     for e in entries:
         if e.get("skipped"):
-            rows.append(f"| `{e['name']}` | skipped: {e['skipped']} | {e['baseline']} | | | | |")
+            label = e["skipped"] if e.get("failed") else f"skipped: {e['skipped']}"
+            rows.append(f"| `{e['name']}` | {label} | {e['baseline']} | | | | |")
             continue
         ratio = _fmt(e.get("ratio"))
         if e.get("ratio_definition"):
@@ -90,11 +99,46 @@ def table(entries: list[dict[str, Any]], where: dict[str, Any], quick: bool) -> 
     return f"{note}{lines}\n\n{machine_line}\n\n{details}\n"
 
 
+def _run_module(name: str, quick: bool) -> list[dict[str, Any]]:
+    """One module in its own interpreter: a fresh heap for each benchmark, and a module that
+    dies (e.g. killed for memory) becomes a failed entry instead of ending the suite."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "entries.json"
+        args = [sys.executable, "-m", "benchmarks.run", "--child", name, str(out)]
+        proc = subprocess.run([*args, *(["--quick"] if quick else [])], check=False)
+        if proc.returncode == 0 and out.exists():
+            entries: list[dict[str, Any]] = json.loads(out.read_text())
+            return entries
+    reason = f"failed: exit status {proc.returncode}" + (
+        " (killed: out of memory?)" if proc.returncode == -9 else ""
+    )
+    short = name.rsplit(".", 1)[-1]
+    return [{**skipped(short, "", "", reason), "failed": True}]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="small sizes (CI smoke, < 1 min)")
     parser.add_argument("--only", nargs="*", help="module names to run, e.g. bench_ingest")
+    parser.add_argument("--child", nargs=2, metavar=("MODULE", "OUT"), help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--render",
+        action="store_true",
+        help="only rewrite results.md (and README) from results.json",
+    )
     args = parser.parse_args()
+    if args.render:
+        suffix = "-quick" if args.quick else ""
+        saved = json.loads((HERE / f"results{suffix}.json").read_text())
+        text = table(saved, saved[0]["machine"] if saved else machine(), args.quick)
+        (HERE / f"results{suffix}.md").write_text(text)
+        if not args.quick:
+            include_in_readme(text)
+        return
+    if args.child:  # inside _run_module's subprocess
+        module = importlib.import_module(args.child[0])
+        Path(args.child[1]).write_text(json.dumps(module.run(quick=args.quick)))
+        return
     entries = []
     where = machine()
     started = time.perf_counter()
@@ -102,8 +146,7 @@ def main() -> None:
         if args.only and name.rsplit(".", 1)[-1] not in args.only:
             continue
         t0 = time.perf_counter()
-        module = importlib.import_module(name)
-        for entry in module.run(quick=args.quick):
+        for entry in _run_module(name, args.quick):
             entry["machine"] = where
             entry.setdefault("quick", args.quick)
             entry.setdefault("module", name.rsplit(".", 1)[-1])
@@ -113,14 +156,30 @@ def main() -> None:
     print(f"# total: {time.perf_counter() - started:.1f} s", flush=True)
     suffix = "-quick" if args.quick else ""
     out = HERE / f"results{suffix}.json"
-    if args.only and out.exists():  # a partial run replaces its own entries, keeps the others
-        new = {e["name"] for e in entries}
-        kept = [e for e in json.loads(out.read_text()) if e["name"] not in new]
+    if args.only and out.exists():  # a partial run replaces its modules' entries, keeps the rest
+        ran = {e["module"] for e in entries}
+        kept = [e for e in json.loads(out.read_text()) if e.get("module") not in ran]
         entries = kept + entries
         order = {m.rsplit(".", 1)[-1]: i for i, m in enumerate(MODULES)}
         entries.sort(key=lambda e: order.get(e.get("module", ""), len(order)))
     out.write_text(json.dumps(entries, indent=2) + "\n")
-    (HERE / f"results{suffix}.md").write_text(table(entries, where, args.quick))
+    text = table(entries, where, args.quick)
+    (HERE / f"results{suffix}.md").write_text(text)
+    if not args.quick:
+        include_in_readme(text)
+
+
+def include_in_readme(text: str) -> None:
+    """Put the table between the README's include markers (the full figures only)."""
+    readme = HERE.parent / "README.md"
+    try:
+        current = readme.read_text()
+    except OSError:
+        return
+    start, end = current.find(BEGIN), current.find(END)
+    if start < 0 or end < start:
+        return
+    readme.write_text(current[: start + len(BEGIN)] + "\n" + text + current[end:])
 
 
 if __name__ == "__main__":
