@@ -113,6 +113,8 @@ def noisy_release(
     )
 
 
+#: users per block of the day close (temporaries of ~0.5 MiB per column)
+BLOCK_USERS = 1 << 16
 #: multiply-adds per matrix product: OpenBLAS runs products of at most 2^18 on one thread; its
 #: worker threads otherwise spin and stall when the machine is busy
 _MATMUL_MADDS = 1 << 18
@@ -163,25 +165,37 @@ def close_day(
     spent_before, retired_before = spent.copy(), retired.copy()
     lattice = params.lattice
     budget = params.budget_units
-    releases: list[Release] = []
-    admitted_counts: dict[str, int] = {}
-    refused_counts: dict[str, int] = {}
-    # one dense matrix for the coordinates of all the day's queries, built once
+    # the day's queries, in registration order, on blocks of users: every step is row-wise
+    # (each user's own queries stay in order) and sums are exact, so blocks change no result;
+    # they bound the temporaries (no page-fault storm at 10M users) and keep them in cache
     columns = list(dict.fromkeys(c for q in queries for c in q.coordinates()))
     column_of = {c: j for j, c in enumerate(columns)}
-    dense = records.matrix(columns, order="F")
-    for query in queries:
-        x = _query_vectors(dense, [column_of[c] for c in query.coordinates()], query.weights())
-        step = filter_contributions(
-            x, query.clip, lattice, spent, retired, budget, params.exhaustion
-        )
-        total = step.units.sum(axis=0, dtype=np.int64)
-        spent += step.cost_units  # the filter returned; spent_before is a copy
-        retired |= step.newly_retired
-        releases.append(noisy_release(records.day, query, total, params, bits))
-        nonzero = (x != 0).any(axis=1)
-        admitted_counts[query.query_id] = int((step.admitted & nonzero).sum())
-        refused_counts[query.query_id] = int((~step.admitted & nonzero).sum())
+    query_cols = [[column_of[c] for c in q.coordinates()] for q in queries]
+    weights = [q.weights() for q in queries]
+    totals = [np.zeros(w.shape[1], np.int64) for w in weights]
+    admitted_n = [0] * len(queries)
+    refused_n = [0] * len(queries)
+    for start in range(0, records.n_users, BLOCK_USERS):
+        stop = min(start + BLOCK_USERS, records.n_users)
+        dense = records.matrix(columns, order="F", rows=(start, stop))
+        spent_b, retired_b = spent[start:stop], retired[start:stop]  # views: updated in place
+        for j, query in enumerate(queries):
+            x = _query_vectors(dense, query_cols[j], weights[j])
+            step = filter_contributions(
+                x, query.clip, lattice, spent_b, retired_b, budget, params.exhaustion
+            )
+            totals[j] += step.units.sum(axis=0, dtype=np.int64)
+            spent_b += step.cost_units  # the filter returned; spent_before is a copy
+            retired_b |= step.newly_retired
+            nonzero = (x != 0).any(axis=1)
+            admitted_n[j] += int(np.count_nonzero(step.admitted & nonzero))
+            refused_n[j] += int(np.count_nonzero(~step.admitted & nonzero))
+    releases = [
+        noisy_release(records.day, query, total, params, bits)
+        for query, total in zip(queries, totals, strict=True)
+    ]
+    admitted_counts = {q.query_id: a for q, a in zip(queries, admitted_n, strict=True)}
+    refused_counts = {q.query_id: r for q, r in zip(queries, refused_n, strict=True)}
     tracker = None
     if active_set is not None:
         noise = _bits_for(bits, records.day, ACTIVE_SET_QUERY_ID)

@@ -451,33 +451,41 @@ class BudgetLedger:
         """Merge new entries (sorted by hash; ``slots``: their left insertion points) into the
         sorted columns, ids included."""
         h, lengths = keys.hashes, keys.lengths
-        width = _n_words(lengths)
-        words, _ = _gather_words(keys.words, keys.woff, lengths)
         n_old, n_new = len(self._key), len(h)
         at = slots.copy()
         clash = np.flatnonzero(at < n_old)
         clash = clash[self._key[at[clash]] == h[clash]]
         if len(clash):  # after the entries that have the same key
             at[clash] = np.searchsorted(self._key, h[clash], side="right")
-        dest_new = at + np.arange(n_new)
+        dest = at + np.arange(n_new)  # the new entries' places in the merged columns
         old = np.ones(n_old + n_new, bool)
-        old[dest_new] = False
+        old[dest] = False
 
         def merged(column: np.ndarray, values: np.ndarray) -> np.ndarray:
             out = np.empty(n_old + n_new, column.dtype)
-            out[dest_new] = values
+            out[dest] = values
             out[old] = column
             return out
 
-        # words: each new id goes before the words of the entry it is inserted before
-        woff_end = np.append(self._woff, len(self._words))
-        self._words = np.insert(self._words, np.repeat(woff_end[at], width), words)
         self._key = merged(self._key, h)
         self._spent = merged(self._spent, spent)
         self._retired = merged(self._retired, retired)
         self._len = merged(self._len, lengths.astype(np.uint16))
         all_width = _n_words(self._len)
         self._woff = np.cumsum(all_width) - all_width
+        # the words: the new ids' words go to their entries' offsets, the old ones around them
+        words = np.empty(int(self._woff[-1] + all_width[-1]), np.uint64)
+        old_words = np.ones(len(words), bool)
+        width = _n_words(lengths)
+        for w in _distinct(width):
+            if w:
+                sel = np.flatnonzero(width == w)
+                k = np.arange(w)
+                to = self._woff[dest[sel]][:, None] + k
+                words[to] = keys.words[keys.woff[sel][:, None] + k]
+                old_words[to] = False
+        words[old_words] = self._words
+        self._words = words
 
     # ------------------------------------------------------------------ iteration
     def items(self) -> Iterator[tuple[str, int, bool]]:

@@ -160,25 +160,42 @@ class DayRecords:
     def n_users(self) -> int:
         return len(self.users)
 
-    def matrix(self, coordinates: list[str], order: Literal["C", "F"] = "C") -> np.ndarray:
+    def matrix(
+        self,
+        coordinates: list[str],
+        order: Literal["C", "F"] = "C",
+        rows: tuple[int, int] | None = None,
+    ) -> np.ndarray:
         """Dense (n_users × k) float64 matrix of the requested coordinates (0 where absent).
 
         ``order="F"`` lays it out column by column: per-user reductions over a few columns
-        are then elementwise operations between columns (much faster in numpy).
+        are then elementwise operations between columns (much faster in numpy). ``rows=(a, b)``
+        builds only the rows of users ``a..b-1`` (their cells are one contiguous run).
         """
         if order not in ("C", "F"):
             raise ValueError("order must be 'C' or 'F'")
-        out = np.zeros((self.n_users, len(coordinates)), dtype=np.float64, order=order)
-        if self.n_users == 0 or not coordinates:
+        start, stop = (0, self.n_users) if rows is None else rows
+        if not 0 <= start <= stop <= self.n_users:
+            raise ValueError(f"rows {rows} out of range for {self.n_users} users")
+        n, k = stop - start, len(coordinates)
+        out = np.zeros((n, k), dtype=np.float64, order=order)
+        if n == 0 or not coordinates:
             return out
-        k = len(coordinates)
         col_of = {name: j for j, name in enumerate(coordinates)}
         lookup = np.array([col_of.get(name, -1) for name in self.coord_names], dtype=np.int64)
         if (lookup < 0).all():
             return out
-        cols = lookup[self.coord]
-        value = self.value
-        flat = self.user_pos * k + cols if order == "C" else cols * self.n_users + self.user_pos
+        if rows is None:
+            user_pos, coord, value = self.user_pos, self.coord, self.value
+        else:
+            lo, hi = np.searchsorted(self.user_pos, [start, stop])
+            user_pos, coord, value = (
+                self.user_pos[lo:hi] - start,
+                self.coord[lo:hi],
+                self.value[lo:hi],
+            )
+        cols = lookup[coord]
+        flat = user_pos * k + cols if order == "C" else cols * n + user_pos
         if (lookup < 0).any():
             keep = np.flatnonzero(cols >= 0)
             flat, value = flat[keep], value[keep]

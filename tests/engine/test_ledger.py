@@ -289,3 +289,40 @@ def test_located_users_are_committed_without_a_second_lookup_only_while_current(
     other = copy.deepcopy(led)
     with pytest.raises(ValueError, match="changed since"):
         other.state_at(led.locate(users))
+
+
+def test_blocks_of_users_change_nothing(monkeypatch):
+    """The day close runs on blocks of users: any block size gives the same day."""
+    import streamfilter.engine.day as day_module
+
+    def outcome():
+        led = BudgetLedger()
+        users = [f"user-{i}" for i in range(300)]
+        rec = DayRecords.from_columns("2026-01-05", *_day(users))
+        led.apply(rec.users[::3], np.full(100, PARAMS.budget_units - 70_000), np.zeros(100, bool))
+        out = close_day(rec, QUERIES, led, PARAMS, SeededPerRelease(4))
+        return (
+            [r.to_json() for r in out.releases],
+            sorted(zip(out.changed_users.tolist(), out.spent_units.tolist(), strict=True)),
+            out.exact_stats,
+        )
+
+    reference = outcome()
+    for block in (1, 7, 64):
+        monkeypatch.setattr(day_module, "BLOCK_USERS", block)
+        assert outcome() == reference
+
+
+def test_matrix_of_a_range_of_users():
+    users = arr(["c", "a", "b", "a", "d", "b"])
+    coords = arr(["x", "y", "x", "x", "y", "y"])
+    rec = DayRecords.from_columns("2026-01-05", users, coords, np.arange(1.0, 7.0))
+    full = rec.matrix(["y", "x"])
+    for order in ("C", "F"):
+        assert np.array_equal(rec.matrix(["y", "x"], order=order), full)
+        for a in range(5):
+            for b in range(a, 5):
+                part = rec.matrix(["y", "x"], order=order, rows=(a, b))
+                assert np.array_equal(part, full[a:b])
+    with pytest.raises(ValueError, match="out of range"):
+        rec.matrix(["x"], rows=(2, 9))
