@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.common import entry
 from streamfilter.client import Announcement, DeviceConfig, DeviceFleet
 from streamfilter.config import load_config
 from streamfilter.engine.contract import parse_event, parse_query
@@ -122,18 +123,22 @@ def run(quick: bool = False) -> list[dict[str, object]]:
             central.append(rate)
     lv, cv = statistics.median(local), statistics.median(central)
     return [
-        {
-            "name": "local_ingest_contributions",
-            "value": round(lv),
-            "unit": "records/s",
-            "baseline": "central-mode daemon, events/s (same users, same 3 queries)",
-            "baseline_value": round(cv),
-            "ratio": round(lv / cv, 2),
-            "detail": (
-                f"{n_contrib} contributions vs {n_events} events of one day, file source, "
-                f"SQLite state; median of {repeats} interleaved runs"
+        entry(
+            "local_ingest_contributions",
+            value=round(lv),
+            unit="records/s",
+            baseline="central-mode daemon, events/s (same users, same 3 queries)",
+            baseline_value=round(cv),
+            ratio=round(lv / cv, 2),
+            ratio_definition="value ÷ baseline (records per second)",
+            runs=repeats,
+            size=f"{n_contrib:,} contributions vs {n_events:,} events of one day",
+            detail=(
+                "local-mode server (validate against the query, sum, release; no per-user "
+                "state) vs the central daemon (validate, accumulate, filter every user, commit "
+                "the ledger); file source, SQLite state, interleaved runs"
             ),
-        }
+        )
     ]
 
 

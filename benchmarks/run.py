@@ -31,6 +31,7 @@ MODULES = [
     "benchmarks.bench_store",
     "benchmarks.bench_kafka",
     "benchmarks.bench_recovery",
+    "benchmarks.bench_local",
     "benchmarks.bench_sparse",
 ]
 HERE = Path(__file__).resolve().parent
