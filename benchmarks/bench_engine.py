@@ -26,9 +26,10 @@ Also reported: ``value_cpu_s``/``baseline_cpu_s``/``ratio_cpu`` (medians of the 
 time of the same runs: steadier than wall time on a shared machine; the engine runs on one
 thread), ``records_s`` (building the ``DayRecords`` from the day's decoded columns,
 ``DayRecords.from_columns``, not part of ``value``), ``peak_rss_mib`` (the process's peak
-resident memory during the engine runs, input columns included) and ``ledger_bytes_per_user``
+resident memory during the engine runs: records, ledger copies and the engine's temporaries) and ``ledger_bytes_per_user``
 (the ledger's memory after the day, measured with ``tracemalloc`` on a copy, divided by the
-number of known users).
+number of known users) and ``engine_peak_alloc_mib`` (``tracemalloc`` peak of what one close +
+commit allocates on top of the records and the ledger).
 """
 
 from __future__ import annotations
@@ -277,6 +278,28 @@ def _peak_rss_mib() -> float:
     return hwm / 1024
 
 
+def _close_then_commit(records: DayRecords, ledger: BudgetLedger) -> tuple[float, float]:
+    """One engine run, its two halves timed separately."""
+    t0 = time.perf_counter()
+    out = close_day(records, queries(), ledger, PARAMS, SeededRandomBits(0))
+    t1 = time.perf_counter()
+    ledger.apply(out.changed_users, out.spent_units, out.retired)
+    return t1 - t0, time.perf_counter() - t1
+
+
+def _allocation_peak(fn: Callable[[], object]) -> int:
+    """Peak bytes allocated (``tracemalloc``, numpy arrays included) while ``fn`` runs."""
+    gc.collect()
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        fn()
+        peak = tracemalloc.get_traced_memory()[1] - base
+    finally:
+        tracemalloc.stop()
+    return peak
+
+
 def ledger_bytes(ledger: BudgetLedger) -> int:
     """The ledger's memory, measured: what ``tracemalloc`` sees allocated by a deep copy."""
     gc.collect()
@@ -289,6 +312,14 @@ def ledger_bytes(ledger: BudgetLedger) -> int:
         tracemalloc.stop()
     del clone
     return used
+
+
+def _records(n: int, runs: int) -> tuple[DayRecords, float]:
+    """The day's records and the median time to build them from the decoded columns (which
+    are then dropped: at 10M users they hold ~1.5 GB)."""
+    columns = make_columns(n)
+    seconds = _median(lambda: DayRecords.from_columns(DAY, *columns), runs)
+    return DayRecords.from_columns(DAY, *columns), seconds
 
 
 def _baseline(
@@ -311,9 +342,7 @@ def _name(n: int) -> str:
 
 
 def bench_day_close(n: int, runs: int = 5, baseline_runs: int = 3) -> dict[str, object]:
-    columns = make_columns(n)
-    records_s = _median(lambda: DayRecords.from_columns(DAY, *columns), min(runs, 3))
-    records = DayRecords.from_columns(DAY, *columns)
+    records, records_s = _records(n, min(runs, 3))
     before = ledger_with_history(records)
     state: dict[str, BudgetLedger] = {}
 
@@ -326,14 +355,11 @@ def bench_day_close(n: int, runs: int = 5, baseline_runs: int = 3) -> dict[str, 
     value, value_cpu = _medians(lambda: engine_close(records, state["ledger"]), runs, fresh_ledger)
     peak_rss = _peak_rss_mib()
     fresh_ledger()
-    t0 = time.perf_counter()
-    out = close_day(records, queries(), state["ledger"], PARAMS, SeededRandomBits(0))
-    close_s = time.perf_counter() - t0
-    commit_s = _timed(
-        lambda: state["ledger"].apply(out.changed_users, out.spent_units, out.retired)
-    )
     after = state.pop("ledger")
+    close_s, commit_s = _close_then_commit(records, after)
     per_user = ledger_bytes(after) / len(after)
+    fresh_ledger()
+    engine_alloc = _allocation_peak(lambda: engine_close(records, state.pop("ledger")))
 
     inputs = lower_bound_inputs(records)
     lower = _median(lambda: lower_bound(records, inputs), runs)
@@ -370,6 +396,7 @@ def bench_day_close(n: int, runs: int = 5, baseline_runs: int = 3) -> dict[str, 
         "close_s": round(close_s, 4),
         "commit_s": round(commit_s, 4),
         "records_s": round(records_s, 3),
+        "engine_peak_alloc_mib": round(engine_alloc / 2**20, 1),
         "peak_rss_mib": round(peak_rss, 1),
         "rss_before_engine_mib": round(rss_before, 1),
         "peak_rss_scope": "engine runs" if peak_reset else "process lifetime",
@@ -379,8 +406,9 @@ def bench_day_close(n: int, runs: int = 5, baseline_runs: int = 3) -> dict[str, 
             f"value: close_day + ledger commit, median of {runs} runs; baseline: median of "
             f"{baseline_runs}; lower bound: median of {runs}; one close {close_s:.3f} s + commit "
             f"{commit_s:.3f} s; DayRecords.from_columns {records_s:.2f} s (not in value); ledger "
-            f"{per_user:.1f} B/user (tracemalloc) for {len(after):,} users; peak RSS "
-            f"{peak_rss:,.0f} MiB ({'engine runs' if peak_reset else 'process'}, inputs included)"
+            f"{per_user:.1f} B/user (tracemalloc) for {len(after):,} users; the day close "
+            f"allocates at most {engine_alloc / 2**20:,.0f} MiB; peak RSS "
+            f"{peak_rss:,.0f} MiB ({'engine runs' if peak_reset else 'process'})"
         ),
     }
 
