@@ -34,6 +34,7 @@ from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import NewTopic
 
 from benchmarks.common import entry, skipped
+from streamfilter.policies import standing_monitoring
 
 NAME = "kafka_vs_bare_consumer"
 BASELINE = "bare kafka-python consumer loop, same topic (3 partitions)"
@@ -156,17 +157,8 @@ path = "{work / (uuid.uuid4().hex + ".db")}"
     return elapsed, cpu, summary.records_read
 
 
-QUERIES = [
-    {"query_id": "active", "kind": "sum", "features": ["active"], "clip": 1.0},
-    {
-        "query_id": "plans",
-        "kind": "histogram",
-        "feature": "plan",
-        "categories": ["free", "pro", "team"],
-        "clip": 1.0,
-    },
-    {"query_id": "hours", "kind": "linear", "weights": {"minutes": [1 / 60]}, "clip": 1.0},
-]
+# the example policy's three standing queries (active, plans, hours); from_day set per run
+QUERIES = standing_monitoring([], "2026-01-01")
 
 
 def run(quick: bool = False) -> list[dict[str, object]]:

@@ -24,20 +24,12 @@ from streamfilter.client import Announcement, DeviceConfig, DeviceFleet
 from streamfilter.config import load_config
 from streamfilter.engine.contract import parse_event, parse_query
 from streamfilter.engine.records import DayAccumulator
+from streamfilter.policies import standing_monitoring
 from streamfilter.runtime.app import build_daemon
 
 DAY = "2026-01-01"
-QUERIES = [
-    {"query_id": "active", "kind": "sum", "features": ["active"], "clip": 1.0},
-    {
-        "query_id": "plans",
-        "kind": "histogram",
-        "feature": "plan",
-        "categories": ["free", "pro", "team"],
-        "clip": 1.0,
-    },
-    {"query_id": "hours", "kind": "linear", "weights": {"minutes": [1 / 60]}, "clip": 1.0},
-]
+# the example policy's three standing queries (active, plans, hours); from_day set per run
+QUERIES = standing_monitoring([], "2026-01-01")
 
 
 def _write_inputs(tmp: Path, n: int) -> None:

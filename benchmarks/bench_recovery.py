@@ -34,19 +34,11 @@ import urllib.request
 from pathlib import Path
 
 from benchmarks.common import entry
+from streamfilter.policies import standing_monitoring
 
 DAY_BEFORE, DAY, DAY_AFTER = "2026-01-04", "2026-01-05", "2026-01-06"
-QUERIES = [
-    {"query_id": "active", "kind": "sum", "features": ["active"], "clip": 1.0},
-    {
-        "query_id": "plans",
-        "kind": "histogram",
-        "feature": "plan",
-        "categories": ["free", "pro", "team"],
-        "clip": 1.0,
-    },
-    {"query_id": "hours", "kind": "linear", "weights": {"minutes": [1 / 60]}, "clip": 1.0},
-]
+# the example policy's three standing queries (active, plans, hours); from_day set per run
+QUERIES = standing_monitoring([], "2026-01-01")
 TIMEOUT_S = 600.0
 
 
