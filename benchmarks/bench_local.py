@@ -25,6 +25,7 @@ from streamfilter.config import load_config
 from streamfilter.engine.contract import parse_event, parse_query
 from streamfilter.engine.records import DayAccumulator
 from streamfilter.policies import standing_monitoring
+from streamfilter.privacy.noise import SeededRandomBits
 from streamfilter.runtime.app import build_daemon
 
 DAY = "2026-01-01"
@@ -62,16 +63,7 @@ def _write_inputs(tmp: Path, n: int) -> None:
     ans = fleet.answer(
         DAY, announced, records.users, [records.matrix(list(a.coordinates)) for a in announced]
     )
-    lines = []
-    for qid, block in zip(ans.query_ids, ans.units, strict=True):
-        for k, row in enumerate(block.tolist()):
-            nonce = f"{len(lines):016x}{k:016x}"
-            lines.append(
-                json.dumps(
-                    {"day": DAY, "query_id": qid, "units": row, "nonce": nonce},
-                    separators=(",", ":"),
-                ).encode()
-            )
+    lines = [c.to_json() for c in ans.contributions(DAY, SeededRandomBits(0))]
     (tmp / "contributions.jsonl").write_bytes(b"".join(x + b"\n" for x in lines))
 
 

@@ -164,6 +164,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(out_dir, users=args.users, days=args.days, p_active=args.p_active)
 
 
+def _testing_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--testing",
+        action="store_true",
+        help="allow [testing] noise_seed (releases are NOT private)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="streamfilter", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"streamfilter {__version__}")
@@ -175,11 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--until-end", action="store_true", help="close every open day at end of input and exit"
     )
-    run.add_argument(
-        "--testing",
-        action="store_true",
-        help="allow [testing] noise_seed (releases are NOT private)",
-    )
+    _testing_flag(run)
     run.set_defaults(func=cmd_run)
 
     gua = sub.add_parser("guarantee", help="print the privacy guarantee of a configuration")
@@ -206,11 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
         "local-mode server",
     )
     sim.add_argument("--config", required=True, help="TOML configuration with [mode] kind=local")
-    sim.add_argument(
-        "--testing",
-        action="store_true",
-        help="allow [testing] noise_seed (releases are NOT private)",
-    )
+    _testing_flag(sim)
     sim.set_defaults(func=cmd_simulate_local)
 
     demo = sub.add_parser("demo", help="synthetic sparse-monitoring stream on the embedded default")

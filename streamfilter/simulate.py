@@ -25,11 +25,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from streamfilter.client import Announcement, DeviceConfig, DeviceFleet
 from streamfilter.config import ConfigError, Settings
-from streamfilter.engine.contract import Reject, parse_event
+from streamfilter.engine.contract import Reject
+from streamfilter.engine.ingest import parse_events
 from streamfilter.engine.records import DayAccumulator
 from streamfilter.privacy.noise import RandomBits, SeededRandomBits, SystemRandomBits
 from streamfilter.runtime.app import build_daemon, event_source
@@ -128,10 +127,8 @@ def _read_days(settings: Settings, summary: SimulationSummary) -> dict[str, DayA
             batch = source.poll(50_000)
             if not batch and source.at_end():
                 break
-            for rec in batch:
-                try:
-                    event = parse_event(rec.value)
-                except Reject:
+            for event in parse_events([rec.value for rec in batch]):
+                if isinstance(event, Reject):
                     summary.events_rejected += 1
                     continue
                 acc = days.get(event.day)
@@ -142,24 +139,6 @@ def _read_days(settings: Settings, summary: SimulationSummary) -> dict[str, DayA
     finally:
         source.close()
     return days
-
-
-def _contribution_lines(
-    day: str, query_ids: list[str], units: list[np.ndarray], nonces: RandomBits
-) -> list[bytes]:
-    lines: list[bytes] = []
-    for qid, block in zip(query_ids, units, strict=True):
-        if not len(block):
-            continue
-        words = nonces.uint64(2 * len(block)).reshape(-1, 2)
-        for row, (hi, lo) in zip(block.tolist(), words.tolist(), strict=True):
-            lines.append(
-                json.dumps(
-                    {"day": day, "query_id": qid, "units": row, "nonce": f"{hi:016x}{lo:016x}"},
-                    separators=(",", ":"),
-                ).encode()
-            )
-    return lines
 
 
 def simulate_local(settings: Settings, *, allow_test_seed: bool = False) -> SimulationSummary:
@@ -202,7 +181,7 @@ def simulate_local(settings: Settings, *, allow_test_seed: bool = False) -> Simu
                         records.users,
                         [records.matrix(list(q.coordinates)) for q in queries],
                     )
-                    lines = _contribution_lines(day, ans.query_ids, ans.units, nonce_bits)
+                    lines = [c.to_json() for c in ans.contributions(day, nonce_bits)]
                     wire.send(lines)
                     summary.contributions_sent += len(lines)
                 elif acc is not None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from streamfilter.client.core import DeviceConfig, Variant, answer_day
-from streamfilter.client.protocol import Announcement
+from streamfilter.client.protocol import Announcement, Contribution
 from streamfilter.privacy.noise import RandomBits
 
 __all__ = ["DeviceFleet", "FleetAnswers"]
@@ -28,6 +28,18 @@ class FleetAnswers:
     query_ids: list[str]
     devices: list[np.ndarray]
     units: list[np.ndarray]
+
+    def contributions(self, day: str, nonce_bits: RandomBits) -> list[Contribution]:
+        """The wire messages, one per sending device and query, each with a fresh 128-bit
+        nonce drawn from ``nonce_bits``."""
+        out: list[Contribution] = []
+        for qid, block in zip(self.query_ids, self.units, strict=True):
+            if not len(block):
+                continue
+            words = nonce_bits.uint64(2 * len(block)).reshape(-1, 2).tolist()
+            for row, (hi, lo) in zip(block.tolist(), words, strict=True):
+                out.append(Contribution(day, qid, tuple(row), f"{hi:016x}{lo:016x}"))
+        return out
 
 
 class DeviceFleet:

@@ -35,7 +35,7 @@ import msgspec
 
 from streamfilter.engine.contract import MAX_EVENT_BYTES, Event, Reject, _parse_day, parse_event
 
-__all__ = ["parse_events"]
+__all__ = ["day_ok", "parse_events"]
 
 _decode = msgspec.json.Decoder(Event).decode
 #: day string → valid (``_parse_day`` passes); bounded, days are few
@@ -43,7 +43,7 @@ _DAY_OK: dict[str, bool] = {}
 _DAY_CACHE_MAX = 4096
 
 
-def _day_ok(day: str) -> bool:
+def day_ok(day: str) -> bool:
     """``_parse_day`` accepts ``day`` (cached)."""
     ok = _DAY_OK.get(day)
     if ok is None:
@@ -66,7 +66,7 @@ def _fast(line: bytes) -> Event | None:
         ev = _decode(line)
     except Exception:  # any refusal: parse_event is the authority on why
         return None
-    if not _day_ok(ev.day):
+    if not day_ok(ev.day):
         return None
     if (b"=" in line or b"\\u" in line) and any("=" in name for name in ev.values):
         return None

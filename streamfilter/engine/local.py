@@ -38,6 +38,7 @@ import numpy as np
 
 from streamfilter.engine.contract import Reject, Release, _parse_day, load_object
 from streamfilter.engine.day import DayOutcome, ExactDayStats, noisy_release
+from streamfilter.engine.ingest import day_ok
 from streamfilter.engine.monitor import DayInput, Engine, InputRecord
 from streamfilter.engine.params import PrivacyParams
 from streamfilter.engine.queries import AnyQuery
@@ -76,25 +77,6 @@ class ContributionRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True
 
 
 _decode = msgspec.json.Decoder(ContributionRecord).decode
-_DAY_OK: dict[str, bool] = {}
-
-
-def _day_ok(day: str) -> bool:
-    ok = _DAY_OK.get(day)
-    if ok is None:
-        try:
-            _check_day(day)
-            ok = True
-        except Reject:
-            ok = False
-        if len(_DAY_OK) >= 4096:
-            _DAY_OK.clear()
-        _DAY_OK[day] = ok
-    return ok
-
-
-def _check_day(day: object) -> str:
-    return _parse_day(day, "day")
 
 
 def _fast(line: bytes) -> ContributionRecord | None:
@@ -108,7 +90,7 @@ def _fast(line: bytes) -> ContributionRecord | None:
     units = rec.units
     if (
         not units
-        or not _day_ok(rec.day)
+        or not day_ok(rec.day)
         or not _QUERY_ID_RE.match(rec.query_id)
         or not _NONCE_RE.match(rec.nonce)
         or max(units) > _INT64_MAX
@@ -143,7 +125,7 @@ def parse_contribution(raw: bytes | str) -> ContributionRecord:
     for key in ("day", "query_id", "units", "nonce"):
         if key not in obj:
             raise Reject("missing_field", f"missing required field {key}")
-    day = _check_day(obj["day"])
+    day = _parse_day(obj["day"], "day")
     query_id = obj["query_id"]
     if not isinstance(query_id, str) or not _QUERY_ID_RE.match(query_id):
         raise Reject("invalid_query_id", "query_id must match [A-Za-z0-9_.:-]{1,128}")
