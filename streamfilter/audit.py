@@ -91,7 +91,7 @@ from streamfilter.engine.params import PrivacyParams
 from streamfilter.engine.queries import AnyQuery
 from streamfilter.engine.records import DayAccumulator
 from streamfilter.privacy.accounting import epsilon_from_rho_cks
-from streamfilter.privacy.individual import Exhaustion, FilterStep
+from streamfilter.privacy.individual import Exhaustion, FilterStep, query_vectors
 from streamfilter.privacy.lattice import Lattice, round_to_lattice
 from streamfilter.privacy.noise import RandomBits, SystemRandomBits
 
@@ -273,8 +273,7 @@ def _build(config: AuditConfig) -> _Scenario:
 def _raw_vector(values: dict[str, float], query: AnyQuery) -> np.ndarray:
     """The canary's unclipped vector for ``query`` (numeric features only in this scenario)."""
     rec = np.array([values.get(c, 0.0) for c in query.coordinates()], dtype=np.float64)
-    out: np.ndarray = rec @ query.weights()
-    return out
+    return query_vectors(rec[None, :], query.weights())[0]
 
 
 def _run_once(sc: _Scenario, canary: bool, bits: RandomBits) -> tuple[list[float], int]:

@@ -24,7 +24,7 @@ import numpy as np
 
 from streamfilter.client.protocol import Announcement
 from streamfilter.privacy.accounting import sigma_for_rho
-from streamfilter.privacy.individual import Exhaustion, filter_contributions
+from streamfilter.privacy.individual import Exhaustion, filter_contributions, query_vectors
 from streamfilter.privacy.lattice import Lattice
 from streamfilter.privacy.noise import RandomBits, discrete_gaussian
 
@@ -152,7 +152,7 @@ def answer_day(
     out_senders: list[np.ndarray] = []
     out_units: list[np.ndarray] = []
     for query, matrix in zip(queries, matrices, strict=True):
-        x = matrix @ query.weight_matrix()
+        x = query_vectors(matrix, query.weight_matrix())
         step = filter_contributions(
             x,
             query.clip,

@@ -21,7 +21,7 @@ from streamfilter.engine.params import PrivacyParams
 from streamfilter.engine.queries import AnyQuery
 from streamfilter.engine.records import DayRecords
 from streamfilter.engine.telemetry import ACTIVE_SET_QUERY_ID, ActiveSetTracker
-from streamfilter.privacy.individual import filter_contributions
+from streamfilter.privacy.individual import filter_contributions, query_vectors
 from streamfilter.privacy.noise import RandomBits, SeededRandomBits, discrete_gaussian, gaussian
 
 __all__ = ["DayOutcome", "ExactDayStats", "SeededPerRelease", "close_day", "noisy_release"]
@@ -115,34 +115,55 @@ def noisy_release(
 
 #: users per block of the day close (temporaries of ~0.5 MiB per column)
 BLOCK_USERS = 1 << 16
-#: multiply-adds per matrix product: OpenBLAS runs products of at most 2^18 on one thread; its
-#: worker threads otherwise spin and stall when the machine is busy
-_MATMUL_MADDS = 1 << 18
 
 
 def _query_vectors(dense: np.ndarray, cols: list[int], weights: np.ndarray) -> np.ndarray:
-    """Each user's unclipped vector ``record[coordinates] @ weights`` (data units, (n, d)).
-
-    ``dense`` and the result are column-major (``order="F"``). Identity weights (``sum``,
-    ``histogram``) select the columns without a product: the same numbers as ``@ eye`` (up to
-    the sign of a zero, which rounds to the same lattice point). Otherwise the product is taken
-    on row-major blocks of rows, each the same BLAS call on the same numbers as one ``@`` over
-    all rows (each output is one dot product whatever the block): bit-identical results.
-    """
+    """Each user's unclipped vector (data units, (n, d)): ``query_vectors`` of the columns
+    ``cols`` of the column-major ``dense`` (a view when they are contiguous)."""
     if cols == list(range(cols[0], cols[0] + len(cols))):
-        sub = dense[:, cols[0] : cols[0] + len(cols)]  # a view
+        sub = dense[:, cols[0] : cols[0] + len(cols)]
     else:
         sub = dense[:, cols]
-    k, d = weights.shape
-    if k == d and np.array_equal(weights, np.eye(d)):
-        return sub
-    n = sub.shape[0]
-    step = max(_MATMUL_MADDS // (k * d), 4096)
-    out = np.empty((n, d), dtype=np.float64, order="F")
-    for start in range(0, n, step):
-        block = np.ascontiguousarray(sub[start : start + step])
-        out[start : start + step] = block @ weights
-    return out
+    return query_vectors(sub, weights)
+
+
+def _filter_day(
+    records: DayRecords,
+    queries: Sequence[AnyQuery],
+    params: PrivacyParams,
+    spent: np.ndarray,
+    retired: np.ndarray,
+) -> tuple[list[np.ndarray], list[int], list[int]]:
+    """The day's queries over all users, on blocks of users: (sums, admitted, refused) per query.
+
+    Every step is row-wise (each user's own queries stay in order) and sums are exact, so blocks
+    change no result; they bound the temporaries. ``spent``/``retired`` are updated in place.
+    """
+    lattice = params.lattice
+    budget = params.budget_units
+    columns = list(dict.fromkeys(c for q in queries for c in q.coordinates()))
+    column_of = {c: j for j, c in enumerate(columns)}
+    query_cols = [[column_of[c] for c in q.coordinates()] for q in queries]
+    weights = [q.weights() for q in queries]
+    totals = [np.zeros(w.shape[1], np.int64) for w in weights]
+    admitted_n = [0] * len(queries)
+    refused_n = [0] * len(queries)
+    for start in range(0, records.n_users, BLOCK_USERS):
+        stop = min(start + BLOCK_USERS, records.n_users)
+        dense = records.matrix(columns, order="F", rows=(start, stop))
+        spent_b, retired_b = spent[start:stop], retired[start:stop]  # views: updated in place
+        for j, query in enumerate(queries):
+            x = _query_vectors(dense, query_cols[j], weights[j])
+            step = filter_contributions(
+                x, query.clip, lattice, spent_b, retired_b, budget, params.exhaustion
+            )
+            totals[j] += step.units.sum(axis=0, dtype=np.int64)
+            spent_b += step.cost_units
+            retired_b |= step.newly_retired
+            nonzero = (x != 0).any(axis=1)
+            admitted_n[j] += int(np.count_nonzero(step.admitted & nonzero))
+            refused_n[j] += int(np.count_nonzero(~step.admitted & nonzero))
+    return totals, admitted_n, refused_n
 
 
 def close_day(
@@ -163,33 +184,8 @@ def close_day(
     located = ledger.locate(users, keys)
     spent, retired = ledger.state_at(located)
     spent_before, retired_before = spent.copy(), retired.copy()
-    lattice = params.lattice
     budget = params.budget_units
-    # the day's queries, in registration order, on blocks of users: every step is row-wise
-    # (each user's own queries stay in order) and sums are exact, so blocks change no result;
-    # they bound the temporaries (no page-fault storm at 10M users) and keep them in cache
-    columns = list(dict.fromkeys(c for q in queries for c in q.coordinates()))
-    column_of = {c: j for j, c in enumerate(columns)}
-    query_cols = [[column_of[c] for c in q.coordinates()] for q in queries]
-    weights = [q.weights() for q in queries]
-    totals = [np.zeros(w.shape[1], np.int64) for w in weights]
-    admitted_n = [0] * len(queries)
-    refused_n = [0] * len(queries)
-    for start in range(0, records.n_users, BLOCK_USERS):
-        stop = min(start + BLOCK_USERS, records.n_users)
-        dense = records.matrix(columns, order="F", rows=(start, stop))
-        spent_b, retired_b = spent[start:stop], retired[start:stop]  # views: updated in place
-        for j, query in enumerate(queries):
-            x = _query_vectors(dense, query_cols[j], weights[j])
-            step = filter_contributions(
-                x, query.clip, lattice, spent_b, retired_b, budget, params.exhaustion
-            )
-            totals[j] += step.units.sum(axis=0, dtype=np.int64)
-            spent_b += step.cost_units  # the filter returned; spent_before is a copy
-            retired_b |= step.newly_retired
-            nonzero = (x != 0).any(axis=1)
-            admitted_n[j] += int(np.count_nonzero(step.admitted & nonzero))
-            refused_n[j] += int(np.count_nonzero(~step.admitted & nonzero))
+    totals, admitted_n, refused_n = _filter_day(records, queries, params, spent, retired)
     releases = [
         noisy_release(records.day, query, total, params, bits)
         for query, total in zip(queries, totals, strict=True)

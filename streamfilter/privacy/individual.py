@@ -36,7 +36,7 @@ import numpy as np
 
 from streamfilter.privacy.lattice import Lattice, round_to_lattice
 
-__all__ = ["Exhaustion", "FilterStep", "filter_contributions"]
+__all__ = ["Exhaustion", "FilterStep", "filter_contributions", "query_vectors"]
 
 
 class Exhaustion(StrEnum):
@@ -58,6 +58,31 @@ class FilterStep:
     cost_units: np.ndarray
     admitted: np.ndarray
     newly_retired: np.ndarray
+
+
+def query_vectors(records: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """Each row's unclipped vector ``Σ_k records[:, k]·weights[k]`` (data units, (n, d)).
+
+    ``records``: (n, k) values of the query's coordinates; ``weights``: (k, d). Identity weights
+    (``sum``, ``histogram``) select the columns; otherwise each output is summed over ``k`` left
+    to right with one IEEE rounding per product and per addition (no BLAS, no fused
+    multiply-add, whose use depends on the BLAS build and the number of rows), so the server
+    and every device compute the same bits, whatever their numpy build.
+    """
+    records = np.asarray(records, dtype=np.float64)
+    weights = np.asarray(weights, dtype=np.float64)
+    k, d = weights.shape
+    if records.ndim != 2 or records.shape[1] != k:
+        raise ValueError(f"records must be (n, {k}), got shape {records.shape}")
+    if k == d and np.array_equal(weights, np.eye(d)):
+        return records
+    out = np.empty((records.shape[0], d), dtype=np.float64, order="F")
+    for j in range(d):
+        col = records[:, 0] * weights[0, j]
+        for i in range(1, k):
+            col = col + records[:, i] * weights[i, j]
+        out[:, j] = col
+    return out
 
 
 def filter_contributions(

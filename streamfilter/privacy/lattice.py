@@ -32,6 +32,7 @@ __all__ = [
     "Lattice",
     "cost_units",
     "max_cost_units",
+    "norm2_rows",
     "round_to_lattice",
 ]
 
@@ -154,7 +155,11 @@ def round_to_lattice(
     # Clip in lattice units: y = x/γ scaled to norm ≤ radius = min(C/γ, sqrt(cap)).
     y = x / granularity
     radius = np.minimum(clip / granularity, np.sqrt(cap_units.astype(np.float64)))
-    norm = np.sqrt(np.einsum("ij,ij->i", y, y))
+    norm = np.sqrt(norm2_rows(y))
+    broken = ~np.isfinite(norm)
+    if broken.any():  # a vector that overflowed float64 contributes nothing (cost 0)
+        y[broken] = 0.0
+        norm[broken] = 0.0
     clipped = norm > radius
     if clipped.any():  # rows beyond the radius scale by radius/norm (norm > radius ≥ 0)
         y *= np.divide(radius, norm, out=np.ones_like(norm), where=clipped)[:, None]
@@ -167,13 +172,25 @@ def round_to_lattice(
         caps = np.broadcast_to(cap_units, (n,))
         yo = y[over]
         shrunk = np.maximum(np.broadcast_to(radius, (n,))[over] - 0.5 * np.sqrt(d), 0.0)
-        norm_o = np.sqrt(np.einsum("ij,ij->i", yo, yo))
+        norm_o = np.sqrt(norm2_rows(yo))
         with np.errstate(divide="ignore", invalid="ignore"):
             factor = np.where(norm_o > shrunk, shrunk / norm_o, 1.0)
         r[over] = np.rint(yo * factor[:, None]).astype(np.int64)
         cost[over] = cost_units(r[over])
         _enforce_cost_cap(r, cost, caps)
     return r, cost
+
+
+def norm2_rows(y: np.ndarray) -> np.ndarray:
+    """``Σ_j y_j²`` per row, summed left to right (columns in order, one IEEE rounding per
+    operation, no pairwise or SIMD reassociation as ``einsum`` may do): the clipping decision is
+    then the same bits on the server and on every device. Overflow gives ``inf``, which
+    :func:`round_to_lattice` handles."""
+    with np.errstate(over="ignore"):
+        out: np.ndarray = y[:, 0] * y[:, 0] if y.shape[1] else np.zeros(y.shape[0])
+        for j in range(1, y.shape[1]):
+            out = out + y[:, j] * y[:, j]
+    return out
 
 
 def _enforce_cost_cap(r: np.ndarray, cost: np.ndarray, cap_units: np.ndarray) -> None:

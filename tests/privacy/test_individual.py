@@ -87,3 +87,40 @@ def test_no_user_ever_exceeds_budget(policy, b_norm, days):
 def test_corrupt_ledger_is_refused():
     with pytest.raises(ValueError, match="corrupt"):
         run([[1.0]], 1.0, [5000], [False], 4096, Exhaustion.SKIP)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.integers(1, 12),
+    st.integers(1, 5),
+    st.integers(1, 5),
+    st.data(),
+)
+def test_query_vectors_sums_left_to_right_without_blas(n, k, d, data):
+    """Each output is ``r0·w0 + r1·w1 + …`` with one rounding per operation (no BLAS, no fused
+    multiply-add): devices and the server compute the same bits whatever their BLAS."""
+    from streamfilter.privacy.individual import query_vectors
+
+    fl = st.floats(-1e6, 1e6, allow_nan=False, allow_infinity=False, width=64)
+    recs = np.array(
+        data.draw(st.lists(st.lists(fl, min_size=k, max_size=k), min_size=n, max_size=n))
+    )
+    w = np.array(data.draw(st.lists(st.lists(fl, min_size=d, max_size=d), min_size=k, max_size=k)))
+    got = query_vectors(recs, w)
+    assert got.shape == (n, d)
+    for i in range(n):
+        for j in range(d):
+            acc = recs[i, 0] * w[0, j]
+            for t in range(1, k):
+                acc = acc + recs[i, t] * w[t, j]
+            assert got[i, j] == acc or (np.isnan(got[i, j]) and np.isnan(acc))
+
+
+def test_query_vectors_selects_columns_for_identity_weights():
+    from streamfilter.privacy.individual import query_vectors
+
+    recs = np.array([[1.5, -0.0, 3.0], [0.0, 2.0, 1e12]])
+    out = query_vectors(recs, np.eye(3))
+    assert np.array_equal(out, recs) and np.signbit(out[0, 1])
+    with pytest.raises(ValueError, match="records"):
+        query_vectors(recs, np.eye(2))

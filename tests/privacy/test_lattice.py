@@ -89,3 +89,33 @@ def test_clip_scales_direction():
     v = r[0] * 2.0**-10
     assert abs(v[0] - 0.6) < 2e-3 and abs(v[1] - 0.8) < 2e-3
     assert v @ v <= 1.0
+
+
+# ------------------------------------------------------------- arithmetic fixed to the bit
+
+_finite = st.floats(-1e12, 1e12, allow_nan=False, allow_infinity=False)
+
+
+@settings(max_examples=200, deadline=None)
+@given(hnp.arrays(np.float64, st.tuples(st.integers(1, 20), st.integers(1, 9)), elements=_finite))
+def test_norm2_rows_is_the_left_to_right_sum_of_squares(y):
+    """One IEEE rounding per operation, columns in order: no pairwise or SIMD reassociation, so
+    the server, its tests and every device get the same bits for the clipping decision."""
+    from streamfilter.privacy.lattice import norm2_rows
+
+    got = norm2_rows(y)
+    for i, row in enumerate(y.tolist()):
+        acc = row[0] * row[0]
+        for v in row[1:]:
+            acc = acc + v * v
+        assert got[i] == acc  # exact, not approx
+
+
+def test_a_vector_that_overflows_float64_contributes_nothing():
+    """‖y‖² = inf (only reachable with absurd query weights): the row is rounded to zero at
+    zero cost — never NaN cast to an integer, never a warning — and other rows are unaffected."""
+    gamma = 2.0**-10
+    x = np.array([[1e200, 1e200], [0.5, 0.0]])
+    r, cost = round_to_lattice(x, 1.0, gamma, max_cost_units(1.0, gamma))
+    assert r[0].tolist() == [0, 0] and cost[0] == 0
+    assert r[1].tolist() == [512, 0] and cost[1] == 512**2
