@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import signal
 import sys
 import tempfile
@@ -75,6 +76,8 @@ def cmd_guarantee(args: argparse.Namespace) -> int:
         }
     )
     out["mode"] = settings.mode.kind
+    if settings.mode.kind == "central":
+        out.update(_with_telemetry(float(out["rho"]), settings.telemetry.rho, params.delta))
     if settings.mode.kind == "local":
         out["local_variant"] = settings.local.variant
         s2_local = settings.sigma2_local_units()
@@ -96,6 +99,26 @@ def cmd_guarantee(args: argparse.Namespace) -> int:
     return 0
 
 
+def _with_telemetry(rho: float, telemetry_rho: float, delta: float) -> dict[str, float]:
+    """The run's guarantee including the ``[telemetry]`` budget (``budget-stats`` and the
+    active-set estimate, each charged to it and refused beyond it): zCDP composes additively
+    (Bun & Steinke 2016, Lemma 2.3), so each user's total is at most ``ρ + telemetry.rho``.
+    The sum is rounded up, never down."""
+    from fractions import Fraction
+
+    from streamfilter.privacy.accounting import epsilon_from_rho_cks
+
+    exact = Fraction(rho) + Fraction(telemetry_rho)
+    total = float(exact)
+    if Fraction(total) < exact:
+        total = math.nextafter(total, math.inf)
+    return {
+        "rho_telemetry_max": telemetry_rho,
+        "rho_total_max": total,
+        "epsilon_total_max": epsilon_from_rho_cks(total, delta),
+    }
+
+
 def _guarantee_text(g: dict[str, object]) -> str:
     eps = g["epsilon_by_method"]
     assert isinstance(eps, dict)
@@ -111,6 +134,12 @@ def _guarantee_text(g: dict[str, object]) -> str:
         f"  budget Σ‖q‖² ≤ B_norm = {g['b_norm']:g} per user, lattice γ = {g['granularity']!r}, "
         f"exhaustion {g['exhaustion']}",
     ]
+    if "rho_total_max" in g:
+        lines.append(
+            f"  with the [telemetry] budget (budget-stats, active-set estimate) at most "
+            f"{g['rho_total_max']:.6g}-zCDP, ε = {g['epsilon_total_max']:.6g} "
+            "(ρ + telemetry.rho; zCDP composition, Bun & Steinke 2016 Lemma 2.3)"
+        )
     if g.get("mode") == "local":
         lines.append(f"  local mode, variant {g['local_variant']}: devices run the filter")
         if "rho_local_per_device" in g:

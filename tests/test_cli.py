@@ -297,3 +297,24 @@ def test_changed_privacy_config_on_existing_state_is_refused(tmp_path):
 def test_demo_runs_small(tmp_path):
     proc = cli("demo", "--users", "2000", "--days", "6", "--out", str(tmp_path), cwd=tmp_path)
     assert "zCDP" in proc.stdout and "2026-01-06" in proc.stdout
+
+
+def test_guarantee_adds_the_telemetry_budget_by_zcdp_composition(tmp_path):
+    """budget-stats and the active-set estimate spend a separate, enforced [telemetry] budget:
+    the run's total per user is at most ρ + telemetry.rho (zCDP composes additively), and the
+    guarantee says so, with its ε, rounded up."""
+    from fractions import Fraction
+
+    from streamfilter.privacy.accounting import epsilon_from_rho_cks
+
+    (tmp_path / "c.toml").write_text(
+        "[privacy]\nb_norm = 4\nrho = 0.1\ndelta = 1e-6\n[telemetry]\nrho = 0.2\n"
+    )
+    out = json.loads(cli("guarantee", "--config", "c.toml", "--json", cwd=tmp_path).stdout)
+    assert out["rho_telemetry_max"] == 0.2
+    assert Fraction(out["rho_total_max"]) >= Fraction(0.1) + Fraction(0.2)  # never rounded down
+    assert out["rho_total_max"] <= 0.30000000000000010
+    assert out["epsilon_total_max"] == epsilon_from_rho_cks(out["rho_total_max"], 1e-6)
+    assert out["epsilon_total_max"] > out["epsilon"]
+    text = cli("guarantee", "--config", "c.toml", cwd=tmp_path).stdout
+    assert "telemetry" in text and "0.3-zCDP" in text
