@@ -287,6 +287,47 @@ def _close_then_commit(records: DayRecords, ledger: BudgetLedger) -> tuple[float
     return t1 - t0, time.perf_counter() - t1
 
 
+#: the day close's phases, as cProfile names them: (label, module file suffix, function)
+_PHASES = [
+    ("locate", "engine/ledger.py", "locate"),
+    ("state", "engine/ledger.py", "state_at"),
+    ("matrix", "engine/records.py", "matrix"),
+    ("round", "privacy/lattice.py", "round_to_lattice"),
+    ("filter", "privacy/individual.py", "filter_contributions"),
+    ("queries", "engine/day.py", "_filter_day"),
+    ("close", "engine/day.py", "close_day"),
+    ("commit", "engine/ledger.py", "apply"),
+]
+
+
+def profile_phases(records: DayRecords, ledger: BudgetLedger) -> dict[str, float]:
+    """Where one close + commit spends its time (cProfile cumulative seconds, one run on
+    ``ledger``): ledger lookups, building the record matrix, clip/round, admission, the rest of
+    the query loop, the rest of the close (outcome, changed users) and the ledger commit."""
+    import cProfile
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.enable()
+    engine_close(records, ledger)
+    prof.disable()
+    stats = pstats.Stats(prof).stats  # type: ignore[attr-defined]
+    cum = {label: 0.0 for label, _, _ in _PHASES}
+    for (path, _, func), (_, _, _, ct, _) in stats.items():
+        for label, suffix, name in _PHASES:
+            if func == name and path.replace("\\", "/").endswith(suffix):
+                cum[label] += ct
+    return {
+        "ledger_lookup_s": round(cum["locate"] + cum["state"], 4),
+        "record_matrix_s": round(cum["matrix"], 4),
+        "clip_round_s": round(cum["round"], 4),
+        "admission_s": round(cum["filter"] - cum["round"], 4),
+        "query_loop_rest_s": round(cum["queries"] - cum["filter"] - cum["matrix"], 4),
+        "close_rest_s": round(cum["close"] - cum["queries"] - cum["locate"] - cum["state"], 4),
+        "ledger_commit_s": round(cum["commit"], 4),
+    }
+
+
 def _allocation_peak(fn: Callable[[], object]) -> int:
     """Peak bytes allocated (``tracemalloc``, numpy arrays included) while ``fn`` runs."""
     gc.collect()
@@ -360,6 +401,8 @@ def bench_day_close(n: int, runs: int = 5, baseline_runs: int = 3) -> dict[str, 
     per_user = ledger_bytes(after) / len(after)
     fresh_ledger()
     engine_alloc = _allocation_peak(lambda: engine_close(records, state.pop("ledger")))
+    fresh_ledger()
+    phases = profile_phases(records, state.pop("ledger"))
 
     inputs = lower_bound_inputs(records)
     lower = _median(lambda: lower_bound(records, inputs), runs)
@@ -402,13 +445,15 @@ def bench_day_close(n: int, runs: int = 5, baseline_runs: int = 3) -> dict[str, 
         "peak_rss_scope": "engine runs" if peak_reset else "process lifetime",
         "ledger_bytes_per_user": round(per_user, 1),
         "known_users_after": len(after),
+        "profile_s": phases,
         "detail": (
             f"value: close_day + ledger commit, median of {runs} runs; baseline: median of "
             f"{baseline_runs}; lower bound: median of {runs}; one close {close_s:.3f} s + commit "
             f"{commit_s:.3f} s; DayRecords.from_columns {records_s:.2f} s (not in value); ledger "
             f"{per_user:.1f} B/user (tracemalloc) for {len(after):,} users; the day close "
             f"allocates at most {engine_alloc / 2**20:,.0f} MiB; peak RSS "
-            f"{peak_rss:,.0f} MiB ({'engine runs' if peak_reset else 'process'})"
+            f"{peak_rss:,.0f} MiB ({'engine runs' if peak_reset else 'process'}); profile "
+            f"(cProfile, one run, s): {', '.join(f'{k[:-2]} {v:.3f}' for k, v in phases.items())}"
         ),
     }
 
