@@ -275,12 +275,41 @@ _CRC_COLUMNS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 def _row_crc(*values: object) -> int:
     """CRC-32 of a row's values, each type-tagged and length-prefixed (``repr`` for numbers and
     text, raw bytes for blobs): one damaged byte, or a value of another type, changes it."""
-    crc = 0
+    parts: list[bytes] = []
     for v in values:
-        data = v if isinstance(v, bytes) else repr(v).encode("utf-8", "surrogatepass")
-        head = (b"b" if isinstance(v, bytes) else b"r") + len(data).to_bytes(8, "little")
-        crc = zlib.crc32(data, zlib.crc32(head, crc))
-    return crc
+        if isinstance(v, bytes):
+            parts.append(_head(b"b", len(v)))
+        else:
+            v = repr(v).encode("utf-8", "surrogatepass")
+            parts.append(_R_HEADS[len(v)] if len(v) < len(_R_HEADS) else _head(b"r", len(v)))
+        parts.append(v)
+    return zlib.crc32(b"".join(parts))
+
+
+def _head(tag: bytes, length: int) -> bytes:
+    return tag + length.to_bytes(8, "little")
+
+
+#: ``_head(b"r", n)`` for the lengths of ids and numbers, looked up instead of built per value
+_R_HEADS = [_head(b"r", n) for n in range(512)]
+#: the ``retired`` value of a budget row, 0 or 1, with its head
+_RETIRED = (_head(b"r", 1) + b"0", _head(b"r", 1) + b"1")
+
+
+def _budget_crcs(users: list[str], spent: list[int], retired: list[bool]) -> list[int]:
+    """``_row_crc(user, spent, int(retired))`` of each budget row, the same values built with
+    one join and one ``zlib.crc32`` call per row (a day commit writes one row per active user)."""
+    crc32, heads, tails, big = zlib.crc32, _R_HEADS, _RETIRED, len(_R_HEADS)
+    out = []
+    for u, s, r in zip(users, spent, retired, strict=True):
+        if type(u) is not str or type(s) is not int:  # never from the engine; exact fallback
+            out.append(_row_crc(u, s, int(r)))
+            continue
+        a = repr(u).encode("utf-8", "surrogatepass")
+        b = b"%d" % s
+        ha = heads[len(a)] if len(a) < big else _head(b"r", len(a))
+        out.append(crc32(b"".join((ha, a, heads[len(b)], b, tails[r]))))
+    return out
 
 
 class _CorruptRowError(StoreError):
@@ -526,18 +555,19 @@ class SQLiteStateStore(StateStore):
         """One transaction: 1. budgets, 2. releases (unsent), 3. positions, 4. day + sequence."""
         with self._transaction() as db:
             # 1. budget debits (exact integers)
+            users = commit.changed_users.tolist()
+            spent = commit.spent_units.tolist()
+            retired = commit.retired.astype(bool).tolist()
             db.executemany(
                 "INSERT INTO budgets(user_id, spent_units, retired, crc) VALUES(?, ?, ?, ?) "
                 "ON CONFLICT(user_id) DO UPDATE SET spent_units = excluded.spent_units, "
                 "retired = excluded.retired, crc = excluded.crc",
-                (
-                    (u, s, r, _row_crc(u, s, r))
-                    for u, s, r in zip(
-                        commit.changed_users.tolist(),
-                        commit.spent_units.tolist(),
-                        commit.retired.astype(int).tolist(),
-                        strict=True,
-                    )
+                zip(
+                    users,
+                    spent,
+                    map(int, retired),
+                    _budget_crcs(users, spent, retired),
+                    strict=True,
                 ),
             )
             # 2. releases, noise already drawn; the primary key refuses a second (day, query)

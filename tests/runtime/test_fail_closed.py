@@ -33,6 +33,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from streamfilter.runtime.store import SQLiteStateStore, StoreError
 from tests.conftest import require
@@ -354,3 +356,42 @@ def test_state_written_before_row_checksums_is_upgraded_then_protected(tmp_path)
             store.load()
     finally:
         store.close()
+
+
+def _reference_row_crc(*values: object) -> int:
+    """The row checksum as first defined (states on disk carry it): per value a type tag, an
+    8-byte little-endian length, then the raw bytes (blobs) or the UTF-8 ``repr`` (the rest)."""
+    import zlib
+
+    crc = 0
+    for v in values:
+        data = v if isinstance(v, bytes) else repr(v).encode("utf-8", "surrogatepass")
+        head = (b"b" if isinstance(v, bytes) else b"r") + len(data).to_bytes(8, "little")
+        crc = zlib.crc32(data, zlib.crc32(head, crc))
+    return crc
+
+
+_ids = st.text(min_size=1, max_size=600) | st.sampled_from(["u-1", "it's", 'a"b', "\\", "\ud800"])
+_cells = _ids | st.binary(max_size=300) | st.integers() | st.floats(allow_nan=False)
+
+
+@given(st.lists(_cells, max_size=6))
+def test_row_checksum_keeps_its_format(values):
+    """Stored states stay verifiable: the checksum is the one they were written with."""
+    from streamfilter.runtime.store import _row_crc
+
+    assert _row_crc(*values) == _reference_row_crc(*values)
+
+
+@given(
+    st.lists(st.tuples(_ids, st.integers(min_value=-(2**63), max_value=2**63 - 1), st.booleans()))
+)
+def test_budget_row_checksums_in_bulk_equal_the_row_checksum(rows):
+    """``commit_day``'s bulk checksums of budget rows are each row's ``_row_crc``."""
+    from streamfilter.runtime.store import _budget_crcs
+
+    users = [u for u, _, _ in rows]
+    spent = [s for _, s, _ in rows]
+    retired = [r for _, _, r in rows]
+    expected = [_reference_row_crc(u, s, int(r)) for u, s, r in rows]
+    assert _budget_crcs(users, spent, retired) == expected
