@@ -16,6 +16,7 @@ import logging
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any
 
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
@@ -25,7 +26,7 @@ from kafka.structs import OffsetAndMetadata
 
 from streamfilter.runtime.feeds import QueryFeed
 from streamfilter.runtime.sinks import Sink
-from streamfilter.runtime.sources import Source, SourceRecord
+from streamfilter.runtime.sources import RecordBatch, Source, SourceRecord
 from streamfilter.runtime.store import StoreError
 
 __all__ = [
@@ -38,6 +39,7 @@ __all__ = [
 ]
 
 log = logging.getLogger("streamfilter.kafka")
+_OFFSET, _VALUE = attrgetter("offset"), attrgetter("value")
 
 
 @dataclass(frozen=True)
@@ -112,12 +114,25 @@ class KafkaSource(Source):
         self._c.seek(offsets)
 
     def poll(self, max_records: int) -> list[SourceRecord]:
-        batches = self._c.consumer.poll(timeout_ms=self._poll_timeout_ms, max_records=max_records)
-        out: list[SourceRecord] = []
-        for tp, records in sorted(batches.items(), key=lambda kv: kv[0].partition):
-            label = _label(tp)
-            # one object per record, built directly (this runs for every input record)
-            out += [SourceRecord(label, r.offset, r.offset + 1, r.value or b"") for r in records]
+        return [
+            SourceRecord(b.partition, offset, offset + 1, value)
+            for b in self.poll_batches(max_records)
+            for offset, value in zip(b.offsets, b.values, strict=True)
+        ]
+
+    def poll_batches(self, max_records: int) -> list[RecordBatch]:
+        """One batch per partition that returned records, in partition order. (Two C-level
+        passes over kafka-python's records; this runs for every input record.)"""
+        polled = self._c.consumer.poll(timeout_ms=self._poll_timeout_ms, max_records=max_records)
+        out: list[RecordBatch] = []
+        for tp, records in sorted(polled.items(), key=lambda kv: kv[0].partition):
+            if not records:
+                continue
+            offsets = list(map(_OFFSET, records))
+            values = list(map(_VALUE, records))
+            if None in values:  # a tombstone (null value) is an empty record: rejected as such
+                values = [b"" if v is None else v for v in values]
+            out.append(RecordBatch(_label(tp), offsets, values, offsets[-1] + 1))
         return out
 
     def mark_end(self) -> None:

@@ -1,9 +1,14 @@
 """Event sources: small interface, several implementations (file, synthetic; Kafka elsewhere).
 
 Lifecycle: the daemon calls :meth:`Source.seek` once with the positions stored in the state
-store (possibly none), then :meth:`Source.poll` repeatedly. Each record carries its partition and
-offsets; the daemon, not the source, decides what is durable. ``at_end`` tells ``--until-end``
-that every partition has delivered everything that existed when the run started.
+store (possibly none), then :meth:`Source.poll_batches` repeatedly. Each record carries its
+partition and offsets; the daemon, not the source, decides what is durable. ``at_end`` tells
+``--until-end`` that every partition has delivered everything that existed when the run started.
+
+``poll`` returns one :class:`SourceRecord` per record; ``poll_batches`` returns the same records
+as columns, one :class:`RecordBatch` per run of consecutive records of one partition (the daemon's
+hot path: no object per record). Its default groups ``poll``; a source that receives records in
+per-partition batches anyway (Kafka) overrides it.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from typing import IO
 import msgspec
 import numpy as np
 
-__all__ = ["FileSource", "Source", "SourceRecord", "SyntheticSource"]
+__all__ = ["FileSource", "RecordBatch", "Source", "SourceRecord", "SyntheticSource"]
 
 
 class SourceRecord(msgspec.Struct, frozen=True, gc=False):
@@ -29,6 +34,35 @@ class SourceRecord(msgspec.Struct, frozen=True, gc=False):
     offset: int
     next_offset: int
     value: bytes
+
+
+class RecordBatch(msgspec.Struct, frozen=True):
+    """Consecutive records of one partition as columns: record ``i`` starts at ``offsets[i]``
+    and has value ``values[i]``; ``next_offset`` is where the record after the last one starts."""
+
+    partition: str
+    offsets: list[int]
+    values: list[bytes]
+    next_offset: int
+
+
+def group_records(records: list[SourceRecord]) -> list[RecordBatch]:
+    """``records`` as batches, one per run of consecutive records of the same partition."""
+    out: list[RecordBatch] = []
+    start = 0
+    for i in range(1, len(records) + 1):
+        if i == len(records) or records[i].partition != records[start].partition:
+            run = records[start:i]
+            out.append(
+                RecordBatch(
+                    run[0].partition,
+                    [r.offset for r in run],
+                    [r.value for r in run],
+                    run[-1].next_offset,
+                )
+            )
+            start = i
+    return out
 
 
 class Source(abc.ABC):
@@ -42,6 +76,10 @@ class Source(abc.ABC):
     @abc.abstractmethod
     def poll(self, max_records: int) -> list[SourceRecord]:
         """Up to ``max_records`` new records; ``[]`` when nothing is available right now."""
+
+    def poll_batches(self, max_records: int) -> list[RecordBatch]:
+        """What :meth:`poll` returns, in the same order, as per-partition column batches."""
+        return group_records(self.poll(max_records))
 
     @abc.abstractmethod
     def at_end(self) -> bool:

@@ -169,3 +169,86 @@ def test_until_end_closes_everything_and_bad_input_goes_to_rejects(world):
     assert summary.rejects == {"malformed_json": 1, "invalid_user_id": 1, "unknown_query_kind": 1}
     reasons = sorted(json.loads(p)["reason"] for p in parts["rejects"].payloads)
     assert reasons == ["invalid_user_id", "malformed_json", "unknown_query_kind"]
+
+
+def test_poll_batches_are_polls_records_as_columns(tmp_path):
+    """The default ``poll_batches`` (file source here): the records ``poll`` would return, in
+    order, one batch per run of one partition, offsets and resume position kept."""
+    from streamfilter.runtime.sources import FileSource
+
+    lines = [event("a", "2026-01-01"), b"", event("b", "2026-01-01"), b"{broken", b"x" * 10]
+    path = tmp_path / "events.jsonl"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    plain, batched = FileSource(path), FileSource(path)
+    plain.seek({})
+    batched.seek({})
+    records = plain.poll(3)
+    (batch,) = batched.poll_batches(3)
+    assert batch.partition == records[0].partition
+    assert batch.offsets == [r.offset for r in records]
+    assert batch.values == [r.value for r in records]
+    assert batch.next_offset == records[-1].next_offset
+    assert [r.value for r in plain.poll(10)] == batched.poll_batches(10)[0].values
+    assert plain.poll(10) == [] and batched.poll_batches(10) == []
+    plain.close()
+    batched.close()
+
+    src = MemorySource({"p0": [b"1", b"2"], "p1": [b"3"]})
+    src.seek({"p0": 1})
+    assert [(b.partition, b.offsets, b.values, b.next_offset) for b in src.poll_batches(10)] == [
+        ("p0", [1], [b"2"], 2),
+        ("p1", [0], [b"3"], 1),
+    ]
+
+
+def test_batched_ingest_rejects_exactly_what_record_ingest_rejects(world):
+    """Rejects (reason, raw bytes, position) and accepted events are the same whether records
+    arrive one at a time or in one batch."""
+    make, _clock, parts = world
+    values = [
+        event("a", "2026-01-01"),
+        b"{broken",
+        event("b", "2026-01-02"),
+        b"",
+        event("a", "2026-01-01"),
+        b'{"user_id": "", "day": "2026-01-01", "values": {}}',
+    ]
+    d = make(source=MemorySource({"p0": values}))
+    d.run(until_end=True)
+    one_batch = [json.loads(p) for p in parts["rejects"].payloads]
+    assert [(r["reason"], r["raw"]) for r in one_batch] == [
+        ("malformed_json", "{broken"),
+        ("malformed_json", ""),
+        ("invalid_user_id", '{"user_id": "", "day": "2026-01-01", "values": {}}'),
+    ]
+    assert d.summary.events_accepted == 3
+    parts["store"].close()
+
+    (parts["store"].path).unlink()
+    parts["store"].mirror_path.unlink()
+    d2 = make(source=MemorySource({"p0": values}))
+    for i, raw in enumerate(values):
+        d2._ingest("p0", i, i + 1, raw)
+    assert [json.loads(p) for p in parts["rejects"].payloads] == one_batch
+    assert d2.summary.events_accepted == 3
+
+
+def test_the_run_restores_the_collector_settings(world):
+    import gc
+
+    from streamfilter.runtime import daemon as daemon_module
+
+    make, _clock, _parts = world
+    before = gc.get_threshold()
+    seen = {}
+
+    def spy(_day, _releases):
+        seen["threshold"] = gc.get_threshold()
+        seen["frozen"] = gc.get_freeze_count()
+
+    d = make(source=MemorySource({"p0": [event("a", "2026-01-01")]}))
+    d.on_day_closed = spy
+    d.run(until_end=True)
+    assert seen["threshold"][0] == max(before[0], daemon_module.GC_YOUNG_THRESHOLD)
+    assert seen["frozen"] > 0
+    assert gc.get_threshold() == before and gc.get_freeze_count() == 0

@@ -422,3 +422,59 @@ def test_a_restored_stale_state_is_refused_by_the_release_topic(kafka_bootstrap,
     assert proc.returncode == 4, proc.stderr
     assert "stale" in proc.stderr and "2026-01-06" in proc.stderr
     assert released(kafka_bootstrap, topics["releases"]) == before  # nothing re-drawn
+
+
+@pytest.mark.timeout(120)
+def test_kafka_source_batches_are_its_records_as_columns(kafka_bootstrap):
+    """``KafkaSource.poll_batches``: per partition, in partition order, the records' offsets and
+    values (a tombstone, i.e. a null value, is an empty record); ``poll`` is the same records one
+    by one; seeking to stored offsets resumes there."""
+    from kafka import KafkaProducer
+
+    from streamfilter.runtime.kafka import KafkaSource
+    from tests.kafka_broker import create_topic
+
+    topic = create_topic(kafka_bootstrap, unique_topic("batches"), partitions=3)
+    producer = KafkaProducer(bootstrap_servers=kafka_bootstrap)
+    sent: dict[int, list[bytes]] = defaultdict(list)
+    for i in range(60):
+        value = None if i == 7 else f"v{i}".encode()
+        meta = producer.send(topic, key=b"k", value=value, partition=i % 3).get(timeout=30)
+        sent[meta.partition].append(value or b"")
+    producer.close()
+
+    def read_all(source, poll, n=60):
+        got: dict[str, list] = defaultdict(list)
+        deadline = time.monotonic() + 30
+        while sum(map(len, got.values())) < n and time.monotonic() < deadline:
+            for item in poll(source):
+                got[item[0]].append(item[1:])
+        return got
+
+    client = {"bootstrap_servers": kafka_bootstrap}
+    batched = KafkaSource(topic, client, unique_topic("g"), poll_timeout_ms=200)
+    batched.seek({})
+
+    def batches(source):
+        out = source.poll_batches(25)
+        labels = [b.partition for b in out]
+        assert labels == sorted(labels, key=lambda s: int(s.rsplit(":", 1)[1]))
+        for b in out:
+            assert len(b.offsets) == len(b.values) and b.next_offset == b.offsets[-1] + 1
+        return [(b.partition, o, v) for b in out for o, v in zip(b.offsets, b.values, strict=True)]
+
+    got = read_all(batched, batches)
+    assert {p: [v for _, v in rows] for p, rows in got.items()} == {
+        f"{topic}:{p}": values for p, values in sent.items()
+    }
+    assert all([o for o, _ in rows] == list(range(20)) for rows in got.values())
+    batched.close()
+
+    plain = KafkaSource(topic, client, unique_topic("g"), poll_timeout_ms=200)
+    plain.seek({f"{topic}:0": 5})
+    got_plain = read_all(
+        plain, lambda s: [(r.partition, r.offset, r.value) for r in s.poll(25)], n=55
+    )
+    plain.close()
+    assert got_plain[f"{topic}:0"] == got[f"{topic}:0"][5:]
+    assert got_plain[f"{topic}:1"] == got[f"{topic}:1"]
