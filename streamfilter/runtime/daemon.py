@@ -30,6 +30,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 from streamfilter.engine.contract import Reject, Release, parse_query
 from streamfilter.engine.monitor import DayInput, Engine
@@ -50,6 +51,7 @@ __all__ = ["Daemon", "RunSummary"]
 
 log = logging.getLogger("streamfilter.daemon")
 DAY = dt.timedelta(days=1)
+_DAY = attrgetter("day")
 
 
 @dataclass
@@ -254,9 +256,11 @@ class Daemon:
             self._ingest_batch(batch)
 
     def _ingest_batch(self, batch: RecordBatch) -> None:
-        """Validate one partition's batch at once (``engine.parse_records``), then per record:
-        reject it (with its reason, or ``late``; silently when replayed) or add it to its open
-        day. The per-day bookkeeping is done when the day changes from one record to the next."""
+        """Validate one partition's batch at once (``engine.parse_records``), then add it to its
+        open day in one pass when every record is valid and of one open day (the usual batch);
+        otherwise per record: reject it (with its reason, or ``late``; silently when replayed)
+        or add it to its open day (looked up when the day changes from one record to the next).
+        """
         values = batch.values
         if not values:
             return
@@ -266,6 +270,13 @@ class Daemon:
         self._last_seen[partition] = self.monotonic()
         self.observer.records_read(partition, len(values))
         self._read_offset[partition] = batch.next_offset
+        if not any(issubclass(t, Reject) for t in set(map(type, parsed))):
+            days = set(map(_DAY, parsed))
+            if len(days) == 1 and not self.engine.is_closed(day := days.pop()):
+                accepted = sum(map(self._day_input(day, partition, offsets[0]).add, parsed))
+                self.summary.events_accepted += accepted
+                self.summary.events_duplicate += len(parsed) - accepted
+                return
         accepted = duplicates = 0
         current: str | None = None  # the day of the previous added record
         add = None
@@ -281,13 +292,7 @@ class Daemon:
                     )
                     continue
                 current = day
-                if day > self._max_day.get(partition, ""):
-                    self._max_day[partition] = day
-                acc = self._open.get(day)
-                if acc is None:
-                    acc = self._open[day] = self.engine.new_day(day)
-                add = acc.add
-                self._min_offset.setdefault(day, {}).setdefault(partition, offsets[i])
+                add = self._day_input(day, partition, offsets[i]).add
             assert add is not None
             if add(item):
                 accepted += 1
@@ -295,6 +300,17 @@ class Daemon:
                 duplicates += 1
         self.summary.events_accepted += accepted
         self.summary.events_duplicate += duplicates
+
+    def _day_input(self, day: str, partition: str, offset: int) -> DayInput:
+        """The open ``day``'s buffer, about to receive records of ``partition`` from ``offset``
+        on (the day's first offset there is where a restart must resume while it is open)."""
+        if day > self._max_day.get(partition, ""):
+            self._max_day[partition] = day
+        acc = self._open.get(day)
+        if acc is None:
+            acc = self._open[day] = self.engine.new_day(day)
+        self._min_offset.setdefault(day, {}).setdefault(partition, offset)
+        return acc
 
     def _reject_record(
         self, partition: str, offset: int, raw: bytes, reason: str, detail: str

@@ -252,3 +252,35 @@ def test_the_run_restores_the_collector_settings(world):
     assert seen["threshold"][0] == max(before[0], daemon_module.GC_YOUNG_THRESHOLD)
     assert seen["frozen"] > 0
     assert gc.get_threshold() == before and gc.get_freeze_count() == 0
+
+
+def test_a_batch_of_one_open_day_counts_like_record_by_record(world):
+    """The one-pass path (every record valid, one open day): the same accepted and duplicate
+    counts and the same releases as feeding the records one at a time; a batch of a closed day
+    still goes through the per-record path and is rejected as late."""
+
+    def with_id(user, event_id):
+        return json.dumps(
+            {"user_id": user, "day": "2026-01-01", "values": {"active": 1}, "event_id": event_id}
+        ).encode()
+
+    values = [with_id("a", "e1"), with_id("b", "e1"), with_id("a", "e1"), with_id("a", "e2")]
+    make, _clock, parts = world
+    results = []
+    for one_by_one in (False, True):
+        d = make(source=MemorySource({"p0": [] if one_by_one else values}))
+        for i, raw in enumerate(values if one_by_one else []):
+            d._ingest("p0", i, i + 1, raw)
+        d.run(until_end=True)
+        results.append(
+            (d.summary.events_accepted, d.summary.events_duplicate, parts["sink"].payloads)
+        )
+        if not one_by_one:
+            d.source.append("p0", with_id("c", "e9"))  # 2026-01-01 is closed now
+            d.run(until_end=True)
+            assert [json.loads(p)["reason"] for p in parts["rejects"].payloads] == ["late"]
+        parts["store"].close()
+        parts["store"].path.unlink()
+        parts["store"].mirror_path.unlink()
+    assert results[0] == results[1]
+    assert results[0][:2] == (3, 1)
