@@ -34,6 +34,8 @@ import sys
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
+from streamfilter.privacy.rounding import float_down, float_up
+
 if TYPE_CHECKING:
     from streamfilter.config import Settings
     from streamfilter.engine.params import PrivacyParams
@@ -46,18 +48,9 @@ EXIT_TELEMETRY = 5
 DEFAULT_STEP_FRACTION = Fraction(1, 100)
 
 
-def _float_up(value: Fraction) -> float:
-    approx = float(value)
-    while Fraction(approx) < value:
-        approx = math.nextafter(approx, math.inf)
-    return approx
-
-
 def _float_down(value: Fraction) -> float:
-    approx = float(value)
-    while Fraction(approx) > value:
-        approx = math.nextafter(approx, -math.inf)
-    return max(approx, 0.0)
+    """``float_down`` clamped at 0 (a remaining budget is never shown negative)."""
+    return max(float_down(value), 0.0)
 
 
 def _rho_of_units(units: int, params: PrivacyParams) -> Fraction:
@@ -127,13 +120,13 @@ def user_budget(settings: Settings, user_id: str, step: float | None = None) -> 
     budget_units = params.budget_units
     odometer_units = min(discretised_odometer(spent_units, step_units), budget_units)
     remaining_units = budget_units - spent_units
-    rho_spent = _float_up(_rho_of_units(spent_units, params))
-    rho_odometer = _float_up(_rho_of_units(odometer_units, params))
+    rho_spent = float_up(_rho_of_units(spent_units, params))
+    rho_odometer = float_up(_rho_of_units(odometer_units, params))
     return {
         "user_id": user_id,
-        "spent": _float_up(spent_units * gamma2),
+        "spent": float_up(spent_units * gamma2),
         "spent_units": spent_units,
-        "spent_fraction": _float_up(Fraction(spent_units, budget_units)),
+        "spent_fraction": float_up(Fraction(spent_units, budget_units)),
         "b_norm": params.b_norm,
         "budget_units": budget_units,
         "remaining": _float_down(remaining_units * gamma2),
@@ -146,9 +139,9 @@ def user_budget(settings: Settings, user_id: str, step: float | None = None) -> 
         "rho_budget": params.rho_effective,
         "rho_remaining": _float_down(_rho_of_units(remaining_units, params)),
         "odometer": {
-            "step": _float_up(step_units * gamma2),
+            "step": float_up(step_units * gamma2),
             "step_units": step_units,
-            "spent": _float_up(odometer_units * gamma2),
+            "spent": float_up(odometer_units * gamma2),
             "spent_units": odometer_units,
             "rho": rho_odometer,
             "epsilon": _epsilon(rho_odometer, params),

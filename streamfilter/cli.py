@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import math
 import signal
 import sys
 import tempfile
@@ -107,11 +106,9 @@ def _with_telemetry(rho: float, telemetry_rho: float, delta: float) -> dict[str,
     from fractions import Fraction
 
     from streamfilter.privacy.accounting import epsilon_from_rho_cks
+    from streamfilter.privacy.rounding import float_up
 
-    exact = Fraction(rho) + Fraction(telemetry_rho)
-    total = float(exact)
-    if Fraction(total) < exact:
-        total = math.nextafter(total, math.inf)
+    total = float_up(Fraction(rho) + Fraction(telemetry_rho))
     return {
         "rho_telemetry_max": telemetry_rho,
         "rho_total_max": total,

@@ -58,6 +58,8 @@ from typing import Any, Literal, get_args
 import scipy.optimize
 import scipy.special
 
+from streamfilter.privacy.rounding import float_up
+
 __all__ = [
     "CONVERSIONS",
     "MECHANISMS",
@@ -179,14 +181,6 @@ def _down(x: float, rel: float) -> float:
     return max(0.0, math.nextafter(x - abs(x) * rel, -math.inf))
 
 
-def _float_up(value: Fraction) -> float:
-    """The smallest float ``>= value`` (exact rational comparison)."""
-    approx = float(value)
-    while Fraction(approx) < value:
-        approx = math.nextafter(approx, math.inf)
-    return approx
-
-
 def _certify(holds: Callable[[float], bool], start: float, direction: float) -> float:
     """Move ``start`` outward (``direction`` = +1 up, −1 down) until ``holds`` is true."""
     value = start
@@ -265,7 +259,7 @@ def rho_for_sigma(b_norm: float, sigma: float) -> float:
     exact = Fraction(b) / (2 * Fraction(s) ** 2)
     if exact > Fraction(1.7976931348623157e308):
         return math.inf
-    return _float_up(exact)
+    return float_up(exact)
 
 
 def mu_for_rho(rho: float) -> float:

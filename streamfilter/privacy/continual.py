@@ -60,6 +60,7 @@ from streamfilter.privacy.noise import (
     discrete_gaussian_halfwidth,
     discrete_gaussian_variance,
 )
+from streamfilter.privacy.rounding import float_up
 
 __all__ = [
     "MAX_HORIZON",
@@ -90,13 +91,6 @@ def _check_int(name: str, value: object, lo: int, hi: int) -> int:
     if not lo <= int(value) <= hi:
         raise ValueError(f"{name} must be in [{lo}, {hi}], got {name}={value!r}")
     return int(value)
-
-
-def _float_up(value: Fraction) -> float:
-    approx = float(value)
-    while Fraction(approx) < value:
-        approx = math.nextafter(approx, math.inf)
-    return approx
 
 
 @dataclass(frozen=True)
@@ -171,7 +165,7 @@ class BinaryTreeCounter:
     @property
     def rho(self) -> float:
         """zCDP ``L/(2s²)``, rounded up."""
-        return _float_up(Fraction(self.levels, 2 * self.sigma2_units))
+        return float_up(Fraction(self.levels, 2 * self.sigma2_units))
 
     def initial_state(self) -> CounterState:
         zeros = (0,) * self.levels

@@ -36,24 +36,11 @@ from streamfilter.privacy.accounting import (
     rho_from_epsilon_delta_cks,
     rho_from_epsilon_delta_thm49,
 )
+from streamfilter.privacy.rounding import float_down, float_up
 
 __all__ = ["DPFilter", "PrivacyOdometer", "RenyiFilter", "ZCDPFilter"]
 
 DPConversion = Literal["thm49", "cks"]
-
-
-def _float_up(value: Fraction) -> float:
-    approx = float(value)
-    while Fraction(approx) < value:
-        approx = math.nextafter(approx, math.inf)
-    return approx
-
-
-def _float_down(value: Fraction) -> float:
-    approx = float(value)
-    while Fraction(approx) > value:
-        approx = math.nextafter(approx, -math.inf)
-    return approx
 
 
 def _exact_nonnegative(name: str, value: object) -> Fraction:
@@ -98,12 +85,12 @@ class _SumFilter:
     @property
     def spent(self) -> float:
         """Sum of the admitted losses, rounded up."""
-        return _float_up(self._spent)
+        return float_up(self._spent)
 
     @property
     def remaining(self) -> float:
         """Budget minus spent, rounded down (``>= 0``)."""
-        return _float_down(self._budget - self._spent)
+        return float_down(self._budget - self._spent)
 
     @property
     def steps(self) -> int:
@@ -284,7 +271,7 @@ class PrivacyOdometer:
     @property
     def value(self) -> float:
         """``m·Δ`` with m the number of filters opened so far, rounded up."""
-        return _float_up(self._filters * self._step)
+        return float_up(self._filters * self._step)
 
     @property
     def restarts(self) -> int:
@@ -293,4 +280,4 @@ class PrivacyOdometer:
     @property
     def observed_total(self) -> float:
         """Exact sum of observed losses, rounded up (for comparison; not itself a guarantee)."""
-        return _float_up(self._total)
+        return float_up(self._total)

@@ -24,15 +24,9 @@ from streamfilter.privacy.accounting import (
     epsilon_from_rho_gdp,
     tightest_method,
 )
+from streamfilter.privacy.rounding import float_up
 
 __all__ = ["UserLoss", "discretised_odometer", "user_loss"]
-
-
-def _float_up(value: Fraction) -> float:
-    approx = float(value)
-    while Fraction(approx) < value:
-        approx = math.nextafter(approx, math.inf)
-    return approx
 
 
 def _check_int(name: str, value: object, minimum: int) -> int:
@@ -94,8 +88,8 @@ def user_loss(
         raise ValueError(f"delta must be in (0, 1), got delta={delta!r}")
     method = tightest_method(mechanism)  # validates mechanism
 
-    spent_data = _float_up(spent * Fraction(gamma) ** 2)
-    rho_spent = _float_up(Fraction(spent, 2 * s2))
+    spent_data = float_up(spent * Fraction(gamma) ** 2)
+    rho_spent = float_up(Fraction(spent, 2 * s2))
     if method == "gdp":
         epsilon = epsilon_from_rho_gdp(rho_spent, float(delta))
     else:

@@ -42,6 +42,7 @@ from streamfilter.privacy.noise import (
     discrete_gaussian,
     discrete_gaussian_variance,
 )
+from streamfilter.privacy.rounding import float_up
 
 __all__ = ["SPENT_FRACTION_SCALE", "BudgetStats", "BudgetStatsMechanism"]
 
@@ -124,10 +125,7 @@ class BudgetStatsMechanism:
         """``1/(2s_n²) + K²/(2s_S²) + 1/(2s_h²) <= rho`` (rounded up)."""
         c, s, h = self.sigma2_units
         exact = Fraction(1, 2 * c) + Fraction(SPENT_FRACTION_SCALE**2, 2 * s) + Fraction(1, 2 * h)
-        approx = float(exact)
-        while Fraction(approx) < exact:
-            approx = math.nextafter(approx, math.inf)
-        return approx
+        return float_up(exact)
 
     def release(
         self,

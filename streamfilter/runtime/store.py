@@ -57,6 +57,7 @@ from typing import IO
 
 import numpy as np
 
+from streamfilter.privacy.rounding import float_down, float_up
 from streamfilter.runtime.faults import crash_point
 
 __all__ = [
@@ -124,26 +125,12 @@ class TelemetryBalance:
     remaining: float
 
 
-def _float_up(value: Fraction) -> float:
-    approx = float(value)
-    while Fraction(approx) < value:
-        approx = math.nextafter(approx, math.inf)
-    return approx
-
-
-def _float_down(value: Fraction) -> float:
-    approx = float(value)
-    while Fraction(approx) > value:
-        approx = math.nextafter(approx, -math.inf)
-    return approx
-
-
 def _balance(total: float, charges: list[float]) -> TelemetryBalance:
     spent = sum((Fraction(r) for r in charges), Fraction(0))
     return TelemetryBalance(
         total=total,
-        spent=_float_up(spent),
-        remaining=max(0.0, _float_down(Fraction(total) - spent)),
+        spent=float_up(spent),
+        remaining=max(0.0, float_down(Fraction(total) - spent)),
     )
 
 
