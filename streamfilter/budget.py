@@ -174,7 +174,9 @@ def budget_stats(
     params = settings.privacy_params()
     t = settings.telemetry
     mechanism = BudgetStatsMechanism(rho=t.stats_rho)
-    store = SQLiteStateStore(settings.state.path)
+    store = SQLiteStateStore(
+        settings.state.path, budget_log_max_rows=settings.state.budget_log_max_rows
+    )
     try:
         state = store.load()
         _check_fingerprint(state.config_fingerprint, params, settings)

@@ -229,7 +229,12 @@ class KafkaSection(_Section):
 
 
 class StateSection(_Section):
+    """``budget_log_max_rows``: each closed day appends its budget changes to a log, folded into
+    the per-user table once the log holds more rows than this *and* than the table (larger:
+    fewer, larger folds; 0: fold whenever the log outgrows the table)."""
+
     path: Path = Path("state.db")
+    budget_log_max_rows: int = Field(1_000_000, ge=0)
 
 
 class MetricsSection(_Section):

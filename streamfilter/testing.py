@@ -2,7 +2,8 @@
 
 Crash points: set ``STREAMFILTER_CRASH_AT=<name>[:<n>]`` and the process SIGKILLs itself the n-th
 time (default 1st) it reaches ``crash_point(<name>)``. Names: ``after_commit``,
-``after_publish``, ``before_mark_sent``. Nothing here draws noise or touches the accounting.
+``after_publish``, ``before_mark_sent``, ``before_mirror``, ``mid_compaction``
+(:mod:`streamfilter.runtime.faults`). Nothing here draws noise or touches the accounting.
 """
 
 from __future__ import annotations

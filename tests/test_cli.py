@@ -4,13 +4,14 @@ import json
 import os
 import random
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+
+from streamfilter.runtime.store import SQLiteStateStore
 
 CONFIG = """
 [privacy]
@@ -193,9 +194,33 @@ def test_guarantee_json_keys_and_calibration(tmp_path):
     assert "zCDP" in text
 
 
+def stored_budgets(state: Path) -> list[tuple[str, int, bool]]:
+    """Every user's ``(user_id, spent_units, retired)`` as the store loads them (log and table)."""
+    store = SQLiteStateStore(state)
+    try:
+        return sorted(store.load().budgets)
+    finally:
+        store.close()
+
+
+def fold_budget_log_early(tmp: Path) -> None:
+    """``budget_log_max_rows = 0``: the budget log is folded into the table whenever it holds
+    more rows than the table (the first time at the first day that charges anyone)."""
+    config = tmp / "streamfilter.toml"
+    text = config.read_text()
+    assert '[state]\npath = "state.db"\n' in text
+    config.write_text(
+        text.replace('path = "state.db"\n', 'path = "state.db"\nbudget_log_max_rows = 0\n')
+    )
+
+
 def test_restart_after_sigkill_publishes_identical_releases_without_double_debit(tmp_path):
     """Kill `run` mid-way at several points; the restarted runs must end with exactly the
-    releases of an uninterrupted run under the same test seed, and the same budgets."""
+    releases of an uninterrupted run under the same test seed, and the same budgets.
+
+    ``mid_compaction:2``: killed while a day's commit folds the budget log into the table for
+    the second time (``budget_log_max_rows = 0``); the budgets it ends with equal those of the
+    reference run, which never folds."""
     ref = tmp_path / "ref"
     ref.mkdir()
     write_world(ref, days=8, users=200, bad=False)
@@ -203,14 +228,15 @@ def test_restart_after_sigkill_publishes_identical_releases_without_double_debit
     cli("run", "--config", "streamfilter.toml", "--until-end", "--testing", cwd=ref)
     ref_seconds = time.monotonic() - started
     expected = (ref / "out" / "releases.jsonl").read_bytes()
-    ref_budgets = sorted(
-        sqlite3.connect(ref / "state.db").execute("SELECT * FROM budgets").fetchall()
-    )
+    ref_budgets = stored_budgets(ref / "state.db")
+    assert len(ref_budgets) == 200 and all(s > 0 for _, s, _ in ref_budgets)
 
-    for point in ("after_commit:3", "after_publish:2", "before_mark_sent:4"):
+    for point in ("after_commit:3", "after_publish:2", "before_mark_sent:4", "mid_compaction:2"):
         work = tmp_path / point.replace(":", "_")
         work.mkdir()
         write_world(work, days=8, users=200, bad=False)
+        if point.startswith("mid_compaction"):
+            fold_budget_log_early(work)
         crashed = cli(
             "run",
             "--config",
@@ -224,10 +250,7 @@ def test_restart_after_sigkill_publishes_identical_releases_without_double_debit
         assert crashed.returncode == -signal.SIGKILL
         cli("run", "--config", "streamfilter.toml", "--until-end", "--testing", cwd=work)
         assert (work / "out" / "releases.jsonl").read_bytes() == expected, point
-        budgets = sorted(
-            sqlite3.connect(work / "state.db").execute("SELECT * FROM budgets").fetchall()
-        )
-        assert budgets == ref_budgets, point
+        assert stored_budgets(work / "state.db") == ref_budgets, point
 
     # a real SIGKILL at a random moment of a slower run
     work = tmp_path / "random"
@@ -253,8 +276,7 @@ def test_restart_after_sigkill_publishes_identical_releases_without_double_debit
     proc.wait(timeout=30)
     cli("run", "--config", "streamfilter.toml", "--until-end", "--testing", cwd=work)
     assert (work / "out" / "releases.jsonl").read_bytes() == expected
-    budgets = sorted(sqlite3.connect(work / "state.db").execute("SELECT * FROM budgets").fetchall())
-    assert budgets == ref_budgets
+    assert stored_budgets(work / "state.db") == ref_budgets
 
 
 def test_second_process_on_the_same_state_refuses(tmp_path):

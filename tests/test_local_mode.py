@@ -19,6 +19,7 @@ from streamfilter.engine.contract import Reject, parse_query
 from streamfilter.engine.local import LOCAL_NOISE, LocalEngine
 from streamfilter.engine.params import PrivacyParams
 from streamfilter.privacy.noise import SeededRandomBits, discrete_gaussian_variance
+from tests.test_cli import stored_budgets
 
 GAMMA = 2.0**-10
 PARAMS = PrivacyParams.create(b_norm=4.0, rho=0.5, granularity=GAMMA)
@@ -69,10 +70,10 @@ def test_central_and_local_central_noise_release_identical_bytes(tmp_path):
     b = (tmp_path / "local-releases.jsonl").read_bytes()
     assert len(a.splitlines()) >= 12 and a == b
     # the server kept no per-user state
-    with sqlite3.connect(tmp_path / "local.db") as db:
-        assert db.execute("SELECT COUNT(*) FROM budgets").fetchone()[0] == 0
-    with sqlite3.connect(tmp_path / "central.db") as db:
-        assert db.execute("SELECT COUNT(*) FROM budgets").fetchone()[0] > 0
+    for table in ("budgets", "budget_log"):
+        with sqlite3.connect(tmp_path / "local.db") as db:
+            assert db.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0] == 0
+    assert stored_budgets(tmp_path / "central.db")
 
 
 def test_an_exhausted_device_sends_nothing_on_the_wire(tmp_path):

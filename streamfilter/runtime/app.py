@@ -193,7 +193,9 @@ def build_daemon(
         )
     bits: RandomBits = SeededPerRelease(seed) if seed is not None else SystemRandomBits()
     settings.state.path.parent.mkdir(parents=True, exist_ok=True)
-    store = SQLiteStateStore(settings.state.path)
+    store = SQLiteStateStore(
+        settings.state.path, budget_log_max_rows=settings.state.budget_log_max_rows
+    )
     try:
         fingerprint = config_fingerprint(params, settings)
         stored = store.load().config_fingerprint

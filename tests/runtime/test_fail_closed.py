@@ -48,7 +48,7 @@ from tests.runtime.test_stale_store import (
     setup,
     store_seq,
 )
-from tests.test_cli import cli
+from tests.test_cli import cli, fold_budget_log_early
 
 FAILING_DAY = 5  # days 1..4 commit, day 5 is the one whose commit fails
 
@@ -158,9 +158,15 @@ def chattr(flag: str, path: Path) -> None:
     subprocess.run(["chattr", flag, str(path)], check=True, capture_output=True, timeout=30)
 
 
-def committed_world(tmp_path: Path) -> tuple[Path, bytes]:
-    """Days before FAILING_DAY committed and released; the rest of the input arrives later."""
+def committed_world(tmp_path: Path, *, fold_early: bool = False) -> tuple[Path, bytes]:
+    """Days before FAILING_DAY committed and released; the rest of the input arrives later.
+
+    The budgets are in the budget log (60 users never reach ``budget_log_max_rows``), or with
+    ``fold_early`` in the ``budgets`` table too (``budget_log_max_rows = 0``: folded whenever
+    the log outgrows the table)."""
     work = setup(tmp_path / "work", range(FAILING_DAY - 1))
+    if fold_early:
+        fold_budget_log_early(work)
     cli(*RUN, cwd=work)
     append_days(work, range(FAILING_DAY - 1, DAYS))
     published = release_bytes(work)
@@ -212,12 +218,15 @@ def test_read_only_database_immutable_even_for_root(tmp_path, expected):
         ("file header", ("not a database", "damaged")),
         ("budgets page header", ("malformed", "damaged")),
         ("budgets cell content", ("is corrupt", "integrity check")),
+        ("budget_log page header", ("malformed", "damaged")),
+        # the packed columns of the log are mostly blob bytes: the row checksum sees the damage
+        ("budget_log cell content", ("is corrupt", "table budget_log")),
         # the page structure survives (integrity_check passes): the payload no longer decodes
         ("releases cell content", ("is corrupt", "table releases")),
     ],
 )
 def test_corrupted_database_is_refused_never_started_from_empty(tmp_path, expected, where, words):
-    work, published = committed_world(tmp_path)
+    work, published = committed_world(tmp_path, fold_early=where.startswith("budgets "))
     db = work / "state.db"
     original = db.read_bytes()
     con = sqlite3.connect(db)
@@ -269,6 +278,8 @@ def _read(db: Path, sql: str) -> list[tuple]:
         # a budget's spent units (the integer right after the user id in the record): the page
         # stays well-formed, the number changes — a user could be charged less than they spent
         ("budgets", b"u-59", _flip, "SELECT user_id, spent_units FROM budgets"),
+        # one byte of a day's packed budget changes (the first byte after an id): another id
+        ("budget_log", b"u-59", _flip, "SELECT ids, spent_units FROM budget_log"),
         # one digit of a stored release value: still valid JSON, still a well-formed page
         ("releases", b'"value": [', _bump_digit, "SELECT payload FROM releases"),
     ],
@@ -276,7 +287,7 @@ def _read(db: Path, sql: str) -> list[tuple]:
 def test_damaged_value_with_intact_pages_is_caught_by_the_row_checksum(
     tmp_path, expected, table, needle, damage, sql
 ):
-    work, published = committed_world(tmp_path)
+    work, published = committed_world(tmp_path, fold_early=table == "budgets")
     db = work / "state.db"
     original = db.read_bytes()
     before = _read(db, sql)

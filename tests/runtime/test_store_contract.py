@@ -1,14 +1,18 @@
 """Contract suite for StateStore: every implementation runs these tests."""
 
+import sqlite3
 import subprocess
 import sys
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from streamfilter.runtime.store import (
     DayCommit,
     Position,
+    SQLiteStateReader,
     SQLiteStateStore,
     StoreError,
     StoreLockedError,
@@ -122,3 +126,120 @@ def test_corrupted_database_fails_closed(tmp_path):
     path.write_bytes(b"this is not a database" * 100)
     with pytest.raises(StoreError):
         SQLiteStateStore(path)
+
+
+# ---------------------------------------------------------------------------- the budget log
+# A day's budget changes are one packed row of ``budget_log``; the log is folded into the
+# ``budgets`` table once it holds more user rows than ``budget_log_max_rows`` and than the table.
+
+ids = st.text(
+    alphabet=st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=12
+) | st.sampled_from(["u-1", "u-10", "u-1x", "é", "ü-1", "u"])
+days = st.lists(
+    st.dictionaries(ids, st.tuples(st.integers(0, 2**62), st.booleans()), max_size=12),
+    min_size=1,
+    max_size=8,
+)
+
+
+def budget_commit(day_index: int, changes: dict[str, tuple[int, bool]]) -> DayCommit:
+    return DayCommit(
+        day=f"2026-01-{day_index + 1:02d}",
+        releases=[],
+        changed_users=np.array(list(changes), dtype=object),
+        spent_units=np.array([s for s, _ in changes.values()], dtype=np.int64),
+        retired=np.array([r for _, r in changes.values()], dtype=bool),
+        positions={},
+    )
+
+
+def log_and_table_rows(store: SQLiteStateStore) -> tuple[int, int]:
+    log = store._db.execute("SELECT COALESCE(SUM(n_users), 0) FROM budget_log").fetchone()[0]
+    table = store._db.execute("SELECT count(*) FROM budgets").fetchone()[0]
+    return log, table
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(history=days, fold_after=st.sampled_from([0, 3, 10, 10**6]))
+def test_budget_log_and_folding_keep_every_users_newest_state(
+    tmp_path_factory, history, fold_after
+):
+    """Whatever the fold threshold, the store loads, looks up (writer and lock-free reader) and
+    survives reopening with exactly the newest state of every user — a plain dict model."""
+    path = tmp_path_factory.mktemp("log") / "state.db"
+    model: dict[str, tuple[int, bool]] = {}
+    store = SQLiteStateStore(path, budget_log_max_rows=fold_after)
+    try:
+        for i, changes in enumerate(history):
+            store.commit_day(budget_commit(i, changes))
+            model.update(changes)
+            log, table = log_and_table_rows(store)
+            assert log <= max(fold_after, table)  # folded once it outgrew both
+        assert sorted(store.load().budgets) == sorted((u, s, r) for u, (s, r) in model.items())
+        for user, state in model.items():
+            assert store.spent_units(user) == state
+        assert store.spent_units("never-charged") is None
+    finally:
+        store.close()
+    with SQLiteStateReader(path) as reader:
+        for user, state in model.items():
+            assert reader.spent_units(user) == state
+    again = SQLiteStateStore(path, budget_log_max_rows=fold_after)
+    try:
+        assert sorted(again.load().budgets) == sorted((u, s, r) for u, (s, r) in model.items())
+    finally:
+        again.close()
+
+
+def test_budget_log_folds_when_it_outgrows_the_threshold_and_the_table(tmp_path):
+    store = SQLiteStateStore(tmp_path / "state.db", budget_log_max_rows=4)
+    try:
+        store.commit_day(budget_commit(0, {"a": (1, False), "b": (1, False), "c": (1, False)}))
+        assert log_and_table_rows(store) == (3, 0)  # 3 <= 4: stays in the log
+        store.commit_day(budget_commit(1, {"a": (2, False), "d": (2, True)}))
+        assert log_and_table_rows(store) == (0, 4)  # 5 > max(4, 0): folded, each user once
+        store.commit_day(budget_commit(2, {"a": (3, False), "e": (3, False)}))
+        store.commit_day(budget_commit(3, {"a": (4, True), "f": (4, False)}))
+        assert log_and_table_rows(store) == (4, 4)  # 4 rows: not more than the table
+        store.commit_day(budget_commit(4, {"g": (5, False)}))
+        assert log_and_table_rows(store) == (0, 7)  # 5 > max(4, 4)
+        assert store.spent_units("a") == (4, True) and store.spent_units("d") == (2, True)
+    finally:
+        store.close()
+
+
+def test_a_failed_commit_leaves_the_budget_log_and_its_counters_unchanged(tmp_path):
+    store = SQLiteStateStore(tmp_path / "state.db", budget_log_max_rows=2)
+    try:
+        store.commit_day(commit("2026-01-01", ["a", "b"], [5, 7], [("q1", b"x")]))
+        with pytest.raises(StoreError):  # the same (day, query) twice: refused
+            store.commit_day(commit("2026-01-01", ["c", "d", "e"], [1, 1, 1], [("q1", b"y")]))
+        assert log_and_table_rows(store) == (2, 0)
+        store.commit_day(commit("2026-01-02", ["a"], [6], []))
+        assert log_and_table_rows(store) == (0, 2)  # 3 > 2: counted from the committed days
+        assert sorted(store.load().budgets) == [("a", 6, False), ("b", 7, False)]
+    finally:
+        store.close()
+
+
+def test_a_damaged_budget_log_row_is_refused(tmp_path):
+    path = tmp_path / "state.db"
+    store = SQLiteStateStore(path)
+    store.commit_day(commit("2026-01-01", ["a", "b"], [5, 7], []))
+    store.close()
+    con = sqlite3.connect(path)
+    spent = con.execute("SELECT spent_units FROM budget_log").fetchone()[0]
+    damaged = bytes([spent[0] ^ 1]) + spent[1:]  # a's spent units: 5 -> 4
+    con.execute("UPDATE budget_log SET spent_units = ?", (damaged,))
+    con.commit()
+    con.close()
+    store = SQLiteStateStore(path)
+    try:
+        with pytest.raises(StoreError, match="table budget_log does not match its checksum"):
+            store.load()
+        with pytest.raises(StoreError, match="table budget_log"):
+            store.spent_units("a")
+    finally:
+        store.close()
