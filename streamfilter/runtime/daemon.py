@@ -47,7 +47,7 @@ from streamfilter.runtime.store import (
     check_sink_not_ahead,
 )
 
-__all__ = ["Daemon", "RunSummary"]
+__all__ = ["Daemon", "RunSummary", "collector_for_run"]
 
 log = logging.getLogger("streamfilter.daemon")
 DAY = dt.timedelta(days=1)
@@ -86,7 +86,7 @@ GC_YOUNG_THRESHOLD = 30_000
 
 
 @contextlib.contextmanager
-def _collector_for_run() -> Iterator[None]:
+def collector_for_run() -> Iterator[None]:
     """The cyclic garbage collector's settings while the daemon runs, restored afterwards.
 
     The loop allocates a few objects per input record (kafka-python's records, decoded events)
@@ -189,7 +189,7 @@ class Daemon:
     def run(self, until_end: bool = False, through_day: str | None = None) -> RunSummary:
         """Run until stopped; with ``until_end``, close every open day (and, if given, every day
         through ``through_day``) once the input is exhausted, then return."""
-        with _collector_for_run():
+        with collector_for_run():
             try:
                 return self._run(until_end, through_day)
             except StoreError as exc:
