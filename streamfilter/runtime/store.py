@@ -7,9 +7,10 @@ Budgets are log-structured: a day's debits are one ``budget_log`` row of packed 
 spent units, retired flags), and the log is folded into the per-user ``budgets`` table, in the
 transaction of the day that makes it outgrow both ``budget_log_max_rows`` and the table. A
 user's state is their newest log entry, else their table row; the log never holds more rows than
-the table (or the threshold), so loading and one-user lookups stay bounded. Releases leave through the outbox:
-they are published from the store and marked sent only after the sink acknowledged, so a restart
-republishes the stored bytes and never draws noise twice.
+the table (or the threshold), so loading and one-user lookups stay bounded.
+
+Releases leave through the outbox: they are published from the store and marked sent only after
+the sink acknowledged, so a restart republishes the stored bytes and never draws noise twice.
 
 ``StateStore`` is the interface (one contract test suite runs against every implementation);
 ``SQLiteStateStore`` is the embedded default (WAL, ``synchronous=FULL``, one writer enforced by an
@@ -351,8 +352,8 @@ class _PackedBudgets:
     def values(self) -> tuple[int, bytes, bytes, bytes, bytes]:
         return self.n_users, self.id_lengths, self.ids, self.spent_units, self.retired
 
-    def lengths(self) -> np.ndarray | None:
-        """The ids' byte lengths, or None if the columns do not fit together."""
+    def lengths(self, path: Path) -> np.ndarray:
+        """The ids' byte lengths; ``StoreError`` if the columns do not fit together."""
         n = self.n_users
         if not (
             n >= 0
@@ -360,20 +361,18 @@ class _PackedBudgets:
             and len(self.spent_units) == 8 * n
             and len(self.retired) == n
         ):
-            return None
+            raise _CorruptRowError(path, "budget_log")
         lengths = np.frombuffer(self.id_lengths, dtype="<u4").astype(np.int64)
         if int(lengths.sum()) != len(self.ids) or bool(
             (np.frombuffer(self.retired, np.uint8) > 1).any()
         ):
-            return None
+            raise _CorruptRowError(path, "budget_log")
         return lengths
 
     def unpack(self, path: Path) -> tuple[list[str], list[int], list[bool]]:
         """``(users, spent_units, retired)``; ``StoreError`` if the columns do not decode."""
-        lengths = self.lengths()
+        lengths = self.lengths(path)
         try:
-            if lengths is None:
-                raise ValueError("inconsistent columns")
             ends = np.cumsum(lengths).tolist()
             starts = [0, *ends[:-1]]
             text = self.ids.decode("utf-8", "surrogatepass")
@@ -391,11 +390,9 @@ class _PackedBudgets:
         retired = np.frombuffer(self.retired, dtype=np.uint8).astype(bool).tolist()
         return users, spent, retired
 
-    def find(self, user_id: str) -> int | None:
+    def find(self, user_id: str, path: Path) -> int | None:
         """Index of ``user_id`` in this row (the last one if listed twice), or None."""
-        lengths = self.lengths()
-        if lengths is None:
-            return None
+        lengths = self.lengths(path)
         needle = np.frombuffer(user_id.encode("utf-8", "surrogatepass"), np.uint8)
         starts = np.cumsum(lengths) - lengths
         cand = np.flatnonzero(lengths == len(needle))
@@ -418,11 +415,20 @@ def _log_rows(
         yield _int(seq), _PackedBudgets(_int(n), *map(_blob, blobs))
 
 
+def _newest_in_log(db: sqlite3.Connection, path: Path) -> dict[str, tuple[int, bool]]:
+    """Each user in the budget log with their newest ``(spent_units, retired)``."""
+    newest: dict[str, tuple[int, bool]] = {}
+    for _seq, packed in _log_rows(db, path):
+        users, spent, retired = packed.unpack(path)
+        newest.update(zip(users, zip(spent, retired, strict=True), strict=True))
+    return newest
+
+
 def _lookup_budget(db: sqlite3.Connection, path: Path, user_id: str) -> tuple[int, bool] | None:
     """``(spent_units, retired)`` of one user: the newest log row that lists them, else their
     ``budgets`` row. Run inside one read transaction (a consistent snapshot)."""
     for _seq, packed in _log_rows(db, path, newest_first=True):
-        i = packed.find(user_id)
+        i = packed.find(user_id, path)
         if i is not None:
             return int(np.frombuffer(packed.spent_units, "<i8")[i]), bool(packed.retired[i])
     row = db.execute(
@@ -642,10 +648,7 @@ class SQLiteStateStore(StateStore):
             )
             db.execute("BEGIN")  # one snapshot for both budget tables
             try:
-                newer: dict[str, tuple[int, bool]] = {}  # the log, later days win
-                for _seq, packed in _log_rows(db, path):
-                    users, spent, retired = packed.unpack(path)
-                    newer.update(zip(users, zip(spent, retired, strict=True), strict=True))
+                newer = _newest_in_log(db, path)
                 rows = db.execute("SELECT user_id, spent_units, retired, crc FROM budgets")
                 base = [_checked(path, "budgets", row) for row in rows]
             finally:
@@ -747,10 +750,7 @@ class SQLiteStateStore(StateStore):
     def _compact(self, db: sqlite3.Connection) -> int:
         """Fold the budget log into ``budgets`` (inside the caller's transaction); returns the
         number of ``budgets`` rows after."""
-        newer: dict[str, tuple[int, bool]] = {}
-        for _seq, packed in _log_rows(db, self.path):
-            users, spent, retired = packed.unpack(self.path)
-            newer.update(zip(users, zip(spent, retired, strict=True), strict=True))
+        newer = _newest_in_log(db, self.path)
         crash_point("mid_compaction")
         users = list(newer)
         spent = [s for s, _ in newer.values()]

@@ -16,6 +16,7 @@ from streamfilter.runtime.store import (
     SQLiteStateStore,
     StoreError,
     StoreLockedError,
+    _row_crc,
 )
 
 
@@ -241,5 +242,33 @@ def test_a_damaged_budget_log_row_is_refused(tmp_path):
             store.load()
         with pytest.raises(StoreError, match="table budget_log"):
             store.spent_units("a")
+    finally:
+        store.close()
+
+
+def test_a_log_row_whose_columns_do_not_fit_together_is_refused_even_with_a_matching_crc(
+    tmp_path,
+):
+    """Only a bug could write it (the CRC matches): still refused, never half-read."""
+    path = tmp_path / "state.db"
+    store = SQLiteStateStore(path)
+    store.commit_day(commit("2026-01-01", ["a", "b"], [5, 7], []))
+    store.close()
+    con = sqlite3.connect(path)
+    seq, n, lengths, ids, spent, retired = con.execute(
+        "SELECT seq, n_users, id_lengths, ids, spent_units, retired FROM budget_log"
+    ).fetchone()
+    short = spent[:8]  # one user's spent units for two users
+    con.execute(
+        "UPDATE budget_log SET spent_units = ?, crc = ?",
+        (short, _row_crc(seq, n, lengths, ids, short, retired)),
+    )
+    con.commit()
+    con.close()
+    store = SQLiteStateStore(path)
+    try:
+        for read in (store.load, lambda: store.spent_units("a")):
+            with pytest.raises(StoreError, match="table budget_log"):
+                read()
     finally:
         store.close()
