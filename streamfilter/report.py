@@ -5,8 +5,9 @@ What goes on the page, and where it comes from:
 * **Releases** — each query's published noisy values over the closed days with their 95% bands,
   read from the configured release sink file (or, for a non-file sink, the releases the state
   store marked as sent). Releases are public by construction: post-processing of noisy output.
-* **Closed days** — the list of days the state store committed (read-only; the budgets table is
-  never read: per-user budgets are for their owners only, DESIGN.md §6.11).
+* **Closed days** — the list of days the state store committed (read-only; the budgets, in the
+  table or the budget log, are never read: per-user budgets are for their owners only, DESIGN.md
+  §6.11).
 * **The guarantee** — from ``PrivacyParams.guarantee()``: ρ-zCDP and ε at δ by each sound
   conversion; data-independent.
 * **Budget-exhaustion telemetry** — only noisy values: the opt-in private active-set estimate

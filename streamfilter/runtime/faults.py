@@ -4,8 +4,8 @@ Set ``STREAMFILTER_CRASH_AT=<name>[:<n>]`` and the process SIGKILLs itself the n
 the first) it reaches ``crash_point(<name>)``. Names used by the daemon: ``after_commit``,
 ``after_publish``, ``before_mark_sent``; by the SQLite store: ``before_mirror`` (the day is
 committed, its sequence not yet mirrored to ``<state>.seq``) and ``mid_compaction`` (inside a
-day's transaction, while the budget log is being folded into the budgets table). Unset (production), a crash point
-is one dict lookup.
+day's transaction, while the budget log is being folded into the budgets table). Unset
+(production), a crash point is one dict lookup.
 """
 
 from __future__ import annotations
