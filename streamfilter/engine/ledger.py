@@ -126,12 +126,8 @@ def pack_ids(
     width = _n_words(lengths)
     woff = np.cumsum(width) - width
     words = np.zeros(int(width.sum()), np.uint64)
-    for w in _distinct(width):
-        if w:
-            sel = np.flatnonzero(width == w)
-            words[woff[sel][:, None] + np.arange(w)] = _id_words(
-                buffer, starts[sel], lengths[sel], w
-            )
+    for sel, k in _width_groups(width):
+        words[woff[sel][:, None] + k] = _id_words(buffer, starts[sel], lengths[sel], len(k))
     return words, woff
 
 
@@ -143,20 +139,27 @@ def _gather_words(
     width = _n_words(lengths)
     new_woff = np.cumsum(width) - width
     out = np.zeros(int(width.sum()), np.uint64)
-    for w in _distinct(width):
-        if w:
-            sel = np.flatnonzero(width == w)
-            k = np.arange(w)
-            out[new_woff[sel][:, None] + k] = words[woff[sel][:, None] + k]
+    for sel, k in _width_groups(width):
+        out[new_woff[sel][:, None] + k] = words[woff[sel][:, None] + k]
     return out, new_woff
 
 
-def _distinct(a: np.ndarray) -> list[int]:
-    """Distinct values of a small-range int array (ids span 0..128 words)."""
-    if len(a) == 0:
-        return []
-    lo, hi = int(a.min()), int(a.max())
-    return [lo] if lo == hi else (np.flatnonzero(np.bincount(a - lo)) + lo).tolist()
+def _width_groups(
+    width: np.ndarray, mask: np.ndarray | None = None
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """Ids grouped by their (non-zero) number of words ``w`` — ids span 0..128 words, so there
+    are few groups: ``(indices with that width [and mask], arange(w))`` per group."""
+    ws = width if mask is None else width[mask]
+    if len(ws) == 0:
+        return
+    lo, hi = int(ws.min()), int(ws.max())
+    present = [lo] if lo == hi else (np.flatnonzero(np.bincount(ws - lo)) + lo).tolist()
+    for w in present:
+        if w:
+            hit = width == w
+            if mask is not None:
+                hit &= mask
+            yield np.flatnonzero(hit), np.arange(w)
 
 
 def _is_sorted(a: np.ndarray) -> bool:
@@ -354,13 +357,9 @@ class BudgetLedger:
         """Exact: is the stored id of ``entries[i]`` the id of ``keys`` ``i``? (word by word)."""
         lengths = keys.lengths
         equal = self._len[entries].astype(np.int64) == lengths
-        width = _n_words(lengths)
-        for w in _distinct(width[equal]):
-            if w == 0:
-                continue
-            sel = np.flatnonzero(equal & (width == w))
-            mine = keys.words[keys.woff[sel][:, None] + np.arange(w)]
-            stored = self._words[self._woff[entries[sel]][:, None] + np.arange(w)]
+        for sel, k in _width_groups(_n_words(lengths), equal):
+            mine = keys.words[keys.woff[sel][:, None] + k]
+            stored = self._words[self._woff[entries[sel]][:, None] + k]
             equal[sel] = (mine == stored).all(axis=1)
         return equal
 
@@ -476,14 +475,10 @@ class BudgetLedger:
         # the words: the new ids' words go to their entries' offsets, the old ones around them
         words = np.empty(int(self._woff[-1] + all_width[-1]), np.uint64)
         old_words = np.ones(len(words), bool)
-        width = _n_words(lengths)
-        for w in _distinct(width):
-            if w:
-                sel = np.flatnonzero(width == w)
-                k = np.arange(w)
-                to = self._woff[dest[sel]][:, None] + k
-                words[to] = keys.words[keys.woff[sel][:, None] + k]
-                old_words[to] = False
+        for sel, k in _width_groups(_n_words(lengths)):
+            to = self._woff[dest[sel]][:, None] + k
+            words[to] = keys.words[keys.woff[sel][:, None] + k]
+            old_words[to] = False
         words[old_words] = self._words
         self._words = words
 

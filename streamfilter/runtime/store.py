@@ -406,19 +406,19 @@ class _PackedBudgets:
 
 def _log_rows(
     db: sqlite3.Connection, path: Path, *, newest_first: bool = False
-) -> Iterator[tuple[int, _PackedBudgets]]:
+) -> Iterator[_PackedBudgets]:
     """The budget log's rows in commit order (or newest first), each checked against its
     ``crc``."""
     order = "DESC" if newest_first else "ASC"
     for row in db.execute(f"SELECT {_LOG_COLUMNS} FROM budget_log ORDER BY seq {order}"):
-        seq, n, *blobs = _checked(path, "budget_log", row)
-        yield _int(seq), _PackedBudgets(_int(n), *map(_blob, blobs))
+        _seq, n, *blobs = _checked(path, "budget_log", row)
+        yield _PackedBudgets(_int(n), *map(_blob, blobs))
 
 
 def _newest_in_log(db: sqlite3.Connection, path: Path) -> dict[str, tuple[int, bool]]:
     """Each user in the budget log with their newest ``(spent_units, retired)``."""
     newest: dict[str, tuple[int, bool]] = {}
-    for _seq, packed in _log_rows(db, path):
+    for packed in _log_rows(db, path):
         users, spent, retired = packed.unpack(path)
         newest.update(zip(users, zip(spent, retired, strict=True), strict=True))
     return newest
@@ -427,7 +427,7 @@ def _newest_in_log(db: sqlite3.Connection, path: Path) -> dict[str, tuple[int, b
 def _lookup_budget(db: sqlite3.Connection, path: Path, user_id: str) -> tuple[int, bool] | None:
     """``(spent_units, retired)`` of one user: the newest log row that lists them, else their
     ``budgets`` row. Run inside one read transaction (a consistent snapshot)."""
-    for _seq, packed in _log_rows(db, path, newest_first=True):
+    for packed in _log_rows(db, path, newest_first=True):
         i = packed.find(user_id, path)
         if i is not None:
             return int(np.frombuffer(packed.spent_units, "<i8")[i]), bool(packed.retired[i])

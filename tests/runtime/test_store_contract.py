@@ -225,17 +225,25 @@ def test_a_failed_commit_leaves_the_budget_log_and_its_counters_unchanged(tmp_pa
         store.close()
 
 
+def behind_the_store(path, sql, args=()):
+    """Run one statement on the state file directly (not via the store); its first row."""
+    con = sqlite3.connect(path)
+    try:
+        row = con.execute(sql, args).fetchone()
+        con.commit()
+        return row
+    finally:
+        con.close()
+
+
 def test_a_damaged_budget_log_row_is_refused(tmp_path):
     path = tmp_path / "state.db"
     store = SQLiteStateStore(path)
     store.commit_day(commit("2026-01-01", ["a", "b"], [5, 7], []))
     store.close()
-    con = sqlite3.connect(path)
-    spent = con.execute("SELECT spent_units FROM budget_log").fetchone()[0]
+    spent = behind_the_store(path, "SELECT spent_units FROM budget_log")[0]
     damaged = bytes([spent[0] ^ 1]) + spent[1:]  # a's spent units: 5 -> 4
-    con.execute("UPDATE budget_log SET spent_units = ?", (damaged,))
-    con.commit()
-    con.close()
+    behind_the_store(path, "UPDATE budget_log SET spent_units = ?", (damaged,))
     store = SQLiteStateStore(path)
     try:
         with pytest.raises(StoreError, match="table budget_log does not match its checksum"):
@@ -254,17 +262,15 @@ def test_a_log_row_whose_columns_do_not_fit_together_is_refused_even_with_a_matc
     store = SQLiteStateStore(path)
     store.commit_day(commit("2026-01-01", ["a", "b"], [5, 7], []))
     store.close()
-    con = sqlite3.connect(path)
-    seq, n, lengths, ids, spent, retired = con.execute(
-        "SELECT seq, n_users, id_lengths, ids, spent_units, retired FROM budget_log"
-    ).fetchone()
+    seq, n, lengths, ids, spent, retired = behind_the_store(
+        path, "SELECT seq, n_users, id_lengths, ids, spent_units, retired FROM budget_log"
+    )
     short = spent[:8]  # one user's spent units for two users
-    con.execute(
+    behind_the_store(
+        path,
         "UPDATE budget_log SET spent_units = ?, crc = ?",
         (short, _row_crc(seq, n, lengths, ids, short, retired)),
     )
-    con.commit()
-    con.close()
     store = SQLiteStateStore(path)
     try:
         for read in (store.load, lambda: store.spent_units("a")):
