@@ -1,5 +1,5 @@
 import sys
 
-from streamfilter.cli import main
+from streamfilter.cli.main import main
 
 sys.exit(main())

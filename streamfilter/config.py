@@ -25,12 +25,9 @@ from pydantic import (
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from streamfilter.engine.params import PrivacyParams
+from streamfilter.errors import ConfigError
 
 __all__ = ["ConfigError", "Settings", "load_config", "parse_duration"]
-
-
-class ConfigError(ValueError):
-    """A configuration problem; the message names the key."""
 
 
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")

@@ -11,8 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from streamfilter.runtime.faults import crash_point
-from streamfilter.runtime.sinks import Sink
-from streamfilter.runtime.sources import Source, SourceRecord
+from streamfilter.runtime.io.base import Sink, Source, SourceRecord
 
 __all__ = ["FakeClock", "MemorySink", "MemorySource", "crash_point"]
 

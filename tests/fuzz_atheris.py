@@ -36,8 +36,9 @@ import scipy.stats  # noqa: F401
 
 with atheris.instrument_imports(include=["streamfilter"]):
     from streamfilter import Monitor
-    from streamfilter.config import ConfigError, load_config
+    from streamfilter.config import load_config
     from streamfilter.engine.contract import Reject, parse_event, parse_query
+    from streamfilter.errors import ConfigError
 
 
 _KEYS = ["user_id", "day", "values", "event_id", "query_id", "kind", "features", "feature"]

@@ -1,4 +1,6 @@
-"""Dependencies point one way: privacy ← engine ← runtime ← cli; the cores do no I/O."""
+"""Dependencies point one way (docs/design.md §4): errors ← privacy ← engine/client/learn ← config
+← runtime ← testing ← cli/verify, checked for every module, lazy imports included; the cores do
+no I/O."""
 
 import ast
 import subprocess
@@ -23,42 +25,180 @@ def test_importing_the_cores_loads_no_io_library():
     assert out.stdout.strip() == ""
 
 
+#: Declared layers, lowest first: a module may import only from its own layer or a lower one.
+#: Keys are the first component below ``streamfilter`` (a package or a top-level module);
+#: ``__init__`` is the package's lazy facade (``Monitor``), ``policies`` an import shim.
+LAYERS: dict[str, int] = {
+    "errors": 0,
+    "privacy": 1,
+    "engine": 2,
+    "client": 2,
+    "learn": 2,
+    "policies": 2,
+    "__init__": 2,
+    "config": 3,
+    "runtime": 4,
+    "testing": 5,
+    "cli": 6,
+    "verify": 6,
+    "__main__": 7,
+}
+#: Packages of one layer that must not import each other, and what each may import at most.
+ONLY_FROM: dict[str, set[str]] = {
+    "privacy": {"errors", "privacy"},
+    "client": {"errors", "privacy", "client"},
+    "learn": {"errors", "privacy", "learn"},
+    "engine": {"errors", "privacy", "engine"},
+}
+#: Sub-layers inside ``runtime``: adapters below the loop, the loop below the wiring.
+RUNTIME_LAYERS: dict[str, int] = {
+    "faults": 0,
+    "io": 1,
+    "store": 1,
+    "observe": 1,
+    "active_set": 2,
+    "daemon": 2,
+    "app": 3,
+    "budget": 4,
+}
+
+
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(PKG.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
 def _imports(path: Path) -> set[str]:
+    """Every ``streamfilter`` module ``path`` imports, at the top or inside a function (lazy
+    imports count: they are dependencies all the same)."""
     tree = ast.parse(path.read_text())
     names = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             names.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module:
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             names.add(node.module)
-    return names
+            # ``from streamfilter.x import y`` may name a submodule y
+            names.update(f"{node.module}.{a.name}" for a in node.names)
+    return {n for n in names if n == "streamfilter" or n.startswith("streamfilter.")}
 
 
-LAYERS = {"privacy": 0, "client": 1, "engine": 1, "runtime": 2}
+def _modules() -> dict[str, set[str]]:
+    """Module name → the existing ``streamfilter`` modules it imports."""
+    paths = {_module_name(p): p for p in PKG.rglob("*.py")}
+    return {
+        name: {imp for imp in _imports(path) if imp in paths and imp != name}
+        for name, path in paths.items()
+    }
 
 
-def test_layers_only_import_downward():
-    violations = []
-    for sub, level in LAYERS.items():
-        for path in (PKG / sub).rglob("*.py"):
-            for name in _imports(path):
-                parts = name.split(".")
-                if parts[0] != "streamfilter" or len(parts) < 2:
-                    continue
-                target = parts[1]
-                if target in LAYERS and LAYERS[target] > level:
-                    violations.append(f"{path.relative_to(PKG)} imports {name}")
-                if sub == "client" and target not in ("privacy", "client"):
-                    violations.append(f"{path.relative_to(PKG)} imports {name}")
-                if sub in ("privacy", "engine") and target in (
-                    "config",
-                    "cli",
-                    "metrics",
-                    "runtime",
-                    "testing",
-                ):
-                    violations.append(f"{path.relative_to(PKG)} imports {name}")
-    assert violations == []
+def _room(module: str) -> str:
+    parts = module.split(".")
+    return "__init__" if len(parts) == 1 else parts[1]
+
+
+def _violations(graph: dict[str, set[str]]) -> list[str]:
+    out = []
+    for module, deps in sorted(graph.items()):
+        room = _room(module)
+        if room not in LAYERS:
+            out.append(f"{module}: not in any declared layer (add it to LAYERS)")
+            continue
+        for dep in sorted(deps):
+            target = _room(dep)
+            if target not in LAYERS:
+                continue  # reported as its own module
+            if LAYERS[target] > LAYERS[room]:
+                out.append(f"{module} imports {dep}: {target} is above {room}")
+            elif room in ONLY_FROM and target not in ONLY_FROM[room]:
+                out.append(f"{module} imports {dep}: {room} may import only {ONLY_FROM[room]}")
+            elif room == target == "runtime":
+                mine, theirs = module.split(".")[2:3], dep.split(".")[2:3]
+                if mine and theirs and mine[0] in RUNTIME_LAYERS and theirs[0] in RUNTIME_LAYERS:
+                    if RUNTIME_LAYERS[theirs[0]] > RUNTIME_LAYERS[mine[0]]:
+                        out.append(f"{module} imports {dep}: runtime.{theirs[0]} is above")
+                elif mine and mine[0] not in RUNTIME_LAYERS:
+                    out.append(f"{module}: runtime.{mine[0]} is not in RUNTIME_LAYERS")
+    return out
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_every_module_imports_only_its_own_or_lower_layers():
+    assert _violations(_modules()) == []
+
+
+def test_no_import_cycles_lazy_imports_included():
+    graph = _modules()
+    # the root facade imports the engine lazily for ``Monitor``; the engine never imports it
+    assert _cycles(graph) == []
+
+
+def test_the_layer_check_catches_an_upward_and_a_cyclic_import():
+    """The checks themselves can fail: an engine module importing the runtime, a client module
+    importing the engine, and a two-module cycle are all reported."""
+    graph = {
+        "streamfilter.engine.day": {"streamfilter.runtime.daemon"},
+        "streamfilter.client.core": {"streamfilter.engine.day"},
+        "streamfilter.runtime.store.base": {"streamfilter.runtime.app"},
+        "streamfilter.runtime.app": {"streamfilter.runtime.store.base"},
+        "streamfilter.runtime.daemon": set(),
+        "streamfilter.somewhere": set(),
+    }
+    problems = "\n".join(_violations(graph))
+    assert "engine.day imports streamfilter.runtime.daemon" in problems
+    assert "client.core imports streamfilter.engine.day" in problems
+    assert "runtime.app is above" in problems
+    assert "not in any declared layer" in problems
+    assert _cycles(graph) == [["streamfilter.runtime.app", "streamfilter.runtime.store.base"]]
+
+
+def test_the_runtime_never_imports_learn():
+    graph = _modules()
+    bad = [
+        (m, d)
+        for m, deps in graph.items()
+        if _room(m) in ("engine", "client", "runtime", "privacy")
+        for d in deps
+        if _room(d) == "learn"
+    ]
+    assert bad == []
 
 
 def test_the_client_loads_only_the_privacy_core_numpy_and_the_stdlib():

@@ -17,7 +17,8 @@ import pytest
 
 import streamfilter.engine.day as day_module
 from streamfilter import Monitor
-from streamfilter.audit import (
+from streamfilter.privacy.accounting import epsilon_from_rho_cks
+from streamfilter.verify.audit import (
     BUGS,
     AuditConfig,
     _cp_upper,
@@ -26,7 +27,6 @@ from streamfilter.audit import (
     audit,
     main,
 )
-from streamfilter.privacy.accounting import epsilon_from_rho_cks
 
 WORKERS = 2 if (os.cpu_count() or 1) >= 2 else 1
 CONFIG = AuditConfig()

@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from streamfilter import budget
-from streamfilter.budget import user_budget
-from streamfilter.cli import main
+from streamfilter.cli import budget
+from streamfilter.cli.budget import user_budget
+from streamfilter.cli.main import main
 from streamfilter.config import load_config
 from streamfilter.privacy.accounting import epsilon_from_rho_cks, epsilon_from_rho_gdp
 from streamfilter.privacy.odometer import user_loss

@@ -36,8 +36,8 @@ from prometheus_client import CollectorRegistry
 
 from streamfilter.config import load_config
 from streamfilter.engine.params import PrivacyParams
-from streamfilter.metrics import EXACT_METRICS, PrometheusObserver
 from streamfilter.runtime.app import build_daemon
+from streamfilter.runtime.observe.prometheus import EXACT_METRICS, PrometheusObserver
 from tests.conftest import require
 
 ROOT = Path(__file__).resolve().parents[1]

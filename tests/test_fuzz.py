@@ -31,7 +31,7 @@ from hypothesis import HealthCheck, assume, event, example, given, settings
 from hypothesis import strategies as st
 
 from streamfilter import Monitor
-from streamfilter.config import ConfigError, Settings, load_config
+from streamfilter.config import Settings, load_config
 from streamfilter.engine.contract import (
     MAX_ABS_VALUE,
     MAX_EVENT_BYTES,
@@ -42,9 +42,10 @@ from streamfilter.engine.contract import (
 )
 from streamfilter.engine.monitor import Engine
 from streamfilter.engine.params import PrivacyParams
+from streamfilter.errors import ConfigError
 from streamfilter.privacy.noise import SeededRandomBits
 from streamfilter.runtime.daemon import Daemon
-from streamfilter.runtime.feeds import QueryFeed
+from streamfilter.runtime.io.base import QueryFeed
 from streamfilter.runtime.store import SQLiteStateStore
 from streamfilter.testing import MemorySink, MemorySource
 
@@ -517,8 +518,8 @@ CONFIG_SCHEMA = {
     },
     "queries": {
         "kind": ['"file"', '"kafka"', '"policy"', '"none"', '"x"'],
-        "path": ['"queries.jsonl"', '"streamfilter.policies:drill_down"'],
-        "policy": ['"streamfilter.policies:drill_down"', '"nocolon"', '""'],
+        "path": ['"queries.jsonl"', '"streamfilter.engine.policies:drill_down"'],
+        "policy": ['"streamfilter.engine.policies:drill_down"', '"nocolon"', '""'],
         "topic": ['"queries"'],
     },
     "sink": {

@@ -14,19 +14,20 @@ import urllib.request
 import pytest
 from prometheus_client import CollectorRegistry
 
-from streamfilter.config import ConfigError, load_config
+from streamfilter.config import load_config
 from streamfilter.engine.monitor import Engine
 from streamfilter.engine.params import PrivacyParams
-from streamfilter.metrics import (
-    EXACT_METRICS,
-    REJECT_REASONS,
-    MetricsServer,
-    PrometheusObserver,
-)
+from streamfilter.errors import ConfigError
 from streamfilter.privacy.noise import SeededRandomBits
 from streamfilter.runtime.app import build_daemon
 from streamfilter.runtime.daemon import Daemon
-from streamfilter.runtime.feeds import QueryFeed
+from streamfilter.runtime.io.base import QueryFeed
+from streamfilter.runtime.observe.http import MetricsServer
+from streamfilter.runtime.observe.prometheus import (
+    EXACT_METRICS,
+    REJECT_REASONS,
+    PrometheusObserver,
+)
 from streamfilter.runtime.store import SQLiteStateStore, StoreError
 from streamfilter.testing import FakeClock, MemorySink, MemorySource
 

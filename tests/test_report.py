@@ -12,11 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from streamfilter import report
-from streamfilter.budget import budget_stats
-from streamfilter.cli import main
+from streamfilter.cli import report
+from streamfilter.cli.budget import budget_stats
+from streamfilter.cli.main import main
+from streamfilter.cli.report import load_report_data, render_report, write_report
 from streamfilter.config import load_config
-from streamfilter.report import load_report_data, render_report, write_report
 from streamfilter.runtime.app import build_daemon
 from streamfilter.runtime.store import SQLiteStateStore
 from tests.conftest import require

@@ -74,10 +74,10 @@ from streamfilter.engine.contract import Reject, parse_event, parse_query
 from streamfilter.engine.day import SeededPerRelease
 from streamfilter.engine.monitor import Engine
 from streamfilter.engine.params import PrivacyParams
-from streamfilter.metrics import PrometheusObserver
 from streamfilter.privacy.noise import SeededRandomBits
 from streamfilter.runtime.daemon import Daemon
-from streamfilter.runtime.feeds import QueryFeed
+from streamfilter.runtime.io.base import QueryFeed
+from streamfilter.runtime.observe.prometheus import PrometheusObserver
 from streamfilter.runtime.store import SQLiteStateStore
 from streamfilter.testing import FakeClock, MemorySink, MemorySource
 
@@ -833,7 +833,7 @@ def bad_configs(draw) -> tuple[str, list[object]]:
 )
 @given(bad_configs())
 def test_cli_config_errors_never_quote_the_offending_value(tmp_path, monkeypatch, config):
-    from streamfilter.cli import main
+    from streamfilter.cli.main import main
 
     for key in list(os.environ):
         if key.upper().startswith("STREAMFILTER_"):
@@ -865,7 +865,7 @@ privacy_only = st.one_of(
 )
 @given(privacy_only)
 def test_cli_privacy_errors_never_quote_the_offending_value(tmp_path, monkeypatch, bad):
-    from streamfilter.cli import main
+    from streamfilter.cli.main import main
 
     for key in list(os.environ):
         if key.upper().startswith("STREAMFILTER_"):

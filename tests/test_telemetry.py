@@ -9,16 +9,17 @@ import numpy as np
 import pytest
 
 from streamfilter import Monitor
-from streamfilter.budget import budget_stats
-from streamfilter.cli import main
-from streamfilter.config import ConfigError, load_config
-from streamfilter.engine.params import PrivacyParams
-from streamfilter.engine.telemetry import (
+from streamfilter.cli.budget import budget_stats
+from streamfilter.cli.main import main
+from streamfilter.config import load_config
+from streamfilter.engine.active_set import (
     ACTIVE_SET_QUERY_ID,
     ActiveSetSpec,
     ActiveSetTracker,
     departures,
 )
+from streamfilter.engine.params import PrivacyParams
+from streamfilter.errors import ConfigError
 from streamfilter.privacy import population
 from streamfilter.privacy.noise import SeededRandomBits
 from streamfilter.privacy.population import SPENT_FRACTION_SCALE, BudgetStatsMechanism

@@ -15,12 +15,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from streamfilter.engine.active_set import ACTIVE_SET_QUERY_ID, ActiveSetTracker
 from streamfilter.engine.contract import Release
 from streamfilter.engine.ledger import BudgetLedger, KeyedUsers
 from streamfilter.engine.params import PrivacyParams
 from streamfilter.engine.queries import AnyQuery
 from streamfilter.engine.records import DayRecords
-from streamfilter.engine.telemetry import ACTIVE_SET_QUERY_ID, ActiveSetTracker
 from streamfilter.privacy.individual import filter_contributions, query_vectors
 from streamfilter.privacy.noise import RandomBits, SeededRandomBits, discrete_gaussian, gaussian
 

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from streamfilter.engine.active_set import ActiveSetSpec, ActiveSetTracker
 from streamfilter.engine.contract import Event, Reject, Release, parse_event, parse_query
 from streamfilter.engine.day import DayOutcome, SeededPerRelease, close_day
 from streamfilter.engine.ingest import parse_events
@@ -20,7 +21,6 @@ from streamfilter.engine.ledger import BudgetLedger
 from streamfilter.engine.params import PrivacyParams
 from streamfilter.engine.queries import AnyQuery, QueryBook
 from streamfilter.engine.records import DayAccumulator
-from streamfilter.engine.telemetry import ActiveSetSpec, ActiveSetTracker
 from streamfilter.privacy.accounting import Guarantee
 from streamfilter.privacy.noise import RandomBits, SystemRandomBits
 

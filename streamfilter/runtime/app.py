@@ -9,22 +9,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from streamfilter.config import ConfigError, Settings
+from streamfilter.config import Settings
 from streamfilter.engine.day import SeededPerRelease
 from streamfilter.engine.local import LocalEngine
 from streamfilter.engine.monitor import Engine
 from streamfilter.engine.params import PrivacyParams
+from streamfilter.errors import ConfigError, StreamfilterError
 from streamfilter.privacy.noise import RandomBits, SystemRandomBits
+from streamfilter.runtime.active_set import load_active_set
 from streamfilter.runtime.daemon import Daemon
-from streamfilter.runtime.feeds import FileQueryFeed, NoQueryFeed, PolicyFeed, QueryFeed
-from streamfilter.runtime.sinks import FileSink, Sink, StdoutSink
-from streamfilter.runtime.sources import FileSource, Source, SyntheticSource
-from streamfilter.runtime.store import SQLiteStateStore, StateStore, StoreError
-from streamfilter.runtime.telemetry import load_active_set
+from streamfilter.runtime.io.base import NoQueryFeed, QueryFeed, Sink, Source
+from streamfilter.runtime.io.files import FileQueryFeed, FileSink, FileSource, StdoutSink
+from streamfilter.runtime.io.policy import PolicyFeed
+from streamfilter.runtime.io.synthetic import SyntheticSource
+from streamfilter.runtime.store import SQLiteStateStore, StateStore
 
 if TYPE_CHECKING:
-    from streamfilter.metrics import MetricsEndpoint
-    from streamfilter.runtime.kafka import TopicSpec
+    from streamfilter.runtime.io.kafka import TopicSpec
+    from streamfilter.runtime.observe.http import MetricsEndpoint
 
 __all__ = [
     "Components",
@@ -85,7 +87,7 @@ def _contributions_source(settings: Settings, follow: bool) -> Source:
     if loc.kind == "file":
         assert loc.path is not None
         return FileSource(loc.path, follow=follow)
-    from streamfilter.runtime.kafka import KafkaSource
+    from streamfilter.runtime.io.kafka import KafkaSource
 
     assert loc.topic is not None
     k = settings.kafka
@@ -113,7 +115,7 @@ def event_source(settings: Settings, follow: bool = False) -> Source:
     if s.kind == "synthetic":
         g = s.synthetic
         return SyntheticSource(g.users, g.days, g.start_day, g.p_active, g.seed)
-    from streamfilter.runtime.kafka import KafkaSource
+    from streamfilter.runtime.io.kafka import KafkaSource
 
     assert s.topic is not None
     k = settings.kafka
@@ -133,7 +135,7 @@ def _feed(settings: Settings) -> QueryFeed:
             raise ConfigError(f"queries.policy: cannot load {q.policy}: {exc}") from None
     if q.kind == "none":
         return NoQueryFeed()
-    from streamfilter.runtime.kafka import KafkaQueryFeed
+    from streamfilter.runtime.io.kafka import KafkaQueryFeed
 
     assert q.topic is not None
     return KafkaQueryFeed(q.topic, settings.kafka.client_config())
@@ -144,14 +146,14 @@ def _sink(settings: Settings, kind: str, path: Path, topic: str | None, dedupe: 
         return FileSink(path, dedupe_releases=dedupe)
     if kind == "stdout":
         return StdoutSink()
-    from streamfilter.runtime.kafka import KafkaSink
+    from streamfilter.runtime.io.kafka import KafkaSink
 
     assert topic is not None
     return KafkaSink(topic, settings.kafka.client_config())
 
 
 def topic_specs(settings: Settings) -> list[TopicSpec]:
-    from streamfilter.runtime.kafka import TopicSpec
+    from streamfilter.runtime.io.kafka import TopicSpec
 
     return [
         TopicSpec(key, sec.topic, sec.partitions, sec.replication_factor)
@@ -165,7 +167,7 @@ def check_topics(settings: Settings) -> None:
     specs = topic_specs(settings)
     if not specs:
         return
-    from streamfilter.runtime.kafka import missing_topics
+    from streamfilter.runtime.io.kafka import missing_topics
 
     try:
         missing = missing_topics(settings.kafka.client_config(), specs)
@@ -218,7 +220,7 @@ def build_daemon(
         reject_sink = _sink(
             settings, settings.rejects.kind, settings.rejects_path(), settings.rejects.topic, False
         )
-    except (ConfigError, StoreError, OSError):
+    except (StreamfilterError, OSError):
         store.close()
         raise
     except LookupError as exc:  # a topic vanished between the check and the assignment
@@ -226,7 +228,7 @@ def build_daemon(
         raise ConfigError(str(exc)) from None
     metrics = None
     if settings.metrics.enabled:  # prometheus_client is imported only when metrics are on
-        from streamfilter.metrics import metrics_endpoint
+        from streamfilter.runtime.observe.http import metrics_endpoint
 
         metrics = metrics_endpoint(settings, params)
     w = settings.window

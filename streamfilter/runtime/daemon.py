@@ -35,10 +35,8 @@ from operator import attrgetter
 from streamfilter.engine.contract import Reject, Release, parse_query
 from streamfilter.engine.monitor import DayInput, Engine
 from streamfilter.runtime.faults import crash_point
-from streamfilter.runtime.feeds import QueryFeed
-from streamfilter.runtime.observer import DaemonObserver
-from streamfilter.runtime.sinks import Sink, reject_payload
-from streamfilter.runtime.sources import RecordBatch, Source
+from streamfilter.runtime.io.base import QueryFeed, RecordBatch, Sink, Source, reject_payload
+from streamfilter.runtime.observe.observer import DaemonObserver
 from streamfilter.runtime.store import (
     DayCommit,
     Position,

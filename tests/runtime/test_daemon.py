@@ -9,7 +9,7 @@ from streamfilter.engine.monitor import Engine
 from streamfilter.engine.params import PrivacyParams
 from streamfilter.privacy.noise import SeededRandomBits
 from streamfilter.runtime.daemon import Daemon
-from streamfilter.runtime.feeds import QueryFeed
+from streamfilter.runtime.io.base import QueryFeed
 from streamfilter.runtime.store import SQLiteStateStore
 from streamfilter.testing import FakeClock, MemorySink, MemorySource
 
@@ -174,7 +174,7 @@ def test_until_end_closes_everything_and_bad_input_goes_to_rejects(world):
 def test_poll_batches_are_polls_records_as_columns(tmp_path):
     """The default ``poll_batches`` (file source here): the records ``poll`` would return, in
     order, one batch per run of one partition, offsets and resume position kept."""
-    from streamfilter.runtime.sources import FileSource
+    from streamfilter.runtime.io.files import FileSource
 
     lines = [event("a", "2026-01-01"), b"", event("b", "2026-01-01"), b"{broken", b"x" * 10]
     path = tmp_path / "events.jsonl"

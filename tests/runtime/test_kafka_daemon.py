@@ -428,7 +428,7 @@ def test_kafka_source_batches_are_its_records_as_columns(kafka_bootstrap):
     by one; seeking to stored offsets resumes there."""
     from kafka import KafkaProducer
 
-    from streamfilter.runtime.kafka import KafkaSource
+    from streamfilter.runtime.io.kafka import KafkaSource
     from tests.kafka_broker import create_topic
 
     topic = create_topic(kafka_bootstrap, unique_topic("batches"), partitions=3)

@@ -16,8 +16,8 @@ from streamfilter.runtime.store import (
     SQLiteStateStore,
     StoreError,
     StoreLockedError,
-    _row_crc,
 )
+from streamfilter.runtime.store.schema import row_crc
 
 
 @pytest.fixture(params=["sqlite"])
@@ -269,7 +269,7 @@ def test_a_log_row_whose_columns_do_not_fit_together_is_refused_even_with_a_matc
     behind_the_store(
         path,
         "UPDATE budget_log SET spent_units = ?, crc = ?",
-        (short, _row_crc(seq, n, lengths, ids, short, retired)),
+        (short, row_crc(seq, n, lengths, ids, short, retired)),
     )
     store = SQLiteStateStore(path)
     try:

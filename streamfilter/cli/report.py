@@ -34,8 +34,8 @@ from typing import Any
 
 from streamfilter import __version__
 from streamfilter.config import Settings
+from streamfilter.engine.active_set import ACTIVE_SET_QUERY_ID
 from streamfilter.engine.contract import Release
-from streamfilter.engine.telemetry import ACTIVE_SET_QUERY_ID
 
 __all__ = ["ReportData", "load_report_data", "render_report", "write_report"]
 

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import json
 
-from streamfilter.config import ConfigError, Settings
+from streamfilter.config import Settings
+from streamfilter.engine.active_set import ActiveSetSpec, ActiveSetTracker
 from streamfilter.engine.params import PrivacyParams
-from streamfilter.engine.telemetry import ActiveSetSpec, ActiveSetTracker
+from streamfilter.errors import ConfigError
 from streamfilter.privacy.continual import BinaryTreeCounter
 from streamfilter.runtime.store import StateStore, TelemetryBudgetError, TelemetryCharge
 

@@ -36,7 +36,7 @@ seed = 7
 
 [queries]
 kind = "policy"
-policy = "streamfilter.policies:drill_down"
+policy = "streamfilter.engine.policies:drill_down"
 
 [sink]
 kind = "file"

@@ -26,10 +26,11 @@ from pathlib import Path
 from typing import Any
 
 from streamfilter.client import Announcement, DeviceConfig, DeviceFleet
-from streamfilter.config import ConfigError, Settings
+from streamfilter.config import Settings
 from streamfilter.engine.contract import Reject
 from streamfilter.engine.ingest import parse_events
 from streamfilter.engine.records import DayAccumulator
+from streamfilter.errors import ConfigError
 from streamfilter.privacy.noise import RandomBits, SeededRandomBits, SystemRandomBits
 from streamfilter.runtime.app import build_daemon, event_source
 
@@ -91,7 +92,7 @@ class _Wire:
             loc.path.parent.mkdir(parents=True, exist_ok=True)
             self._fh = open(loc.path, "ab")  # noqa: SIM115 - closed in close()
         else:
-            from streamfilter.runtime.kafka import KafkaSink
+            from streamfilter.runtime.io.kafka import KafkaSink
 
             assert loc.topic is not None
             self._producer = KafkaSink(loc.topic, settings.kafka.client_config())

@@ -1,6 +1,6 @@
 """Hooks the daemon calls as it works; the default observer does nothing.
 
-``streamfilter.metrics`` implements them for Prometheus. Arguments marked *exact* are
+``streamfilter.runtime.observe.prometheus`` implements them for Prometheus. Arguments marked *exact* are
 data-dependent counts: an observer must not export them unless the operator opted into
 ``trusted_operator_metrics`` (DESIGN.md §6.9).
 """

@@ -60,7 +60,7 @@ events and queries (``parse_event``/``parse_query`` run once) and the ``PrivacyP
 and the run short (2 days, 3 releases), so a run takes about a millisecond; ``workers`` spreads the
 trials over processes. 10⁴ trials take ~10–20 s, 10⁵ a few minutes.
 
-Run ``python -m streamfilter.audit --trials 100000`` for the full audit (JSON on stdout;
+Run ``python -m streamfilter.verify.audit --trials 100000`` for the full audit (JSON on stdout;
 ``--bug all`` also audits the three broken builds).
 """
 
@@ -567,7 +567,7 @@ def audit(
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m streamfilter.audit",
+        prog="python -m streamfilter.verify.audit",
         description="Empirical privacy audit (neighbouring streams, Clopper–Pearson ε lower bound).",
     )
     parser.add_argument("--trials", type=int, default=100_000, help="runs of each stream")

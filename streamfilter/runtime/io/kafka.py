@@ -24,10 +24,8 @@ from kafka.admin import NewTopic
 from kafka.errors import KafkaError, TopicAlreadyExistsError
 from kafka.structs import OffsetAndMetadata
 
-from streamfilter.runtime.feeds import QueryFeed
-from streamfilter.runtime.sinks import Sink
-from streamfilter.runtime.sources import RecordBatch, Source, SourceRecord
-from streamfilter.runtime.store import StoreError
+from streamfilter.errors import PublishError
+from streamfilter.runtime.io.base import QueryFeed, RecordBatch, Sink, Source, SourceRecord
 
 __all__ = [
     "KafkaQueryFeed",
@@ -262,7 +260,7 @@ class KafkaSink(Sink):
                             day = (rec.key or b"").decode("utf-8", "replace").split("/", 1)[0]
                             latest = max(latest or day, day)
             if wanted:
-                raise StoreError(
+                raise PublishError(
                     f"could not read the last release of kafka topic {self.topic!r} to check that "
                     "the state is not a stale copy; refusing to start"
                 )

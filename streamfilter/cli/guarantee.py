@@ -1,0 +1,99 @@
+"""``streamfilter guarantee``: the privacy guarantee a configuration gives every user."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from streamfilter.config import load_config
+
+
+def cmd_guarantee(args: argparse.Namespace) -> int:
+    settings = load_config(args.config)
+    params = settings.privacy_params()
+    g = params.guarantee()
+    out = g.to_json_dict()
+    out.update(
+        {
+            "granularity": params.granularity,
+            "budget_units": params.budget_units,
+            "sigma_calibrated": params.sigma,
+            "rho_effective": params.rho_effective,
+            "exhaustion": str(params.exhaustion),
+            "rho_calibration": params.rho_method,
+            "ci95_halfwidth": params.ci95_halfwidth,
+        }
+    )
+    out["mode"] = settings.mode.kind
+    if settings.mode.kind == "central":
+        out.update(_with_telemetry(float(out["rho"]), settings.telemetry.rho, params.delta))
+    if settings.mode.kind == "local":
+        out["local_variant"] = settings.local.variant
+        s2_local = settings.sigma2_local_units()
+        if s2_local is not None:
+            # each device's messages against the server itself: Theorem 4.5 with the device's
+            # own noise, B/(2·s_l²)-zCDP (client.core); the release is post-processing of them
+            from fractions import Fraction
+
+            from streamfilter.privacy.accounting import epsilon_from_rho_cks
+
+            rho_local = float(Fraction(params.budget_units, 2 * s2_local))
+            out["rho_local_per_device"] = rho_local
+            out["epsilon_local_per_device"] = epsilon_from_rho_cks(rho_local, params.delta)
+            out["sigma_local"] = settings.local.sigma_local
+    if args.json:
+        print(json.dumps(out, indent=2, sort_keys=True))
+    else:
+        print(_guarantee_text(out))
+    return 0
+
+
+def _with_telemetry(rho: float, telemetry_rho: float, delta: float) -> dict[str, float]:
+    """The run's guarantee including the ``[telemetry]`` budget (``budget-stats`` and the
+    active-set estimate, each charged to it and refused beyond it): zCDP composes additively
+    (Bun & Steinke 2016, Lemma 2.3), so each user's total is at most ``ρ + telemetry.rho``.
+    The sum is rounded up, never down."""
+    from fractions import Fraction
+
+    from streamfilter.privacy.accounting import epsilon_from_rho_cks
+    from streamfilter.privacy.rounding import float_up
+
+    total = float_up(Fraction(rho) + Fraction(telemetry_rho))
+    return {
+        "rho_telemetry_max": telemetry_rho,
+        "rho_total_max": total,
+        "epsilon_total_max": epsilon_from_rho_cks(total, delta),
+    }
+
+
+def _guarantee_text(g: dict[str, object]) -> str:
+    eps = g["epsilon_by_method"]
+    assert isinstance(eps, dict)
+    lines = [
+        "streamfilter guarantee — per user, over the whole run, for any number of queries",
+        f"  {g['rho']:.6g}-zCDP (Feldman & Zrnic Thm 4.5 / Cor 4.7; effective {g['rho_effective']:.6g})",
+        f"  ({g['epsilon']:.6g}, {g['delta']:.3g})-DP by {g['method']}",
+    ]
+    for method, value in sorted(eps.items()):
+        lines.append(f"      ε by {method:<6}: {value:.6g}")
+    lines += [
+        f"  mechanism {g['mechanism']}, σ = {g['sigma']:.6g} per coordinate (95% ± {g['ci95_halfwidth']:.6g})",
+        f"  budget Σ‖q‖² ≤ B_norm = {g['b_norm']:g} per user, lattice γ = {g['granularity']!r}, "
+        f"exhaustion {g['exhaustion']}",
+    ]
+    if "rho_total_max" in g:
+        lines.append(
+            f"  with the [telemetry] budget (budget-stats, active-set estimate) at most "
+            f"{g['rho_total_max']:.6g}-zCDP, ε = {g['epsilon_total_max']:.6g} "
+            "(ρ + telemetry.rho; zCDP composition, Bun & Steinke 2016 Lemma 2.3)"
+        )
+    if g.get("mode") == "local":
+        lines.append(f"  local mode, variant {g['local_variant']}: devices run the filter")
+        if "rho_local_per_device" in g:
+            lines[1:3] = [
+                f"  each device's messages: {g['rho_local_per_device']:.6g}-zCDP against the "
+                f"server itself (σ_local = {g['sigma_local']:g}; "
+                f"ε = {g['epsilon_local_per_device']:.6g} at δ = {g['delta']:.3g}, CKS)",
+                "  (the server adds no noise; releases are sums of the devices' noisy messages)",
+            ]
+    return "\n".join(lines)

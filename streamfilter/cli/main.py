@@ -1,0 +1,129 @@
+"""Command line: ``streamfilter run | guarantee | simulate-local | demo`` and more.
+
+Exit codes: each error class carries its own (``streamfilter.errors.EXIT_CODES`` is the map); an
+error outside that hierarchy is a bug and exits 1 with its traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from streamfilter import __version__
+from streamfilter.cli.budget import add_budget_commands
+from streamfilter.cli.guarantee import cmd_guarantee
+from streamfilter.cli.run import cmd_run
+from streamfilter.cli.topics import cmd_topics
+from streamfilter.config import load_config
+from streamfilter.errors import ExitCode, StreamfilterError
+
+
+def _err(msg: str) -> None:
+    print(f"streamfilter: {msg}", file=sys.stderr)
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from streamfilter.cli.report import write_report
+
+    path = write_report(load_config(args.config), args.out)
+    print(f"wrote {path}", file=sys.stderr)
+    return 0
+
+
+def cmd_simulate_local(args: argparse.Namespace) -> int:
+    from streamfilter.cli.simulate import simulate_local, write_summary
+
+    summary = simulate_local(load_config(args.config), allow_test_seed=args.testing)
+    print(write_summary(summary), file=sys.stderr)
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from streamfilter.cli.demo import run_demo
+
+    out_dir = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="streamfilter-demo-"))
+    return run_demo(out_dir, users=args.users, days=args.days, p_active=args.p_active)
+
+
+def _testing_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--testing",
+        action="store_true",
+        help="allow [testing] noise_seed (releases are NOT private)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="streamfilter", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"streamfilter {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log day closes")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run the stream processor")
+    run.add_argument("--config", required=True, help="TOML configuration file")
+    run.add_argument(
+        "--until-end", action="store_true", help="close every open day at end of input and exit"
+    )
+    _testing_flag(run)
+    run.set_defaults(func=cmd_run)
+
+    gua = sub.add_parser("guarantee", help="print the privacy guarantee of a configuration")
+    gua.add_argument("--config", required=True)
+    gua.add_argument("--json", action="store_true")
+    gua.set_defaults(func=cmd_guarantee)
+
+    add_budget_commands(sub)  # budget, budget-stats (streamfilter/budget.py)
+
+    topics = sub.add_parser("topics", help="manage the Kafka topics a configuration names")
+    topics_sub = topics.add_subparsers(dest="topics_command", required=True)
+    create = topics_sub.add_parser("create", help="create missing topics")
+    create.add_argument("--config", required=True)
+    create.set_defaults(func=cmd_topics)
+
+    rep = sub.add_parser("report", help="write a self-contained HTML report of the releases")
+    rep.add_argument("--config", required=True)
+    rep.add_argument("--out", default="report.html", help="output file (default: report.html)")
+    rep.set_defaults(func=cmd_report)
+
+    sim = sub.add_parser(
+        "simulate-local",
+        help="local mode: one simulated device (own filter) per user of [source], driving the "
+        "local-mode server",
+    )
+    sim.add_argument("--config", required=True, help="TOML configuration with [mode] kind=local")
+    _testing_flag(sim)
+    sim.set_defaults(func=cmd_simulate_local)
+
+    demo = sub.add_parser("demo", help="synthetic sparse-monitoring stream on the embedded default")
+    demo.add_argument("--users", type=int, default=100_000)
+    demo.add_argument("--days", type=int, default=60)
+    demo.add_argument("--p-active", type=float, default=0.1)
+    demo.add_argument(
+        "--out", help="directory for config, state and releases (default: a temp dir)"
+    )
+    demo.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        return int(args.func(args))
+    except StreamfilterError as exc:
+        _err(f"{exc}; {exc.consequence}" if exc.consequence else str(exc))
+        return int(exc.exit_code)
+    except FileNotFoundError as exc:
+        _err(f"file not found: {exc.filename}")
+        return int(ExitCode.CONFIG)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

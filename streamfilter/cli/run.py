@@ -1,0 +1,41 @@
+"""``streamfilter run``: the daemon, until SIGTERM (or the end of the input with ``--until-end``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+from types import FrameType
+
+from streamfilter.config import load_config
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    import threading
+
+    # SIGTERM/SIGINT are handled from the first moment: a stop requested while the store, the
+    # source and the sinks are still opening is honoured as soon as the daemon exists.
+    stop_requested = threading.Event()
+    daemon_ref: list[object] = []
+
+    def on_term(signum: int, frame: FrameType | None) -> None:
+        stop_requested.set()
+        for d in daemon_ref:
+            d.stop()  # type: ignore[attr-defined]
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, on_term)
+    from streamfilter.runtime.app import build_daemon
+
+    settings = load_config(args.config)
+    parts = build_daemon(settings, follow=not args.until_end, allow_test_seed=args.testing)
+    daemon_ref.append(parts.daemon)
+    if stop_requested.is_set():
+        parts.daemon.stop()
+    try:
+        summary = parts.daemon.run(until_end=args.until_end)
+    finally:
+        parts.close()
+    print(json.dumps({"summary": summary.as_dict()}), file=sys.stderr)
+    return 0

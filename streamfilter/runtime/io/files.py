@@ -1,0 +1,161 @@
+"""File implementations: JSON-lines events (:class:`FileSource`), releases and rejects appended to
+a file or written to stdout (:class:`FileSink`, :class:`StdoutSink`), queries from a JSON-lines
+file (:class:`FileQueryFeed`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import IO
+
+from streamfilter.runtime.io.base import QueryFeed, Sink, Source, SourceRecord
+
+
+class FileSource(Source):
+    """JSON lines from one file; offsets are byte offsets. In follow mode a trailing partial line
+    (no newline yet) is left for the next poll; at end of input it counts as a line."""
+
+    def __init__(self, path: Path, follow: bool = False) -> None:
+        self.path = Path(path)
+        self.follow = follow
+        self._partition = f"file:{self.path.name}"
+        self._fh: IO[bytes] | None = None
+        self._offset = 0
+
+    def partitions(self) -> list[str]:
+        return [self._partition]
+
+    def seek(self, offsets: dict[str, int]) -> None:
+        self._offset = offsets.get(self._partition, 0)
+        if self._fh is None:
+            try:
+                self._fh = open(self.path, "rb")  # noqa: SIM115 - owned by the source
+            except FileNotFoundError:
+                if not self.follow:
+                    raise
+                return
+        self._fh.seek(self._offset)
+
+    def poll(self, max_records: int) -> list[SourceRecord]:
+        if self._fh is None:
+            if not self.path.exists():
+                return []
+            self.seek({self._partition: self._offset})
+        assert self._fh is not None
+        out: list[SourceRecord] = []
+        fh = self._fh
+        fh.seek(self._offset)
+        while len(out) < max_records:
+            line = fh.readline()
+            if not line:
+                break
+            if not line.endswith(b"\n") and self.follow:
+                break  # partial line: wait for the writer to finish it
+            start = self._offset
+            self._offset += len(line)
+            body = line.rstrip(b"\r\n")
+            if body.strip():
+                out.append(SourceRecord(self._partition, start, self._offset, body))
+        return out
+
+    def at_end(self) -> bool:
+        return self._offset >= self._file_size()
+
+    def _file_size(self) -> int:
+        try:
+            return self.path.stat().st_size
+        except FileNotFoundError:
+            return 0
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+
+class FileSink(Sink):
+    """Append JSON lines to a file; ``flush`` fsyncs. Idempotent per key for release files:
+    on open, keys already present (``day/query_id`` of existing lines) are remembered."""
+
+    def __init__(self, path: Path, dedupe_releases: bool = True) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._keys: set[str] = set()
+        if dedupe_releases and self.path.exists():
+            with open(self.path, "rb") as fh:
+                for line in fh:
+                    try:
+                        obj = json.loads(line)
+                        self._keys.add(f"{obj['day']}/{obj['query_id']}")
+                    except (ValueError, KeyError, TypeError):
+                        continue
+        self._dedupe = dedupe_releases
+        self._held_through = max((k.split("/", 1)[0] for k in self._keys), default=None)
+        self._fh: IO[bytes] = open(self.path, "ab")  # noqa: SIM115 - owned by the sink
+
+    def publish(self, key: str, payload: bytes) -> None:
+        if self._dedupe:
+            if key in self._keys:
+                return
+            self._keys.add(key)
+        self._fh.write(payload + b"\n")
+
+    def flush(self) -> None:
+        self._fh.flush()
+        os.fsync(self._fh.fileno())
+
+    def last_published_day(self) -> str | None:
+        """The latest ``day`` among the release lines the file held when it was opened."""
+        return self._held_through
+
+    def close(self) -> None:
+        if not self._fh.closed:
+            self.flush()
+            self._fh.close()
+
+
+class StdoutSink(Sink):
+    def __init__(self, stream: IO[bytes] | None = None) -> None:
+        self._out = stream if stream is not None else sys.stdout.buffer
+
+    def publish(self, key: str, payload: bytes) -> None:
+        self._out.write(payload + b"\n")
+
+    def flush(self) -> None:
+        self._out.flush()
+
+
+class FileQueryFeed(QueryFeed):
+    """Query JSON lines from a file, read from a stored byte offset; new lines are picked up."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self._offset = 0
+
+    @property
+    def _label(self) -> str:
+        return f"queries:{self.path.name}"
+
+    def seek(self, offsets: dict[str, int]) -> None:
+        self._offset = offsets.get(self._label, 0)
+
+    def positions(self) -> dict[str, int]:
+        return {self._label: self._offset}
+
+    def poll(self) -> list[tuple[str, bytes]]:
+        if not self.path.exists():
+            return []
+        out = []
+        with open(self.path, "rb") as fh:
+            fh.seek(self._offset)
+            for line in fh:
+                if not line.endswith(b"\n") and line.strip():
+                    break  # partial line
+                start = self._offset
+                self._offset += len(line)
+                if line.strip():
+                    out.append((f"{self.path.name}:{start}", line.rstrip(b"\r\n")))
+        return out

@@ -1,0 +1,278 @@
+"""The SQLite state's schema and row format, shared by the writer and the reader.
+
+Every row carries a CRC-32 of its values (``crc`` column), written with the row and checked
+whenever the row is read, so a damaged budget, release, query, position or meta value is refused
+instead of silently used (``integrity_check`` sees only SQLite's page structure).
+
+Budgets are log-structured: a day's debits are one ``budget_log`` row of packed columns (ids,
+spent units, retired flags); a user's state is their newest log entry, else their ``budgets`` row.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from streamfilter.engine.ledger import encode_ids
+from streamfilter.errors import StoreError
+from streamfilter.runtime.store.base import TelemetryCharge
+
+
+def sqlite_error_text(exc: sqlite3.Error) -> str:
+    """SQLite's message with its error code name and, for write failures, the likely cause."""
+    name = getattr(exc, "sqlite_errorname", None)
+    text = f"{exc} ({name})" if name else str(exc)
+    if name is not None and (name == "SQLITE_FULL" or name.startswith("SQLITE_IOERR")):
+        text += " — disk full, a file size limit, or failing storage?"
+    elif name is not None and name.startswith(("SQLITE_CORRUPT", "SQLITE_NOTADB")):
+        text += " — the state file is damaged: restore the newest intact copy of the state"
+    return text
+
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL, crc INTEGER);
+CREATE TABLE IF NOT EXISTS budgets (
+    user_id TEXT PRIMARY KEY, spent_units INTEGER NOT NULL, retired INTEGER NOT NULL, crc INTEGER
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS queries (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT, query_id TEXT UNIQUE NOT NULL, payload BLOB NOT NULL,
+    crc INTEGER
+);
+CREATE TABLE IF NOT EXISTS days (day TEXT PRIMARY KEY, seq INTEGER NOT NULL, crc INTEGER);
+CREATE TABLE IF NOT EXISTS releases (
+    day TEXT NOT NULL, query_id TEXT NOT NULL, ord INTEGER NOT NULL, payload BLOB NOT NULL,
+    sent INTEGER NOT NULL DEFAULT 0, crc INTEGER, PRIMARY KEY (day, query_id)
+);
+CREATE TABLE IF NOT EXISTS positions (
+    partition TEXT PRIMARY KEY, resume_offset INTEGER NOT NULL, high_offset INTEGER NOT NULL,
+    crc INTEGER
+);
+CREATE TABLE IF NOT EXISTS budget_log (
+    seq INTEGER PRIMARY KEY, n_users INTEGER NOT NULL, id_lengths BLOB NOT NULL, ids BLOB NOT NULL,
+    spent_units BLOB NOT NULL, retired BLOB NOT NULL, crc INTEGER
+);
+CREATE TABLE IF NOT EXISTS telemetry_ledger (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT, kind TEXT NOT NULL, rho REAL NOT NULL,
+    record BLOB NOT NULL, crc INTEGER
+);
+"""
+
+
+#: the columns each row's ``crc`` covers, and the primary key (to backfill older states)
+CRC_COLUMNS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "meta": (("key", "value"), ("key",)),
+    "budgets": (("user_id", "spent_units", "retired"), ("user_id",)),
+    "budget_log": (
+        ("seq", "n_users", "id_lengths", "ids", "spent_units", "retired"),
+        ("seq",),
+    ),
+    "queries": (("seq", "query_id", "payload"), ("seq",)),
+    "days": (("day", "seq"), ("day",)),
+    "releases": (("day", "query_id", "ord", "payload", "sent"), ("day", "query_id")),
+    "positions": (("partition", "resume_offset", "high_offset"), ("partition",)),
+    "telemetry_ledger": (("seq", "kind", "rho", "record"), ("seq",)),
+}
+
+
+def row_crc(*values: object) -> int:
+    """CRC-32 of a row's values, each type-tagged and length-prefixed (``repr`` for numbers and
+    text, raw bytes for blobs): one damaged byte, or a value of another type, changes it."""
+    parts: list[bytes] = []
+    for v in values:
+        if isinstance(v, bytes):
+            parts.append(_head(b"b", len(v)))
+        else:
+            v = repr(v).encode("utf-8", "surrogatepass")
+            parts.append(_R_HEADS[len(v)] if len(v) < len(_R_HEADS) else _head(b"r", len(v)))
+        parts.append(v)
+    return zlib.crc32(b"".join(parts))
+
+
+def _head(tag: bytes, length: int) -> bytes:
+    return tag + length.to_bytes(8, "little")
+
+
+#: ``_head(b"r", n)`` for the lengths of ids and numbers, looked up instead of built per value
+_R_HEADS = [_head(b"r", n) for n in range(512)]
+
+
+#: the ``retired`` value of a budget row, 0 or 1, with its head
+_RETIRED = (_head(b"r", 1) + b"0", _head(b"r", 1) + b"1")
+
+
+def budget_crcs(users: list[str], spent: list[int], retired: list[bool]) -> list[int]:
+    """``row_crc(user, spent, int(retired))`` of each budget row, the same values built with
+    one join and one ``zlib.crc32`` call per row (a day commit writes one row per active user)."""
+    crc32, heads, tails, big = zlib.crc32, _R_HEADS, _RETIRED, len(_R_HEADS)
+    out = []
+    for u, s, r in zip(users, spent, retired, strict=True):
+        if type(u) is not str or type(s) is not int:  # never from the engine; exact fallback
+            out.append(row_crc(u, s, int(r)))
+            continue
+        a = repr(u).encode("utf-8", "surrogatepass")
+        b = b"%d" % s
+        ha = heads[len(a)] if len(a) < big else _head(b"r", len(a))
+        out.append(crc32(b"".join((ha, a, heads[len(b)], b, tails[r]))))
+    return out
+
+
+BUDGET_UPSERT = (
+    "INSERT INTO budgets(user_id, spent_units, retired, crc) VALUES(?, ?, ?, ?) "
+    "ON CONFLICT(user_id) DO UPDATE SET spent_units = excluded.spent_units, "
+    "retired = excluded.retired, crc = excluded.crc"
+)
+
+
+LOG_COLUMNS = "seq, n_users, id_lengths, ids, spent_units, retired, crc"
+
+
+@dataclass(frozen=True)
+class PackedBudgets:
+    """One day's budget changes as one ``budget_log`` row: the UTF-8 ids back to back, their
+    byte lengths (``<u4``), spent units (``<i8``) and retired flags (``u1``)."""
+
+    n_users: int
+    id_lengths: bytes
+    ids: bytes
+    spent_units: bytes
+    retired: bytes
+
+    @classmethod
+    def of(cls, users: np.ndarray, spent_units: np.ndarray, retired: np.ndarray) -> PackedBudgets:
+        buffer, _starts, lengths = encode_ids(users)
+        return cls(
+            len(lengths),
+            lengths.astype("<u4").tobytes(),
+            buffer[: int(lengths.sum())],
+            np.asarray(spent_units, dtype="<i8").tobytes(),
+            np.asarray(retired, dtype=bool).astype(np.uint8).tobytes(),
+        )
+
+    def values(self) -> tuple[int, bytes, bytes, bytes, bytes]:
+        return self.n_users, self.id_lengths, self.ids, self.spent_units, self.retired
+
+    def lengths(self, path: Path) -> np.ndarray:
+        """The ids' byte lengths; ``StoreError`` if the columns do not fit together."""
+        n = self.n_users
+        if not (
+            n >= 0
+            and len(self.id_lengths) == 4 * n
+            and len(self.spent_units) == 8 * n
+            and len(self.retired) == n
+        ):
+            raise CorruptRowError(path, "budget_log")
+        lengths = np.frombuffer(self.id_lengths, dtype="<u4").astype(np.int64)
+        if int(lengths.sum()) != len(self.ids) or bool(
+            (np.frombuffer(self.retired, np.uint8) > 1).any()
+        ):
+            raise CorruptRowError(path, "budget_log")
+        return lengths
+
+    def unpack(self, path: Path) -> tuple[list[str], list[int], list[bool]]:
+        """``(users, spent_units, retired)``; ``StoreError`` if the columns do not decode."""
+        lengths = self.lengths(path)
+        try:
+            ends = np.cumsum(lengths).tolist()
+            starts = [0, *ends[:-1]]
+            text = self.ids.decode("utf-8", "surrogatepass")
+            if len(text) == len(self.ids):  # ASCII: character offsets are byte offsets
+                users = [text[a:b] for a, b in zip(starts, ends, strict=True)]
+            else:
+                raw = self.ids
+                users = [
+                    raw[a:b].decode("utf-8", "surrogatepass")
+                    for a, b in zip(starts, ends, strict=True)
+                ]
+        except ValueError:  # UnicodeDecodeError included
+            raise CorruptRowError(path, "budget_log") from None
+        spent = np.frombuffer(self.spent_units, dtype="<i8").tolist()
+        retired = np.frombuffer(self.retired, dtype=np.uint8).astype(bool).tolist()
+        return users, spent, retired
+
+    def find(self, user_id: str, path: Path) -> int | None:
+        """Index of ``user_id`` in this row (the last one if listed twice), or None."""
+        lengths = self.lengths(path)
+        needle = np.frombuffer(user_id.encode("utf-8", "surrogatepass"), np.uint8)
+        starts = np.cumsum(lengths) - lengths
+        cand = np.flatnonzero(lengths == len(needle))
+        if len(cand) and len(needle):
+            data = np.frombuffer(self.ids, np.uint8)
+            cand = cand[
+                (data[starts[cand][:, None] + np.arange(len(needle))] == needle).all(axis=1)
+            ]
+        return int(cand[-1]) if len(cand) else None
+
+
+def log_rows(
+    db: sqlite3.Connection, path: Path, *, newest_first: bool = False
+) -> Iterator[PackedBudgets]:
+    """The budget log's rows in commit order (or newest first), each checked against its
+    ``crc``."""
+    order = "DESC" if newest_first else "ASC"
+    for row in db.execute(f"SELECT {LOG_COLUMNS} FROM budget_log ORDER BY seq {order}"):
+        _seq, n, *blobs = checked_row(path, "budget_log", row)
+        yield PackedBudgets(as_int(n), *map(as_blob, blobs))
+
+
+def newest_in_log(db: sqlite3.Connection, path: Path) -> dict[str, tuple[int, bool]]:
+    """Each user in the budget log with their newest ``(spent_units, retired)``."""
+    newest: dict[str, tuple[int, bool]] = {}
+    for packed in log_rows(db, path):
+        users, spent, retired = packed.unpack(path)
+        newest.update(zip(users, zip(spent, retired, strict=True), strict=True))
+    return newest
+
+
+def lookup_budget(db: sqlite3.Connection, path: Path, user_id: str) -> tuple[int, bool] | None:
+    """``(spent_units, retired)`` of one user: the newest log row that lists them, else their
+    ``budgets`` row. Run inside one read transaction (a consistent snapshot)."""
+    for packed in log_rows(db, path, newest_first=True):
+        i = packed.find(user_id, path)
+        if i is not None:
+            return int(np.frombuffer(packed.spent_units, "<i8")[i]), bool(packed.retired[i])
+    row = db.execute(
+        "SELECT user_id, spent_units, retired, crc FROM budgets WHERE user_id = ?", (user_id,)
+    ).fetchone()
+    if row is None:
+        return None
+    _user, spent_units, retired = checked_row(path, "budgets", row)
+    return as_int(spent_units), bool(retired)
+
+
+class CorruptRowError(StoreError):
+    def __init__(self, path: Path, table: str) -> None:
+        super().__init__(
+            f"state store {path} is corrupt: a row of table {table} does not match its checksum; "
+            "refusing to use it — restore the newest intact copy of the state"
+        )
+
+
+def checked_row(path: Path, table: str, row: tuple[object, ...]) -> tuple[object, ...]:
+    """``row`` = the covered values then ``crc``; returns the values if they match."""
+    *values, crc = row
+    if crc != row_crc(*values):
+        raise CorruptRowError(path, table)
+    return tuple(values)
+
+
+def as_int(value: object) -> int:
+    if type(value) is not int:
+        raise StoreError("the state store holds a value of the wrong type where an integer belongs")
+    return value
+
+
+def as_blob(value: object) -> bytes:
+    if not isinstance(value, bytes):
+        raise StoreError("the state store holds a value of the wrong type where a blob belongs")
+    return value
+
+
+def read_ledger(db: sqlite3.Connection, path: Path) -> list[TelemetryCharge]:
+    rows = db.execute("SELECT seq, kind, rho, record, crc FROM telemetry_ledger ORDER BY seq")
+    checked = [checked_row(path, "telemetry_ledger", row) for row in rows]
+    return [TelemetryCharge(str(k), float(r), as_blob(p)) for _s, k, r, p in checked]  # type: ignore[arg-type]

@@ -1,0 +1,489 @@
+"""The embedded state store: SQLite in WAL mode, ``synchronous=FULL``, one writer.
+
+One writer is enforced by an exclusive ``flock`` on ``<path>.lock``. Budgets are log-structured:
+a day's debits are one ``budget_log`` row (schema.py), folded into the per-user ``budgets`` table
+in the transaction of the day that makes the log outgrow both ``budget_log_max_rows`` and the
+table, so loading and one-user lookups stay bounded.
+
+Fail closed (docs/design.md §5). Opening refuses, with ``StoreError``, a file SQLite cannot read,
+a file whose ``PRAGMA integrity_check`` is not ``ok`` (a damaged state is never replaced by an
+empty one) and a file it cannot write (probed at open with a write that is rolled back). A commit
+that fails (disk full, I/O error) raises ``StoreError`` and changes nothing. Every row is checked
+against its CRC when read (schema.py); states written before the column existed get it on the
+first open. A mirror of the sequence outside the store (mirror.py) detects restored stale copies
+and swapped states.
+
+Telemetry (docs/odometer.md): a separate zCDP budget for statistics about the run itself. Every
+charge is one row of the telemetry ledger, written only if the sum of all charges stays within
+the total, checked inside the same transaction (exact rational arithmetic on the float values).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import math
+import os
+import sqlite3
+import uuid
+from collections.abc import Iterator
+from fractions import Fraction
+from pathlib import Path
+from typing import IO
+
+from streamfilter.errors import StaleStoreError, StoreError, StoreLockedError, TelemetryBudgetError
+from streamfilter.runtime.faults import crash_point
+from streamfilter.runtime.store.base import (
+    DayCommit,
+    Position,
+    StateStore,
+    StoredState,
+    TelemetryBalance,
+    TelemetryCharge,
+    telemetry_balance,
+)
+from streamfilter.runtime.store.mirror import SequenceMirror, read_mirror, write_mirror
+from streamfilter.runtime.store.schema import (
+    BUDGET_UPSERT,
+    CRC_COLUMNS,
+    LOG_COLUMNS,
+    SCHEMA,
+    PackedBudgets,
+    as_blob,
+    as_int,
+    budget_crcs,
+    checked_row,
+    lookup_budget,
+    newest_in_log,
+    read_ledger,
+    row_crc,
+    sqlite_error_text,
+)
+
+#: the budget log is folded into ``budgets`` once it holds more rows than this and than
+#: ``budgets`` itself (``[state] budget_log_max_rows``)
+BUDGET_LOG_MAX_ROWS = 1_000_000
+
+
+class SQLiteStateStore(StateStore):
+    """SQLite in WAL mode with ``synchronous=FULL``; single writer via ``flock``."""
+
+    def __init__(
+        self, path: str | os.PathLike[str], *, budget_log_max_rows: int = BUDGET_LOG_MAX_ROWS
+    ) -> None:
+        if budget_log_max_rows < 0:
+            raise ValueError("budget_log_max_rows must be >= 0")
+        self.path = Path(path)
+        self.mirror_path = self.path.with_name(self.path.name + ".seq")
+        self.budget_log_max_rows = budget_log_max_rows
+        self._base_rows: int | None = None  # rows of ``budgets`` (counted when first needed)
+        self._lock_file: IO[bytes] | None = None
+        self._acquire_lock()
+        try:
+            self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            self._check_integrity()
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")
+            self._db.execute("PRAGMA foreign_keys=ON")
+            self._db.executescript(SCHEMA)
+            self._check_writable()
+            self._add_checksums()
+            state_id = uuid.uuid4().hex
+            self._db.execute(
+                "INSERT INTO meta(key, value, crc) VALUES('state_id', ?, ?) "
+                "ON CONFLICT(key) DO NOTHING",
+                (state_id, row_crc("state_id", state_id)),
+            )
+            self.state_id = str(self._meta("state_id"))
+            self._check_mirror()
+            row = self._db.execute("SELECT COALESCE(SUM(n_users), 0) FROM budget_log").fetchone()
+            self._log_users = int(row[0])  # budget changes in the log, not yet in ``budgets``
+        except sqlite3.Error as exc:
+            self._close_on_error()
+            raise StoreError(
+                f"cannot open state store {self.path}: {sqlite_error_text(exc)}; refusing to start"
+            ) from exc
+        except BaseException:
+            self._close_on_error()
+            raise
+
+    def _close_on_error(self) -> None:
+        db = getattr(self, "_db", None)
+        if db is not None:
+            with contextlib.suppress(sqlite3.Error):
+                db.close()
+        self._release_lock()
+
+    # -- fail closed at open ---------------------------------------------------------------
+    def _check_integrity(self) -> None:
+        """Refuse a damaged database (never fall back to an empty state)."""
+        rows = self._db.execute("PRAGMA integrity_check(3)")
+        problems = [" ".join(str(r[0]).split()) for r in rows]
+        if problems != ["ok"]:
+            raise StoreError(
+                f"state store {self.path} is corrupt (SQLite integrity check: "
+                f"{'; '.join(problems)[:300]}); refusing to start from it — restore the newest "
+                "intact copy of the state"
+            )
+
+    def _check_writable(self) -> None:
+        """A write that is rolled back: SQLite opens a file it cannot write read-only without a
+        word, and the first commit would fail only when the first day closes."""
+        db = self._db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES('write_probe', '')")
+        except sqlite3.Error as exc:
+            raise StoreError(
+                f"state store {self.path} cannot be written ({sqlite_error_text(exc)}); every closed "
+                "day must be committed before it is released — make the state writable"
+            ) from exc
+        finally:
+            db.execute("ROLLBACK")
+
+    def _add_checksums(self) -> None:
+        """A state written before rows carried a ``crc``: add the column, computed from the rows
+        as they are (checked by ``integrity_check`` just before)."""
+        missing = [
+            table
+            for table in CRC_COLUMNS
+            if "crc" not in {r[1] for r in self._db.execute(f"PRAGMA table_info({table})")}
+        ]
+        if not missing:
+            return
+        with self._transaction() as db:
+            for table in missing:
+                columns, key = CRC_COLUMNS[table]
+                db.execute(f"ALTER TABLE {table} ADD COLUMN crc INTEGER")
+                rows = db.execute(f"SELECT {', '.join(columns)} FROM {table}").fetchall()
+                where = " AND ".join(f"{k} = ?" for k in key)
+                db.executemany(
+                    f"UPDATE {table} SET crc = ? WHERE {where}",
+                    [(row_crc(*r), *(r[columns.index(k)] for k in key)) for r in rows],
+                )
+
+    # -- the sequence mirror outside the store ---------------------------------------------
+    def _check_mirror(self) -> None:
+        seq = int(self._meta("seq") or 0)
+        last = self._meta("last_closed_day")
+        mirror = read_mirror(self.mirror_path)
+        if mirror is not None and mirror.seq > 0 and mirror.state_id != self.state_id:
+            raise StaleStoreError(
+                f"state store {self.path} is not the state recorded in {self.mirror_path}, which "
+                f"committed {mirror.seq} days through {mirror.last_closed_day} (this state: {seq} "
+                "days) — the state was deleted, emptied or replaced; restore the newest copy of "
+                "the state, or start a new run with a new [state] path"
+            )
+        if mirror is not None and mirror.seq > seq:
+            raise StaleStoreError(
+                f"state store {self.path} is stale: it holds {seq} committed days (last closed "
+                f"day {last or 'none'}) but {mirror.seq} days through {mirror.last_closed_day} "
+                f"were already committed and may have been published ({self.mirror_path}); "
+                "resuming would re-draw noise for released days and forget spent budget — "
+                "restore the newest copy of the state, or start a new run with a new [state] path"
+            )
+        if mirror is None or mirror != SequenceMirror(self.state_id, seq, last):
+            self._write_mirror(seq, last)  # first start, or behind after a crash: repair
+
+    def _write_mirror(self, seq: int, last_closed_day: str | None) -> None:
+        try:
+            write_mirror(self.mirror_path, SequenceMirror(self.state_id, seq, last_closed_day))
+        except OSError as exc:
+            raise StoreError(
+                f"cannot write the sequence mirror {self.mirror_path}: {exc.strerror or exc}"
+            ) from exc
+
+    # -- single writer -------------------------------------------------------------------
+    def _acquire_lock(self) -> None:
+        lock_path = self.path.with_name(self.path.name + ".lock")
+        try:
+            fh = open(lock_path, "a+b")  # noqa: SIM115 - held for the store's lifetime
+        except OSError as exc:
+            raise StoreError(f"cannot open lock file {lock_path}: {exc}") from exc
+        try:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fh.close()
+            raise StoreLockedError(
+                f"state store {self.path} is in use by another streamfilter process "
+                f"(lock {lock_path} is held); only one writer may own a state"
+            ) from None
+        fh.seek(0)
+        fh.truncate()
+        fh.write(f"{os.getpid()}\n".encode())
+        fh.flush()
+        self._lock_file = fh
+
+    def _release_lock(self) -> None:
+        if self._lock_file is not None:
+            with contextlib.suppress(OSError):
+                fcntl.flock(self._lock_file.fileno(), fcntl.LOCK_UN)
+            self._lock_file.close()
+            self._lock_file = None
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        try:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+        except sqlite3.Error as exc:
+            with contextlib.suppress(sqlite3.Error):
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
+            raise StoreError(
+                f"state store {self.path} failed to commit: {sqlite_error_text(exc)}"
+            ) from exc
+
+    def _meta(self, key: str) -> str | None:
+        row = self._db.execute("SELECT key, value, crc FROM meta WHERE key = ?", (key,)).fetchone()
+        return None if row is None else str(checked_row(self.path, "meta", row)[1])
+
+    # -- StateStore ----------------------------------------------------------------------
+    def load(self) -> StoredState:
+        """Read the whole state, every row checked against its ``crc`` (``StoreError`` if one
+        does not match: a damaged state is never half-loaded)."""
+        path = self.path
+        try:
+            db = self._db
+            state = StoredState(
+                config_fingerprint=self._meta("config_fingerprint"),
+                last_closed_day=self._meta("last_closed_day"),
+                seq=int(self._meta("seq") or 0),
+            )
+            db.execute("BEGIN")  # one snapshot for both budget tables
+            try:
+                newer = newest_in_log(db, path)
+                rows = db.execute("SELECT user_id, spent_units, retired, crc FROM budgets")
+                base = [checked_row(path, "budgets", row) for row in rows]
+            finally:
+                db.execute("COMMIT")
+            self._base_rows = len(base)
+            state.budgets = [(str(u), as_int(s), bool(r)) for u, s, r in base if u not in newer] + [
+                (u, s, r) for u, (s, r) in newer.items()
+            ]
+            rows = db.execute("SELECT seq, query_id, payload, crc FROM queries ORDER BY seq")
+            state.queries = [as_blob(checked_row(path, "queries", row)[2]) for row in rows]
+            rows = db.execute("SELECT partition, resume_offset, high_offset, crc FROM positions")
+            positions = (checked_row(path, "positions", row) for row in rows)
+            state.positions = {str(p): Position(as_int(r), as_int(h)) for p, r, h in positions}
+            rows = db.execute(
+                "SELECT day, query_id, ord, payload, sent, crc FROM releases ORDER BY day, ord"
+            )
+            state.releases = [as_blob(checked_row(path, "releases", row)[3]) for row in rows]
+            for row in db.execute("SELECT day, seq, crc FROM days"):
+                checked_row(path, "days", row)
+            active_set = self._meta("active_set_state")
+            state.active_set_state = None if active_set is None else active_set.encode()
+            return state
+        except sqlite3.Error as exc:
+            raise StoreError(
+                f"cannot read state store {path}: {sqlite_error_text(exc)}; refusing to start"
+            ) from exc
+
+    def set_config_fingerprint(self, fingerprint: str) -> None:
+        with self._transaction() as db:
+            self._set_meta(db, "config_fingerprint", fingerprint)
+
+    def add_query(self, canonical_json: bytes) -> None:
+        query_id = json.loads(canonical_json)["query_id"]
+        payload = bytes(canonical_json)
+        with self._transaction() as db:
+            cur = db.execute(
+                "INSERT INTO queries(query_id, payload) VALUES(?, ?) ON CONFLICT(query_id) DO NOTHING",
+                (query_id, payload),
+            )
+            if cur.rowcount == 1:
+                seq = cur.lastrowid
+                db.execute(
+                    "UPDATE queries SET crc = ? WHERE seq = ?",
+                    (row_crc(seq, query_id, payload), seq),
+                )
+
+    def commit_day(self, commit: DayCommit) -> int:
+        """One transaction: 1. budgets, 2. releases (unsent), 3. positions, 4. day + sequence.
+
+        The day's budget changes are appended to the budget log as one row of packed columns
+        (a few milliseconds for a million users; an upsert per user costs ~1.3 µs each). When
+        the log holds more user rows than ``budget_log_max_rows`` and than ``budgets`` itself,
+        it is folded into ``budgets`` in the same transaction (each user once, the newest state
+        wins): the log stays at most as large as the table, so loading the state and looking up
+        one user stay bounded, and users active on several days are upserted once.
+        """
+        base_rows, log_users = self._base_rows, self._log_users
+        with self._transaction() as db:
+            seq = int(self._meta("seq") or 0) + 1
+            # 1. budget debits (exact integers)
+            packed = PackedBudgets.of(commit.changed_users, commit.spent_units, commit.retired)
+            if packed.n_users:
+                db.execute(
+                    f"INSERT INTO budget_log({LOG_COLUMNS}) VALUES(?, ?, ?, ?, ?, ?, ?)",
+                    (seq, *packed.values(), row_crc(seq, *packed.values())),
+                )
+                log_users += packed.n_users
+                if base_rows is None:
+                    base_rows = int(db.execute("SELECT count(*) FROM budgets").fetchone()[0])
+                if log_users > max(self.budget_log_max_rows, base_rows):
+                    base_rows, log_users = self._compact(db), 0
+            # 2. releases, noise already drawn; the primary key refuses a second (day, query)
+            db.executemany(
+                "INSERT INTO releases(day, query_id, ord, payload, sent, crc) "
+                "VALUES(?, ?, ?, ?, 0, ?)",
+                [
+                    (commit.day, qid, i, bytes(p), row_crc(commit.day, qid, i, bytes(p), 0))
+                    for i, (qid, p) in enumerate(commit.releases)
+                ],
+            )
+            # 3. input positions
+            self._write_positions(db, commit.positions)
+            # 4. the day and the monotonic sequence
+            db.execute(
+                "INSERT INTO days(day, seq, crc) VALUES(?, ?, ?)",
+                (commit.day, seq, row_crc(commit.day, seq)),
+            )
+            for key, value in (("seq", str(seq)), ("last_closed_day", commit.day)):
+                self._set_meta(db, key, value)
+            # 5. the opt-in active-set tracker (exact partial counts: stored, never published)
+            if commit.active_set_state is not None:
+                self._set_meta(db, "active_set_state", commit.active_set_state.decode())
+        self._base_rows, self._log_users = base_rows, log_users
+        # 6. mirror the sequence outside the store (a crash here leaves it behind: repaired)
+        crash_point("before_mirror")
+        self._write_mirror(seq, commit.day)
+        return seq
+
+    def _compact(self, db: sqlite3.Connection) -> int:
+        """Fold the budget log into ``budgets`` (inside the caller's transaction); returns the
+        number of ``budgets`` rows after."""
+        newer = newest_in_log(db, self.path)
+        crash_point("mid_compaction")
+        users = list(newer)
+        spent = [s for s, _ in newer.values()]
+        retired = [r for _, r in newer.values()]
+        db.executemany(
+            BUDGET_UPSERT,
+            zip(users, spent, map(int, retired), budget_crcs(users, spent, retired), strict=True),
+        )
+        db.execute("DELETE FROM budget_log")
+        return int(db.execute("SELECT count(*) FROM budgets").fetchone()[0])
+
+    @staticmethod
+    def _set_meta(db: sqlite3.Connection, key: str, value: str) -> None:
+        db.execute(
+            "INSERT INTO meta(key, value, crc) VALUES(?, ?, ?) "
+            "ON CONFLICT(key) DO UPDATE SET value = excluded.value, crc = excluded.crc",
+            (key, value, row_crc(key, value)),
+        )
+
+    @staticmethod
+    def _write_positions(db: sqlite3.Connection, positions: dict[str, Position]) -> None:
+        rows = [(p, pos.resume_offset, pos.high_offset) for p, pos in positions.items()]
+        db.executemany(
+            "INSERT INTO positions(partition, resume_offset, high_offset, crc) VALUES(?, ?, ?, ?) "
+            "ON CONFLICT(partition) DO UPDATE SET resume_offset = excluded.resume_offset, "
+            "high_offset = excluded.high_offset, crc = excluded.crc",
+            [(*row, row_crc(*row)) for row in rows],
+        )
+
+    def save_positions(self, positions: dict[str, Position]) -> None:
+        with self._transaction() as db:
+            self._write_positions(db, positions)
+
+    def unsent_releases(self) -> list[tuple[str, str, bytes]]:
+        """Checked against each row's ``crc`` right before they are published."""
+        try:
+            rows = self._db.execute(
+                "SELECT day, query_id, ord, payload, sent, crc FROM releases WHERE sent = 0 "
+                "ORDER BY day, ord"
+            ).fetchall()
+        except sqlite3.Error as exc:
+            raise StoreError(
+                f"cannot read state store {self.path}: {sqlite_error_text(exc)}"
+            ) from exc
+        checked = [checked_row(self.path, "releases", row) for row in rows]
+        return [(str(d), str(q), as_blob(p)) for d, q, _ord, p, _sent in checked]
+
+    def mark_sent(self, keys: list[tuple[str, str]]) -> None:
+        with self._transaction() as db:
+            for day, query_id in keys:
+                row = db.execute(
+                    "SELECT day, query_id, ord, payload, sent, crc FROM releases "
+                    "WHERE day = ? AND query_id = ?",
+                    (day, query_id),
+                ).fetchone()
+                if row is None:
+                    continue
+                _day, _qid, order, payload, _sent = checked_row(self.path, "releases", row)
+                db.execute(
+                    "UPDATE releases SET sent = 1, crc = ? WHERE day = ? AND query_id = ?",
+                    (row_crc(day, query_id, order, payload, 1), day, query_id),
+                )
+
+    def spent_units(self, user_id: str) -> tuple[int, bool] | None:
+        try:
+            return lookup_budget(self._db, self.path, user_id)
+        except sqlite3.Error as exc:
+            raise StoreError(
+                f"cannot read state store {self.path}: {sqlite_error_text(exc)}"
+            ) from exc
+
+    def telemetry_ledger(self) -> list[TelemetryCharge]:
+        try:
+            return read_ledger(self._db, self.path)
+        except sqlite3.Error as exc:
+            raise StoreError(
+                f"cannot read state store {self.path}: {sqlite_error_text(exc)}"
+            ) from exc
+
+    def charge_telemetry(
+        self, charge: TelemetryCharge, rho_total: float, *, active_set_state: bytes | None = None
+    ) -> TelemetryBalance:
+        """Check, then commit, in one ``BEGIN IMMEDIATE`` transaction (see :class:`StateStore`)."""
+        if not (math.isfinite(charge.rho) and charge.rho > 0.0):
+            raise TelemetryBudgetError(f"a telemetry charge must be > 0, got rho={charge.rho!r}")
+        if not (math.isfinite(rho_total) and rho_total > 0.0):
+            raise TelemetryBudgetError(f"telemetry.rho must be > 0, got {rho_total!r}")
+        with self._transaction() as db:
+            pinned = self._meta("telemetry_rho_total")
+            if pinned is not None and float(pinned) != rho_total:
+                raise TelemetryBudgetError(
+                    f"telemetry.rho = {rho_total!r} differs from {float(pinned)!r}, the total this "
+                    f"state's telemetry ledger was started with (state {self.path}); it cannot "
+                    "change during a run"
+                )
+            charges = [c.rho for c in read_ledger(db, self.path)]
+            before = telemetry_balance(rho_total, charges)
+            if sum(map(Fraction, charges), Fraction(charge.rho)) > Fraction(rho_total):
+                raise TelemetryBudgetError(
+                    f"telemetry budget exceeded: {charge.kind} costs rho={charge.rho!r} but only "
+                    f"{before.remaining!r} of telemetry.rho={rho_total!r} remains "
+                    f"({len(charges)} earlier charges); nothing was released"
+                )
+            if pinned is None:
+                self._set_meta(db, "telemetry_rho_total", repr(float(rho_total)))
+            row = (charge.kind, float(charge.rho), bytes(charge.record))
+            cur = db.execute("INSERT INTO telemetry_ledger(kind, rho, record) VALUES(?, ?, ?)", row)
+            db.execute(
+                "UPDATE telemetry_ledger SET crc = ? WHERE seq = ?",
+                (row_crc(cur.lastrowid, *row), cur.lastrowid),
+            )
+            if active_set_state is not None:
+                self._set_meta(db, "active_set_state", active_set_state.decode())
+        return telemetry_balance(rho_total, [*charges, charge.rho])
+
+    def size_bytes(self) -> int | None:
+        total = 0
+        for suffix in ("", "-wal"):
+            with contextlib.suppress(OSError):
+                total += os.path.getsize(f"{self.path}{suffix}")
+        return total
+
+    def close(self) -> None:
+        with contextlib.suppress(sqlite3.Error):
+            self._db.close()
+        self._release_lock()
