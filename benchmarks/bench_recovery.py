@@ -13,7 +13,7 @@ mode, metrics on).
   again; time from the SIGKILL → day ``D``'s releases in the release file.
 
 ratio = recovery ÷ uninterrupted (lower is better; no target in issue #7). Only closed days are
-durable (one transaction per closed day, DESIGN.md §5), so after a crash the open day is read
+durable (one transaction per closed day, docs/design.md §5), so after a crash the open day is read
 again from its first offset: recovery is bounded below by restart + re-reading the day.
 """
 

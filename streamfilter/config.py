@@ -272,7 +272,7 @@ class TelemetrySection(_Section):
 
 
 class Settings(BaseSettings):
-    """The whole configuration (DESIGN.md §3 "Config")."""
+    """The whole configuration (docs/design.md §3 "Config")."""
 
     model_config = SettingsConfigDict(
         env_prefix="STREAMFILTER_", env_nested_delimiter="__", extra="forbid"
@@ -361,7 +361,7 @@ class Settings(BaseSettings):
 def _without_values(message: str) -> str:
     """The Python API's messages quote the offending number (``..., got granularity=0.3``,
     ``b_norm=1e-08 is below ...``); a configuration error names the key and the rule only —
-    values are never echoed into logs (DESIGN.md §6 item 10)."""
+    values are never echoed into logs (docs/design.md §6 item 10)."""
     text = re.sub(r",?\s*got\s+\w+\s*=\s*\S+?(?=[;,]|$)", "", message)
     return re.sub(r"([\w/²]+)\s*=\s*[^\s,;:]+", r"\1", text)
 

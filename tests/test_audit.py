@@ -1,4 +1,4 @@
-"""The empirical privacy audit (DESIGN.md §6 item 12): sound on the correct build, and it catches
+"""The empirical privacy audit (docs/design.md §6 item 12): sound on the correct build, and it catches
 each deliberately injected bug.
 
 The audit runs the real engine with OS CSPRNG noise, so these tests are statistical. Their

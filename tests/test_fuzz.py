@@ -1,5 +1,5 @@
 """Fuzzing of every input boundary: events, queries, the configuration file, and the daemon fed
-random records end to end (DESIGN.md §6 item 5).
+random records end to end (docs/design.md §6 item 5).
 
 Properties:
 

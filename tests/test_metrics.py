@@ -1,4 +1,4 @@
-"""Prometheus metrics, /healthz, /readyz and logs (DESIGN.md §6 items 9-10).
+"""Prometheus metrics, /healthz, /readyz and logs (docs/design.md §6 items 9-10).
 
 Values are read back with ``registry.get_sample_value`` from a fresh registry per test; the HTTP
 endpoints are exercised over real sockets on 127.0.0.1.

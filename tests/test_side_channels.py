@@ -1,4 +1,4 @@
-"""No side channels (DESIGN.md §6 items 6-10): what leaves the daemon besides the noisy releases
+"""No side channels (docs/design.md §6 items 6-10): what leaves the daemon besides the noisy releases
 — metrics, logs, the noise consumption, the release schedule, error messages — must not depend
 on whether a user was exhausted, absent or admitted.
 

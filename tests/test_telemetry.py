@@ -127,7 +127,7 @@ def test_the_estimate_releases_noisy_cumulative_departures_in_the_contract_shape
 
 
 def test_an_exhausted_user_and_an_absent_user_give_identical_releases():
-    """DESIGN.md §6.8 for the estimate: a user who already left adds nothing to any count."""
+    """docs/design.md §6.8 for the estimate: a user who already left adds nothing to any count."""
     spec = ActiveSetSpec(rho=0.05, horizon_days=16)
     _, a = run_monitor(spec, seed=9, exhausted_extra=False)
     _, b = run_monitor(spec, seed=9, exhausted_extra=True)

@@ -3,7 +3,7 @@ population statistics of budget use). See docs/odometer.md.
 
 ``budget --user ID`` — **the values are for that user alone.** A user's spent budget depends on
 their own data, so it may be shown to that user and to nobody else (Feldman & Zrnic §4.4; Yu et
-al. §3.4; DESIGN.md §6.11). Showing it to its owner costs the *other* users nothing: it is a
+al. §3.4; docs/design.md §6.11). Showing it to its owner costs the *other* users nothing: it is a
 function of the owner's data and of the published releases only. streamfilter serves these
 values through no network endpoint; the command reads the state file, so whoever can run it can
 read every user's value — deliver each result to its owner only.

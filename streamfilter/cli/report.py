@@ -6,7 +6,7 @@ What goes on the page, and where it comes from:
   read from the configured release sink file (or, for a non-file sink, the releases the state
   store marked as sent). Releases are public by construction: post-processing of noisy output.
 * **Closed days** — the list of days the state store committed (read-only; the budgets, in the
-  table or the budget log, are never read: per-user budgets are for their owners only, DESIGN.md
+  table or the budget log, are never read: per-user budgets are for their owners only, docs/design.md
   §6.11).
 * **The guarantee** — from ``PrivacyParams.guarantee()``: ρ-zCDP and ε at δ by each sound
   conversion; data-independent.

@@ -23,10 +23,12 @@ from fractions import Fraction
 import numpy as np
 
 from streamfilter.client.protocol import Announcement
-from streamfilter.privacy.accounting import sigma_for_rho
+from streamfilter.privacy.accounting import Mechanism, sigma_for_rho
 from streamfilter.privacy.individual import Exhaustion, filter_contributions, query_vectors
 from streamfilter.privacy.lattice import Lattice
 from streamfilter.privacy.noise import RandomBits, discrete_gaussian
+from streamfilter.privacy.odometer import noise_variance_units, rho_of_units
+from streamfilter.privacy.rounding import float_up
 
 __all__ = ["DayAnswers", "DeviceConfig", "Variant", "answer_day"]
 
@@ -104,9 +106,18 @@ class DeviceConfig:
         return self.lattice.sigma2_units(self.sigma)
 
     @property
+    def noise_variance_units(self) -> Fraction:
+        """Variance of the noise the loss is measured against, lattice units: the integer s² for
+        the discrete Gaussian, exactly ``σ²/γ²`` for the continuous one
+        (:func:`streamfilter.privacy.odometer.noise_variance_units`)."""
+        mechanism: Mechanism = "gaussian" if self.mechanism == "gaussian" else "discrete_gaussian"
+        return noise_variance_units(mechanism, self.sigma, self.granularity)
+
+    @property
     def rho(self) -> float:
-        """The zCDP this enrolment guarantees, ``B/(2 s²)`` (Theorem 4.5, integer units)."""
-        return float(Fraction(self.budget_units, 2 * self.sigma2_units))
+        """The zCDP this enrolment guarantees, ``B/(2 s²)`` (Theorem 4.5, integer units), rounded
+        up."""
+        return float_up(rho_of_units(self.budget_units, self.noise_variance_units))
 
     def fingerprint(self) -> dict[str, object]:
         return {

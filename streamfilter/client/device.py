@@ -1,7 +1,7 @@
 """``LocalFilter``: one device's individual privacy filter with durable on-device state.
 
 The device learns the queries from announcements (the query JSON the server registered), builds
-its own user's daily record from that user's events (the central record rule, DESIGN.md §2), and
+its own user's daily record from that user's events (the central record rule, docs/design.md §2), and
 answers each day through ``client.core.answer_day`` — the same clip, lattice, integer cost and
 exhaustion policy as the central engine. It persists before it sends:
 
@@ -29,6 +29,7 @@ import numpy as np
 
 from streamfilter.client.core import DeviceConfig, Variant, answer_day
 from streamfilter.client.protocol import Announcement, AnnouncementError, Contribution
+from streamfilter.privacy.accounting import Mechanism
 from streamfilter.privacy.noise import RandomBits, SystemRandomBits
 from streamfilter.privacy.odometer import UserLoss, user_loss
 
@@ -230,10 +231,13 @@ class LocalFilter:
     def odometer(self) -> UserLoss:
         """This user's realized loss so far: spent budget, ρ and ε at the configured δ
         (``privacy.odometer.user_loss``). For this user's eyes only; never sent."""
+        mechanism: Mechanism = (
+            "gaussian" if self.config.mechanism == "gaussian" else "discrete_gaussian"
+        )
         return user_loss(
             self.spent_units,
             self.config.granularity,
-            self.config.sigma2_units,
+            self.config.noise_variance_units,
             self.config.delta,
-            "gaussian" if self.config.mechanism == "gaussian" else "discrete_gaussian",
+            mechanism,
         )

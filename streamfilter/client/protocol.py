@@ -1,7 +1,7 @@
 """Local-mode wire formats: query announcements in, contributions out (stdlib + numpy only).
 
 An *announcement* is the query JSON of the public contract (``sum``, ``histogram``, ``linear``;
-DESIGN.md §3) as the server registered it. The device reads only what it needs to answer: the
+docs/design.md §3) as the server registered it. The device reads only what it needs to answer: the
 coordinates of its record the query reads, the (k × d) weight matrix, the clip and the days.
 
 A *contribution* is one admitted, lattice-rounded vector for one (day, query), in integer lattice

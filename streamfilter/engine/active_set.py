@@ -1,4 +1,4 @@
-"""The private active-set estimate (Feldman & Zrnic §5; DESIGN.md §2 "Stopping and telemetry").
+"""The private active-set estimate (Feldman & Zrnic §5; docs/design.md §2 "Stopping and telemetry").
 
 The exact number of users still in the analysis is a count over users: publishing it leaks. This
 module keeps a *noisy* count instead, by continual counting over the days: a user **leaves** the

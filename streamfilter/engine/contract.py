@@ -1,4 +1,4 @@
-"""The public data contract: events, queries and releases (DESIGN.md §3).
+"""The public data contract: events, queries and releases (docs/design.md §3).
 
 Events are validated by ``parse_event``, which rejects bad input with a *reason* and never a
 quoted value. The daemon's hot path validates whole batches with ``engine.ingest.parse_events``
@@ -15,6 +15,7 @@ import json
 import math
 import re
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Annotated, Any, Literal
 
 import msgspec
@@ -32,10 +33,12 @@ from pydantic import (
 __all__ = [
     "MAX_ABS_VALUE",
     "MAX_EVENT_BYTES",
+    "REJECT_REASON_MEANING",
     "Event",
     "EventModel",
     "Query",
     "Reject",
+    "RejectReason",
     "Release",
     "parse_event",
     "parse_query",
@@ -53,13 +56,78 @@ _DAY_RE = re.compile(r"\d{4}-\d{2}-\d{2}")
 _EVENT_KEYS = frozenset({"user_id", "day", "values", "event_id"})
 
 
-class Reject(ValueError):
-    """A record refused before it reaches the accounting. ``reason`` is a stable short code;
-    ``detail`` names the field and the problem but never quotes the offending value."""
+class RejectReason(StrEnum):
+    """Every reason a record can be refused for: the one closed list (reject records, the
+    ``streamfilter_rejects_total{reason}`` label, README.md and docs/design.md §3.4 come from it).
+    A value is a stable short code; :data:`REJECT_REASON_MEANING` says what each means."""
 
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(f"{reason}: {detail}")
-        self.reason = reason
+    # events (a line of a file or one Kafka message)
+    MALFORMED_JSON = "malformed_json"
+    NOT_AN_OBJECT = "not_an_object"
+    UNKNOWN_FIELD = "unknown_field"
+    MISSING_FIELD = "missing_field"
+    INVALID_USER_ID = "invalid_user_id"
+    INVALID_DAY = "invalid_day"
+    INVALID_VALUES = "invalid_values"
+    INVALID_NUMBER = "invalid_number"
+    INVALID_EVENT_ID = "invalid_event_id"
+    OVERSIZED = "oversized"
+    LATE = "late"
+    WRONG_DAY = "wrong_day"
+    # queries
+    UNKNOWN_QUERY_KIND = "unknown_query_kind"
+    INVALID_QUERY = "invalid_query"
+    DUPLICATE_QUERY_ID = "duplicate_query_id"
+    CLOSED_DAY = "closed_day"
+    # local mode: contributions sent by devices
+    INVALID_QUERY_ID = "invalid_query_id"
+    INVALID_NONCE = "invalid_nonce"
+    INVALID_UNITS = "invalid_units"
+    UNKNOWN_QUERY = "unknown_query"
+    INACTIVE_QUERY = "inactive_query"
+    INVALID_DIMENSION = "invalid_dimension"
+    OVER_CLIP = "over_clip"
+    IMPLAUSIBLE_NORM = "implausible_norm"
+
+
+#: what each reject reason means, as README.md's table shows it (a test keeps them in step)
+REJECT_REASON_MEANING: dict[RejectReason, str] = {
+    RejectReason.MALFORMED_JSON: "not valid UTF-8 JSON",
+    RejectReason.NOT_AN_OBJECT: "valid JSON, but not an object",
+    RejectReason.UNKNOWN_FIELD: "a field the contract does not define",
+    RejectReason.MISSING_FIELD: "a required field is absent",
+    RejectReason.INVALID_USER_ID: "user_id is not a string of 1 to 256 characters",
+    RejectReason.INVALID_DAY: "day is not an ISO date (YYYY-MM-DD)",
+    RejectReason.INVALID_VALUES: "values is not an object of feature → number or string, or too large",
+    RejectReason.INVALID_NUMBER: "a value is NaN, infinite or beyond ±1e12",
+    RejectReason.INVALID_EVENT_ID: "event_id is not a string of 1 to 256 characters",
+    RejectReason.OVERSIZED: "the record exceeds its size limit (an event: 64 KiB)",
+    RejectReason.LATE: "the event's day is already closed",
+    RejectReason.WRONG_DAY: "Python API: an event of another day passed to close_day",
+    RejectReason.UNKNOWN_QUERY_KIND: "kind is not sum, histogram or linear",
+    RejectReason.INVALID_QUERY: "a query field is missing, malformed or out of range",
+    RejectReason.DUPLICATE_QUERY_ID: "query_id already registered with another definition",
+    RejectReason.CLOSED_DAY: "the query starts on a day that is already closed",
+    RejectReason.INVALID_QUERY_ID: "local mode: the contribution names no valid query id",
+    RejectReason.INVALID_NONCE: "local mode: the contribution's nonce is malformed",
+    RejectReason.INVALID_UNITS: "local mode: the contribution's integer vector is malformed",
+    RejectReason.UNKNOWN_QUERY: "local mode: the contribution is for a query never announced",
+    RejectReason.INACTIVE_QUERY: "local mode: the query does not run on the contribution's day",
+    RejectReason.INVALID_DIMENSION: "local mode: the vector's length differs from the query's",
+    RejectReason.OVER_CLIP: "local mode (central noise): the vector's norm exceeds the clip",
+    RejectReason.IMPLAUSIBLE_NORM: "local mode (local noise): the noisy vector's norm is implausible",
+}
+
+
+class Reject(ValueError):
+    """A record refused before it reaches the accounting. ``reason`` is one of
+    :class:`RejectReason` (anything else raises ``ValueError`` here, so no code path can emit a
+    reason the list lacks); ``detail`` names the field and the problem but never quotes the
+    offending value."""
+
+    def __init__(self, reason: RejectReason | str, detail: str) -> None:
+        self.reason = RejectReason(reason)
+        super().__init__(f"{self.reason}: {detail}")
         self.detail = detail
 
 

@@ -3,7 +3,7 @@
 ``close_day`` runs Algorithm 3 for one day: the day's queries in registration order, each user's
 contribution admitted by the individual filter against their running budget, the exact integer
 sum of admitted contributions, and one batch of ``d`` noise draws per query (the batch size is
-fixed by the query, never by the data: DESIGN.md §6). Nothing is mutated: the caller commits the
+fixed by the query, never by the data: docs/design.md §6). Nothing is mutated: the caller commits the
 returned :class:`DayOutcome` (state store first, then the in-memory ledger).
 """
 
@@ -52,7 +52,7 @@ def _bits_for(bits: RandomBits, day: str, query_id: str) -> RandomBits:
 @dataclass(frozen=True)
 class ExactDayStats:
     """Exact, data-dependent counts of one day. SENSITIVE: never released or exported unless the
-    operator opted into ``trusted_operator_metrics`` (DESIGN.md §6.9)."""
+    operator opted into ``trusted_operator_metrics`` (docs/design.md §6.9)."""
 
     users_with_records: int
     admitted_per_query: dict[str, int] = field(default_factory=dict)

@@ -1,7 +1,7 @@
 """In-memory per-user budget state: ``user_id → (spent_units, retired)``, compact and vectorised.
 
 Only users that were ever charged are stored: an absent user (all-zero record) costs nothing and
-leaves no trace (DESIGN.md §6.8). The state store is the durable source of truth; this ledger is
+leaves no trace (docs/design.md §6.8). The state store is the durable source of truth; this ledger is
 rebuilt from it on start and updated only after a day's transaction committed.
 
 Layout: 27 + 8·⌈len(id)/8⌉ bytes per known user (35 B for ids of ≤ 8 bytes), no Python object

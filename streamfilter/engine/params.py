@@ -1,4 +1,4 @@
-"""Data-independent privacy parameters of a run, derived once (DESIGN.md §6.7).
+"""Data-independent privacy parameters of a run, derived once (docs/design.md §6.7).
 
 σ, γ, the integer budget ``B`` and the integer noise variance ``s²`` depend only on the
 configuration, never on the data.
@@ -17,6 +17,8 @@ from streamfilter.privacy.accuracy import gaussian_halfwidth
 from streamfilter.privacy.individual import Exhaustion
 from streamfilter.privacy.lattice import Lattice
 from streamfilter.privacy.noise import discrete_gaussian_halfwidth
+from streamfilter.privacy.odometer import noise_variance_units, rho_of_units
+from streamfilter.privacy.rounding import float_up
 
 __all__ = ["Mechanism", "PrivacyParams"]
 
@@ -117,16 +119,16 @@ class PrivacyParams:
             return self.sigma
         return float(math.sqrt(Fraction(self.sigma2_units)) * self.granularity)
 
+    @cached_property
+    def noise_variance_units(self) -> Fraction:
+        """Variance of the noise actually drawn, lattice units (``privacy.odometer``)."""
+        return noise_variance_units(self.mechanism, self.sigma, self.granularity)
+
     @property
     def rho_effective(self) -> float:
-        """The zCDP actually guaranteed: B/(2 s²) ≤ ρ (integer budget and variance)."""
-        if self.mechanism == "gaussian":
-            return float(
-                Fraction(self.budget_units)
-                * Fraction(self.granularity) ** 2
-                / (2 * Fraction(self.sigma) ** 2)
-            )
-        return float(Fraction(self.budget_units, 2 * self.sigma2_units))
+        """The zCDP actually guaranteed, ``B/(2 s²) ≤ ρ`` with the integer budget and the variance
+        of the noise drawn (:func:`rho_of_units`), rounded up."""
+        return float_up(rho_of_units(self.budget_units, self.noise_variance_units))
 
     @cached_property
     def ci95_halfwidth(self) -> float:

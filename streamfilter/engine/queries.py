@@ -1,4 +1,4 @@
-"""The query book: registered queries in registration order (DESIGN.md §3, §5).
+"""The query book: registered queries in registration order (docs/design.md §3, §5).
 
 Queries for day ``t`` are those registered before ``t`` closes whose ``[from_day, until_day]``
 covers ``t``; within a day they are evaluated in registration order (Algorithm 3's rounds).

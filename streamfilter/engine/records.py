@@ -2,7 +2,7 @@
 
 A user's record for a day is a sparse vector over *coordinates*: a numeric feature ``f`` sums the
 user's values of ``f`` that day; a categorical value ``v`` of feature ``f`` adds 1 to coordinate
-``f=v`` (DESIGN.md §2 "Record"). A repeated ``event_id`` for the same user and day counts once.
+``f=v`` (docs/design.md §2 "Record"). A repeated ``event_id`` for the same user and day counts once.
 
 Determinism: users are ordered by their 64-bit id hash (the ledger's order, so budget lookups
 are one monotone walk; distinct ids with equal hashes ordered by id) and each (user, coordinate)

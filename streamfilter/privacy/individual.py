@@ -14,7 +14,7 @@ user's individual Rényi loss at order α is ``α·c/(2s²)`` and the admission 
 α-independent); Theorem 4.5 then gives ``(α, α·B/(2s²))``-RDP for all α, i.e.
 ``B/(2s²)``-zCDP, and ``B/(2s²) ≤ B_norm/(2σ²) = ρ`` because ``B = floor(B_norm/γ²)`` and
 ``s² = ceil(σ²/γ²)``. The decision uses only the user's own record and their own past admitted
-costs (which depend on earlier *published* queries only), never other users — DESIGN.md §6.6.
+costs (which depend on earlier *published* queries only), never other users — docs/design.md §6.6.
 
 Exhaustion policies
 -------------------

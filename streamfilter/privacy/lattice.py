@@ -4,7 +4,7 @@ Every contribution lives on the lattice ``γ·Z^d`` with ``γ = 2^k`` (``granula
 contribution ``x`` (data units) is first clipped to L2 norm ``≤ C`` and then rounded to an
 integer vector ``r`` (lattice units) whose cost ``‖r‖²`` is an exact integer. Budgets are integers
 ``B = floor(B_norm / γ²)`` and sums are exact integer sums, so no floating-point comparison ever
-decides admission (DESIGN.md §2 "Lattice").
+decides admission (docs/design.md §2 "Lattice").
 
 Why the rounding never exceeds the clip (the argument the filter relies on)
 ---------------------------------------------------------------------------

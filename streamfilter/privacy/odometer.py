@@ -3,12 +3,16 @@
 **These values are sensitive.** A user's spent budget depends on that user's own data, so it may
 be shown to that user only (Feldman & Zrnic §4.4: the individual tracker "can be disclosed to the
 respective user without violating the other users' privacy"; Yu et al. §3.4 on releasing
-individual privacy parameters to their owners; DESIGN.md §6 item 11). Statistics over users may
+individual privacy parameters to their owners; docs/design.md §6 item 11). Statistics over users may
 be released only through a separate, noisy and separately budgeted mechanism.
 
 Units: ``spent_units`` is the user's exact integer ``Σ‖r‖²`` in lattice units (the same integer the
-filter compares with its budget); ``granularity`` is γ; ``sigma2_units`` is the integer noise
-variance in lattice units, ``(σ/γ)²`` rounded up.
+filter compares with its budget); ``granularity`` is γ; ``variance_units`` is the per-coordinate
+variance of the noise actually drawn, in the same units (:func:`noise_variance_units`).
+
+One formula: :func:`rho_of_units` is the only place a cost becomes a zCDP parameter. The CLI's
+``budget``, the device odometer, the run's effective guarantee (``PrivacyParams.rho_effective``,
+shown by ``guarantee``, the report and the metrics) all go through it.
 """
 
 from __future__ import annotations
@@ -24,9 +28,46 @@ from streamfilter.privacy.accounting import (
     epsilon_from_rho_gdp,
     tightest_method,
 )
+from streamfilter.privacy.lattice import Lattice
 from streamfilter.privacy.rounding import float_up
 
-__all__ = ["UserLoss", "discretised_odometer", "user_loss"]
+__all__ = [
+    "UserLoss",
+    "discretised_odometer",
+    "noise_variance_units",
+    "rho_of_units",
+    "user_loss",
+]
+
+
+def noise_variance_units(mechanism: Mechanism, sigma: float, granularity: float) -> Fraction:
+    """Per-coordinate variance of the noise actually drawn, in lattice units (exact).
+
+    ``discrete_gaussian``: the sampler draws ``N_Z(0, s²)`` with the integer
+    ``s² = ceil(σ²/γ²)`` (:meth:`Lattice.sigma2_units`), so ``s²`` is the variance, not ``σ²/γ²``.
+    ``gaussian``: the continuous sampler draws ``N(0, σ²)`` with the calibrated σ (data units),
+    i.e. exactly ``σ²/γ²`` lattice units; rounding it up would *under*-state the loss.
+    """
+    tightest_method(mechanism)  # validates mechanism
+    lattice = Lattice(granularity)
+    if mechanism == "discrete_gaussian":
+        return Fraction(lattice.sigma2_units(sigma))
+    if not (math.isfinite(sigma) and sigma > 0):
+        raise ValueError(f"sigma must be a positive finite number, got sigma={sigma!r}")
+    return Fraction(sigma) ** 2 / lattice.gamma**2
+
+
+def rho_of_units(units: int, variance_units: Fraction) -> Fraction:
+    """zCDP of contributions of total squared norm ``units`` against Gaussian noise of variance
+    ``variance_units`` per coordinate (both lattice units): exactly ``units / (2·variance)``.
+
+    A shift ``r`` under ``N(0, s²)`` noise is ``‖r‖²/(2s²)``-zCDP (Bun & Steinke 2016, Prop. 1.6);
+    for the discrete Gaussian and integer shifts the same holds (Canonne, Kamath & Steinke 2020,
+    Prop. 5 / Thm. 15). Per-query parameters add up (Feldman & Zrnic, Example 2.7 and eq. (2)).
+    """
+    if variance_units <= 0:
+        raise ValueError(f"variance_units must be > 0, got variance_units={variance_units!r}")
+    return Fraction(units) / (2 * Fraction(variance_units))
 
 
 def _check_int(name: str, value: object, minimum: int) -> int:
@@ -59,15 +100,15 @@ class UserLoss:
 def user_loss(
     spent_units: int,
     granularity: float,
-    sigma2_units: int,
+    variance_units: int | Fraction,
     delta: float,
     mechanism: Mechanism,
 ) -> UserLoss:
     """The realized loss of one user who has spent ``spent_units`` (lattice units).
 
-    ``ρ_i = Σ_t ‖r_t‖² / (2·s²)`` with ``s² = sigma2_units`` is the sum of the user's individual
-    zCDP parameters (Example 2.7 / equation (2) of Feldman & Zrnic, per query
-    ``‖r_t‖²/(2s²)``); computed as an exact fraction, then rounded up to a float.
+    ``ρ_i = Σ_t ‖r_t‖² / (2·s²)`` with ``s² = variance_units`` (:func:`rho_of_units`) is the sum
+    of the user's individual zCDP parameters (Example 2.7 / equation (2) of Feldman & Zrnic, per
+    query ``‖r_t‖²/(2s²)``); computed as an exact fraction, then rounded up to a float.
 
     What it certifies: the filter guarantee (Theorem 4.5) is for the budget fixed in advance. A
     realized value is backed by the odometer argument (Proposition 4.10 / Corollary 4.11): for
@@ -76,7 +117,10 @@ def user_loss(
     discretised value where a formal statement is needed.
     """
     spent = _check_int("spent_units", spent_units, 0)
-    s2 = _check_int("sigma2_units", sigma2_units, 1)
+    if isinstance(variance_units, bool) or not isinstance(variance_units, int | Fraction):
+        raise ValueError(f"variance_units must be an int or Fraction, got {variance_units!r}")
+    if variance_units <= 0:
+        raise ValueError(f"variance_units must be > 0, got variance_units={variance_units!r}")
     if isinstance(granularity, bool) or not isinstance(granularity, numbers.Real):
         raise ValueError(f"granularity must be a real number, got granularity={granularity!r}")
     gamma = float(granularity)
@@ -89,7 +133,7 @@ def user_loss(
     method = tightest_method(mechanism)  # validates mechanism
 
     spent_data = float_up(spent * Fraction(gamma) ** 2)
-    rho_spent = float_up(Fraction(spent, 2 * s2))
+    rho_spent = float_up(rho_of_units(spent, Fraction(variance_units)))
     if method == "gdp":
         epsilon = epsilon_from_rho_gdp(rho_spent, float(delta))
     else:

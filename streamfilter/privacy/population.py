@@ -1,4 +1,4 @@
-"""Private population statistics of budget use (Yu et al. 2023 §3.4; DESIGN.md §2).
+"""Private population statistics of budget use (Yu et al. 2023 §3.4; docs/design.md §2).
 
 Per-user spent fractions ``f_i = spent_i / B ∈ [0, 1]`` are sensitive (each is one user's
 realized privacy loss). Their population mean and quantiles are released here only with noise,

@@ -33,28 +33,6 @@ def _float_down(value: Fraction) -> float:
     return max(float_down(value), 0.0)
 
 
-def _rho_of_units(units: int, params: PrivacyParams) -> Fraction:
-    """Individual zCDP of a cost of ``units`` lattice units: ``units·γ²/(2σ²)`` with the σ of the
-    noise actually added (``s² = sigma2_units`` lattice units for the discrete Gaussian, the
-    calibrated σ for the continuous one) — Example 2.7 of Feldman & Zrnic / CKS 2020."""
-    if params.mechanism == "discrete_gaussian":
-        return Fraction(units, 2 * params.sigma2_units)
-    gamma = Fraction(params.granularity)
-    return units * gamma * gamma / (2 * Fraction(params.sigma) ** 2)
-
-
-def _epsilon(rho: float, params: PrivacyParams) -> float:
-    from streamfilter.privacy.accounting import (
-        epsilon_from_rho_cks,
-        epsilon_from_rho_gdp,
-        tightest_method,
-    )
-
-    if tightest_method(params.mechanism) == "gdp":
-        return epsilon_from_rho_gdp(rho, params.delta)
-    return epsilon_from_rho_cks(rho, params.delta)
-
-
 def _check_fingerprint(stored: str | None, params: PrivacyParams, settings: Settings) -> None:
     from streamfilter.errors import ConfigError
     from streamfilter.runtime.app import config_fingerprint
@@ -79,8 +57,7 @@ def user_budget(settings: Settings, user_id: str, step: float | None = None) -> 
     (:func:`streamfilter.privacy.odometer.discretised_odometer`; B is the filter's own bound).
     """
     from streamfilter.errors import ConfigError
-    from streamfilter.privacy.accounting import tightest_method
-    from streamfilter.privacy.odometer import discretised_odometer
+    from streamfilter.privacy.odometer import discretised_odometer, rho_of_units, user_loss
     from streamfilter.runtime.store import SQLiteStateReader
 
     params = settings.privacy_params()
@@ -100,11 +77,12 @@ def user_budget(settings: Settings, user_id: str, step: float | None = None) -> 
     budget_units = params.budget_units
     odometer_units = min(discretised_odometer(spent_units, step_units), budget_units)
     remaining_units = budget_units - spent_units
-    rho_spent = float_up(_rho_of_units(spent_units, params))
-    rho_odometer = float_up(_rho_of_units(odometer_units, params))
+    variance = params.noise_variance_units
+    loss = user_loss(spent_units, params.granularity, variance, params.delta, params.mechanism)
+    odo = user_loss(odometer_units, params.granularity, variance, params.delta, params.mechanism)
     return {
         "user_id": user_id,
-        "spent": float_up(spent_units * gamma2),
+        "spent": loss.spent,
         "spent_units": spent_units,
         "spent_fraction": float_up(Fraction(spent_units, budget_units)),
         "b_norm": params.b_norm,
@@ -112,19 +90,19 @@ def user_budget(settings: Settings, user_id: str, step: float | None = None) -> 
         "remaining": _float_down(remaining_units * gamma2),
         "remaining_units": remaining_units,
         "retired": retired,
-        "rho_spent": rho_spent,
-        "epsilon_spent": _epsilon(rho_spent, params),
+        "rho_spent": loss.rho_spent,
+        "epsilon_spent": loss.epsilon_spent,
         "delta": params.delta,
-        "method": tightest_method(params.mechanism),
+        "method": loss.method,
         "rho_budget": params.rho_effective,
-        "rho_remaining": _float_down(_rho_of_units(remaining_units, params)),
+        "rho_remaining": _float_down(rho_of_units(remaining_units, params.noise_variance_units)),
         "odometer": {
             "step": float_up(step_units * gamma2),
             "step_units": step_units,
-            "spent": float_up(odometer_units * gamma2),
+            "spent": odo.spent,
             "spent_units": odometer_units,
-            "rho": rho_odometer,
-            "epsilon": _epsilon(rho_odometer, params),
+            "rho": odo.rho_spent,
+            "epsilon": odo.epsilon_spent,
         },
         "mechanism": params.mechanism,
         "last_closed_day": last_closed_day,

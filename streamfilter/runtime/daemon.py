@@ -12,7 +12,7 @@ A crash before 2 loses nothing (the input is re-read from the stored positions);
 republishes the stored bytes (never new noise). If the store cannot commit, nothing is released
 and the error propagates (fail closed).
 
-When a day closes (DESIGN.md §5): with ``until_end`` every open day closes once the input is
+When a day closes (docs/design.md §5): with ``until_end`` every open day closes once the input is
 exhausted. In follow mode day ``t`` closes when (a) the UTC wall clock has passed the end of ``t``
 plus ``allowed_lateness`` and (b) every partition has delivered an event of a later day or has been
 idle for ``idle_timeout``. Days between the first open day and the last closable one close even
@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from operator import attrgetter
 
-from streamfilter.engine.contract import Reject, Release, parse_query
+from streamfilter.engine.contract import Reject, RejectReason, Release, parse_query
 from streamfilter.engine.monitor import DayInput, Engine
 from streamfilter.runtime.faults import crash_point
 from streamfilter.runtime.io.base import QueryFeed, RecordBatch, Sink, Source, reject_payload
@@ -227,7 +227,7 @@ class Daemon:
         self.stop_event.set()
 
     # ------------------------------------------------------------------ input
-    def _reject(self, reason: str, detail: str, raw: bytes, where: str) -> None:
+    def _reject(self, reason: RejectReason, detail: str, raw: bytes, where: str) -> None:
         self.summary.rejects[reason] += 1
         self.observer.rejected(reason)
         self.reject_sink.publish(where, reject_payload(reason, detail, raw, where))
@@ -286,7 +286,11 @@ class Daemon:
             if day != current:
                 if self.engine.is_closed(day):
                     self._reject_record(
-                        partition, offsets[i], values[i], "late", "event day is already closed"
+                        partition,
+                        offsets[i],
+                        values[i],
+                        RejectReason.LATE,
+                        "event day is already closed",
                     )
                     continue
                 current = day
@@ -311,7 +315,7 @@ class Daemon:
         return acc
 
     def _reject_record(
-        self, partition: str, offset: int, raw: bytes, reason: str, detail: str
+        self, partition: str, offset: int, raw: bytes, reason: RejectReason, detail: str
     ) -> None:
         if offset < self._high.get(partition, 0):  # replayed: rejected the first time
             self.summary.replayed_skipped += 1
@@ -349,7 +353,7 @@ class Daemon:
         # the latest day that may close; every earlier day then closes too (in order). A day
         # after the last day with events closes on the same schedule when the input was already
         # quiet at its deadline (end + allowed_lateness): when releases leave must not depend on
-        # whether anyone sent data that day (DESIGN.md §6 item 7). A backfill that pauses never
+        # whether anyone sent data that day (docs/design.md §6 item 7). A backfill that pauses never
         # closes days it has not reached: their deadlines passed before the input went quiet.
         while (
             day is not None

@@ -1,4 +1,4 @@
-"""Empirical privacy audit of the real engine (DESIGN.md §6 item 12).
+"""Empirical privacy audit of the real engine (docs/design.md §6 item 12).
 
 The auditor is a black box on the code path it audits: it builds two neighbouring streams — a
 fixed population with and without one *canary* user — and runs the real
@@ -50,7 +50,7 @@ of the product can enable them.
                               ``big_clip``.
 ``cost_before_clip``          the cost is computed on the clipped, rounded vector but the vector
                               added to the sum is the *unclipped* rounded one (cost ≠ ‖added‖²,
-                              DESIGN.md §6 item 3): the canary is charged ``C²`` per day and adds
+                              docs/design.md §6 item 3): the canary is charged ``C²`` per day and adds
                               ``canary_scale·C``.
 
 Speed without a shortcut: every trial is a fresh ``Engine`` run through the same day step as

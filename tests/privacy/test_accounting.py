@@ -352,7 +352,7 @@ def test_tighter_conversions_are_tighter(delta: float) -> None:
 
 
 def test_sigma_ratio_design_claim() -> None:
-    """DESIGN.md §2: at ε=1, δ=1e-5 the three give σ in the ratio 1 : 0.825 : 0.761."""
+    """docs/design.md §2: at ε=1, δ=1e-5 the three give σ in the ratio 1 : 0.825 : 0.761."""
     b_norm = 4.0
     sigma = {
         name: acc.sigma_for_rho(b_norm, fn(1.0, 1e-5))

@@ -134,7 +134,7 @@ def test_user_loss_nothing_spent_and_non_dyadic_granularity() -> None:
         ({"spent_units": -1}, "spent_units must be >= 0, got spent_units=-1"),
         ({"spent_units": 1.5}, "spent_units must be an integer, got spent_units=1.5"),
         ({"spent_units": True}, "spent_units must be an integer, got spent_units=True"),
-        ({"sigma2_units": 0}, "sigma2_units must be >= 1, got sigma2_units=0"),
+        ({"variance_units": 0}, "variance_units must be > 0, got variance_units=0"),
         ({"granularity": 0.0}, "granularity must be finite and > 0, got granularity=0.0"),
         ({"delta": 1.5}, "delta must be in (0, 1), got delta=1.5"),
         ({"mechanism": "laplace"}, "got mechanism='laplace'"),
@@ -144,7 +144,7 @@ def test_user_loss_validation(kwargs: dict[str, object], message: str) -> None:
     args: dict[str, object] = {
         "spent_units": 10,
         "granularity": 2.0**-10,
-        "sigma2_units": 100,
+        "variance_units": 100,
         "delta": 1e-6,
         "mechanism": "discrete_gaussian",
     }

@@ -1,4 +1,4 @@
-"""Fail closed (DESIGN.md §5): when the state store cannot commit, nothing is released.
+"""Fail closed (docs/design.md §5): when the state store cannot commit, nothing is released.
 
 Three real failures of the SQLite state, each through the real CLI in a child process:
 

@@ -1,4 +1,4 @@
-"""Stale-store detection (DESIGN.md §5): a restored older copy of the state is refused.
+"""Stale-store detection (docs/design.md §5): a restored older copy of the state is refused.
 
 Every committed day increments the store's monotonic sequence; after each commit the sequence is
 mirrored outside the database in ``<state>.seq`` (atomic rename). A mirror *ahead* of the store

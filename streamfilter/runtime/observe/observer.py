@@ -2,7 +2,7 @@
 
 ``streamfilter.runtime.observe.prometheus`` implements them for Prometheus. Arguments marked *exact* are
 data-dependent counts: an observer must not export them unless the operator opted into
-``trusted_operator_metrics`` (DESIGN.md §6.9).
+``trusted_operator_metrics`` (docs/design.md §6.9).
 """
 
 from __future__ import annotations

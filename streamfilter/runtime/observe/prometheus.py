@@ -1,4 +1,4 @@
-"""Prometheus metrics, ``/healthz`` and ``/readyz`` for the daemon (DESIGN.md §6 items 9-10).
+"""Prometheus metrics, ``/healthz`` and ``/readyz`` for the daemon (docs/design.md §6 items 9-10).
 
 :class:`PrometheusObserver` implements the :class:`~streamfilter.runtime.observe.observer.DaemonObserver`
 hooks on an injected ``CollectorRegistry`` (tests build a fresh one and read values back with
@@ -61,7 +61,7 @@ reject codes; anything else is counted as ``other``), ``query_id``/``coordinate`
 analyst or the policy, never by the data). No label ever carries a user id.
 
 When *not* to use this: the per-user odometer (budget spent by one user) is not a metric and must
-never become one — it may be shown to that user only (DESIGN.md §6.11).
+never become one — it may be shown to that user only (docs/design.md §6.11).
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from streamfilter import __version__
-from streamfilter.engine.contract import Release
+from streamfilter.engine.contract import RejectReason, Release
 from streamfilter.engine.day import ExactDayStats
 from streamfilter.engine.params import PrivacyParams
 from streamfilter.runtime.observe.observer import DaemonObserver
@@ -90,25 +90,7 @@ log = logging.getLogger("streamfilter.metrics")
 
 #: Reject reason codes used as label values; any other reason is counted as ``other`` so a label
 #: value can never come from the input.
-REJECT_REASONS = frozenset(
-    {
-        "malformed_json",
-        "not_an_object",
-        "unknown_field",
-        "missing_field",
-        "invalid_user_id",
-        "invalid_day",
-        "invalid_values",
-        "invalid_number",
-        "invalid_event_id",
-        "oversized",
-        "late",
-        "wrong_day",
-        "closed_day",
-        "unknown_query_kind",
-        "invalid_query",
-    }
-)
+REJECT_REASONS = frozenset(RejectReason)
 
 
 #: Names of the metrics that exist only with ``trusted_operator_metrics = true``.
