@@ -40,7 +40,7 @@ from streamfilter.engine.contract import (
     parse_event,
     parse_query,
 )
-from streamfilter.engine.monitor import Engine
+from streamfilter.engine.engine import Engine
 from streamfilter.engine.params import PrivacyParams
 from streamfilter.errors import ConfigError
 from streamfilter.privacy.noise import SeededRandomBits

@@ -32,3 +32,33 @@ def test_releases_are_byte_identical_to_the_ones_produced_before_the_moves(name,
     )
     produced = (tmp_path / "releases.jsonl").read_bytes()
     assert produced == (GOLDEN / f"{name}.releases.jsonl").read_bytes()
+
+
+def test_a_restart_loads_and_checks_the_state_once(tmp_path, monkeypatch):
+    """Start-up reads the whole state once (fingerprint, active-set tracker, engine, positions
+    all come from that one checked load) and hands it to the engine through ``Engine.restore``."""
+    from streamfilter.config import load_config
+    from streamfilter.engine.engine import Engine
+    from streamfilter.runtime.app import build_daemon
+    from streamfilter.runtime.store import SQLiteStateStore
+
+    name = "dg_skip_activeset"
+    for f in ("events.jsonl", "queries.jsonl", f"{name}.toml"):
+        shutil.copy(GOLDEN / f, tmp_path / f)
+    config = tmp_path / f"{name}.toml"
+    assert main(["run", "--config", str(config), "--until-end", "--testing"]) == 0
+    loads, restores = [], []
+    real_load, real_restore = SQLiteStateStore.load, Engine.restore
+    monkeypatch.setattr(SQLiteStateStore, "load", lambda s: loads.append(1) or real_load(s))
+    monkeypatch.setattr(
+        Engine, "restore", lambda s, **kw: restores.append(kw) or real_restore(s, **kw)
+    )
+    parts = build_daemon(load_config(config), follow=False, allow_test_seed=True)
+    try:
+        assert len(loads) == 1 and len(restores) == 1
+        assert restores[0]["last_closed_day"] == "2026-03-06"
+        assert parts.daemon.engine.active_set is not None  # from the same load
+        with pytest.raises(ValueError, match="fresh engine"):
+            parts.daemon.engine.restore(**restores[0])
+    finally:
+        parts.close()

@@ -15,7 +15,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from streamfilter.config import load_config
-from streamfilter.engine.monitor import Engine
+from streamfilter.engine.engine import Engine
 from streamfilter.engine.params import PrivacyParams
 from streamfilter.errors import ConfigError
 from streamfilter.privacy.noise import SeededRandomBits

@@ -4,6 +4,7 @@ Chromium (Debian package ``chromium``; skipped locally when missing, failed when
 import json
 import re
 import shutil
+import sqlite3
 import struct
 import subprocess
 import zlib
@@ -12,13 +13,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from streamfilter.cli import report
 from streamfilter.cli.budget import budget_stats
 from streamfilter.cli.main import main
 from streamfilter.cli.report import load_report_data, render_report, write_report
 from streamfilter.config import load_config
 from streamfilter.runtime.app import build_daemon
-from streamfilter.runtime.store import SQLiteStateStore
+from streamfilter.runtime.store import SQLiteStateReader, SQLiteStateStore, StoreError
+from streamfilter.runtime.store import reader as reader_module
 from tests.conftest import require
 
 USERS = [f"uid-REPORT-{i:03d}-secret" for i in range(40)]
@@ -144,17 +145,51 @@ def test_report_is_self_contained_and_leaks_no_user_data(run_dir):
 
 
 def test_report_never_reads_per_user_budgets(run_dir, monkeypatch):
-    queries = []
-    real = report._store_rows
+    """Every statement SQLite runs for the report, traced on the reader's own connection."""
+    queries: list[str] = []
+    real_connect = sqlite3.connect
 
-    def spy(path, sql):
-        queries.append(sql)
-        return real(path, sql)
+    def traced(*args, **kwargs):
+        con = real_connect(*args, **kwargs)
+        con.set_trace_callback(queries.append)
+        return con
 
-    monkeypatch.setattr(report, "_store_rows", spy)
+    monkeypatch.setattr(reader_module.sqlite3, "connect", traced)
     render_report(load_config(run_dir / "streamfilter.toml"))
     private = ("budgets", "budget_log", "active_set_state")
-    assert queries and not [q for q in queries if any(name in q for name in private)]
+    assert any("FROM releases" in q for q in queries) or any("FROM days" in q for q in queries)
+    assert not [q for q in queries if any(name in q for name in private)]
+
+
+@pytest.mark.parametrize(
+    ("table", "change", "where"),
+    [
+        ("meta", "value = value || '0'", "key = 'last_closed_day'"),
+        ("days", "day = day || '0'", "1"),
+        ("telemetry_ledger", "rho = rho * 2", "1"),
+    ],
+)
+def test_report_refuses_a_row_that_does_not_match_its_checksum(
+    run_dir, tmp_path, table, change, where
+):
+    """The report reads through the store's reader, which checks every row it returns — a
+    value changed behind the store's back is refused, never plotted."""
+    run_dir = Path(shutil.copytree(run_dir, tmp_path / "copy"))
+    settings = load_config(run_dir / "streamfilter.toml")
+    if table == "telemetry_ledger":
+        budget_stats(settings, quantiles=(0.5,))  # one charge to damage
+    con = sqlite3.connect(run_dir / "state.db")
+    try:
+        changed = con.execute(f"UPDATE {table} SET {change} WHERE {where}").rowcount
+        con.commit()
+    finally:
+        con.close()
+    assert changed >= 1
+    with pytest.raises(StoreError, match=f"table {table} does not match its checksum"):
+        if table == "meta":
+            SQLiteStateReader(run_dir / "state.db").last_closed_day()
+        else:
+            load_report_data(settings)
 
 
 def test_report_reads_the_state_while_the_daemon_holds_it(run_dir, tmp_path):

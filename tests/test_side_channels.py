@@ -72,7 +72,7 @@ import streamfilter.engine.day as day_module
 import streamfilter.runtime.daemon as daemon_module
 from streamfilter.engine.contract import Reject, parse_event, parse_query
 from streamfilter.engine.day import SeededPerRelease
-from streamfilter.engine.monitor import Engine
+from streamfilter.engine.engine import Engine
 from streamfilter.engine.params import PrivacyParams
 from streamfilter.privacy.noise import SeededRandomBits
 from streamfilter.runtime.daemon import Daemon

@@ -25,7 +25,6 @@ import datetime as dt
 import html
 import json
 import math
-import sqlite3
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -36,6 +35,7 @@ from streamfilter import __version__
 from streamfilter.config import Settings
 from streamfilter.engine.active_set import ACTIVE_SET_QUERY_ID
 from streamfilter.engine.contract import Release
+from streamfilter.runtime.store import SQLiteStateReader, TelemetryCharge
 
 __all__ = ["ReportData", "load_report_data", "render_report", "write_report"]
 
@@ -75,15 +75,6 @@ def _read_releases_file(path: Path) -> list[Release]:
     return out
 
 
-def _store_rows(path: Path, sql: str) -> list[tuple[Any, ...]]:
-    """Rows of a read-only query on the state store (the daemon may hold its write lock)."""
-    db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
-    try:
-        return list(db.execute(sql))
-    finally:
-        db.close()
-
-
 def _count_rejects(path: Path) -> Counter[str]:
     """Reject counts by reason; only the ``reason`` field is read, never the raw bytes."""
     counts: Counter[str] = Counter()
@@ -104,30 +95,27 @@ def load_report_data(settings: Settings) -> ReportData:
         releases = _read_releases_file(settings.sink.path) if exists else []
         releases_source = str(settings.sink.path)
     elif state.exists():
-        rows = _store_rows(state, "SELECT payload FROM releases WHERE sent = 1 ORDER BY day, ord")
-        releases = [Release.from_json(bytes(p)) for (p,) in rows]
+        with SQLiteStateReader(state) as reader:
+            releases = [Release.from_json(p) for p in reader.sent_releases()]
         releases_source = f"{state} (releases acknowledged by the sink)"
     else:
         releases, releases_source = [], "none"
+    ledger: list[TelemetryCharge] = []
     if state.exists():
-        days = [str(d) for (d,) in _store_rows(state, "SELECT day FROM days ORDER BY day")]
+        # the store's reader checks every row it returns; the report never reads budgets
+        with SQLiteStateReader(state) as reader:
+            days = reader.closed_days()
+            ledger = reader.telemetry_ledger()
         days_source = f"state store {state}"
     else:
         days = sorted({r.day for r in releases})
         days_source = "release days (no state store found)"
     days = sorted(set(days) | {r.day for r in releases})
     data = ReportData(releases, days, days_source, releases_source=releases_source)
-    if state.exists():
-        try:
-            ledger = _store_rows(
-                state, "SELECT kind, rho, record FROM telemetry_ledger ORDER BY seq"
-            )
-        except sqlite3.OperationalError:  # a state from before the telemetry ledger
-            ledger = []
-        data.telemetry_rho_charged = sum(float(rho) for _, rho, _ in ledger)
-        for kind, _, record in ledger:
-            if kind == "budget_stats":
-                data.budget_stats.append(json.loads(bytes(record)))
+    data.telemetry_rho_charged = sum(charge.rho for charge in ledger)
+    for charge in ledger:
+        if charge.kind == "budget_stats":
+            data.budget_stats.append(json.loads(charge.record))
     if settings.rejects.kind == "file":
         path = settings.rejects_path()
         if path.exists():

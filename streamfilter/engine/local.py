@@ -38,8 +38,8 @@ import numpy as np
 
 from streamfilter.engine.contract import Reject, Release, _parse_day, load_object
 from streamfilter.engine.day import DayOutcome, ExactDayStats, noisy_release
+from streamfilter.engine.engine import DayInput, Engine, InputRecord
 from streamfilter.engine.ingest import day_ok
-from streamfilter.engine.monitor import DayInput, Engine, InputRecord
 from streamfilter.engine.params import PrivacyParams
 from streamfilter.engine.queries import AnyQuery
 from streamfilter.privacy.noise import RandomBits, discrete_gaussian_variance

@@ -22,9 +22,11 @@ __all__ = ["load_active_set"]
 
 
 def load_active_set(
-    settings: Settings, params: PrivacyParams, store: StateStore
+    settings: Settings, params: PrivacyParams, store: StateStore, stored: bytes | None
 ) -> ActiveSetTracker | None:
-    """The tracker the engine should run, or ``None`` when the estimate is off."""
+    """The tracker the engine should run, or ``None`` when the estimate is off. ``stored`` is
+    the tracker the state holds (``StoredState.active_set_state``); a first start charges the
+    telemetry budget for it."""
     t = settings.telemetry
     if not t.active_set:
         return None
@@ -41,7 +43,6 @@ def load_active_set(
         fresh = ActiveSetTracker.create(spec, params)
     except ValueError as exc:
         raise ConfigError(f"telemetry.active_min_remaining: {exc}") from None
-    stored = store.load().active_set_state
     if stored is not None:
         tracker = ActiveSetTracker.from_json(stored)
         if tracker.description() != fresh.description():

@@ -10,9 +10,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from streamfilter.config import Settings
+from streamfilter.engine.active_set import ActiveSetTracker
 from streamfilter.engine.day import SeededPerRelease
+from streamfilter.engine.engine import Engine
 from streamfilter.engine.local import LocalEngine
-from streamfilter.engine.monitor import Engine
 from streamfilter.engine.params import PrivacyParams
 from streamfilter.errors import ConfigError, StreamfilterError
 from streamfilter.privacy.noise import RandomBits, SystemRandomBits
@@ -94,10 +95,12 @@ def _contributions_source(settings: Settings, follow: bool) -> Source:
     return KafkaSource(loc.topic, k.client_config(), k.group_id)
 
 
-def _engine(settings: Settings, params: PrivacyParams, bits: RandomBits) -> Engine:
-    if settings.mode.kind == "local":
+def _engine(
+    settings: Settings, params: PrivacyParams, bits: RandomBits, active_set: ActiveSetTracker | None
+) -> Engine:
+    if settings.mode.kind == "local":  # no per-user state on the server: no active-set estimate
         return LocalEngine(params, bits, settings.local.variant, settings.sigma2_local_units())
-    return Engine(params, bits)
+    return Engine(params, bits, active_set=active_set)
 
 
 def _source(settings: Settings, follow: bool) -> Source:
@@ -200,7 +203,8 @@ def build_daemon(
     )
     try:
         fingerprint = config_fingerprint(params, settings)
-        stored = store.load().config_fingerprint
+        state = store.load()  # the one load at start-up: every row checked against its CRC
+        stored = state.config_fingerprint
         if stored is None:
             store.set_config_fingerprint(fingerprint)
         elif stored != fingerprint:
@@ -210,7 +214,9 @@ def build_daemon(
                 f"(state {settings.state.path}); granularity, b_norm, rho/epsilon, mechanism and "
                 "exhaustion cannot change during a run — start a new state instead"
             )
-        active_set = load_active_set(settings, params, store)  # opt-in; charges telemetry once
+        active_set = load_active_set(
+            settings, params, store, state.active_set_state
+        )  # opt-in; charges telemetry once
         check_topics(settings)
         source = _source(settings, follow)
         feed = _feed(settings)
@@ -233,7 +239,7 @@ def build_daemon(
         metrics = metrics_endpoint(settings, params)
     w = settings.window
     daemon = Daemon(
-        _engine(settings, params, bits),
+        _engine(settings, params, bits, active_set),
         store,
         source,
         feed,
@@ -243,8 +249,8 @@ def build_daemon(
         idle_timeout_s=w.idle_timeout,
         poll_interval_s=w.poll_interval,
         observer=metrics.observer if metrics is not None else None,
+        state=state,
     )
-    daemon.engine.active_set = active_set
     parts = Components(daemon, store, source, sink, reject_sink, metrics)
     if metrics is not None:
         metrics.observer.restore(daemon.engine.last_closed_day)

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from operator import attrgetter
 
 from streamfilter.engine.contract import Reject, RejectReason, Release, parse_query
-from streamfilter.engine.monitor import DayInput, Engine
+from streamfilter.engine.engine import DayInput, Engine
 from streamfilter.runtime.faults import crash_point
 from streamfilter.runtime.io.base import QueryFeed, RecordBatch, Sink, Source, reject_payload
 from streamfilter.runtime.observe.observer import DaemonObserver
@@ -41,6 +41,7 @@ from streamfilter.runtime.store import (
     DayCommit,
     Position,
     StateStore,
+    StoredState,
     StoreError,
     check_sink_not_ahead,
 )
@@ -134,7 +135,10 @@ class Daemon:
         monotonic: Callable[[], float] = time.monotonic,
         on_day_closed: Callable[[str, list[Release]], None] | None = None,
         observer: DaemonObserver | None = None,
+        state: StoredState | None = None,
     ) -> None:
+        """``state``: what the store holds, loaded (and checked) once by the caller at start-up;
+        loaded here when not given."""
         self.engine = engine
         self.store = store
         self.source = source
@@ -158,23 +162,16 @@ class Daemon:
         self._max_day: dict[str, str] = {}
         self._last_seen: dict[str, float] = {}
         self._started = monotonic()
-        self._restore()
+        self._restore(state if state is not None else store.load())
 
     # ------------------------------------------------------------------ start-up
-    def _restore(self) -> None:
-        state = self.store.load()
-        eng = self.engine
-        import numpy as np
-
-        if state.budgets:
-            users, spent, retired = zip(*state.budgets, strict=True)
-            eng.ledger.apply(
-                np.array(users, dtype=object), np.array(spent, np.int64), np.array(retired, bool)
-            )
-        for payload in state.queries:
-            eng.queries.register(parse_query(payload), None)
-        eng.last_closed_day = state.last_closed_day
-        eng.history = [Release.from_json(p) for p in state.releases]
+    def _restore(self, state: StoredState) -> None:
+        self.engine.restore(
+            budgets=state.budgets,
+            queries=state.queries,
+            last_closed_day=state.last_closed_day,
+            releases=state.releases,
+        )
         self._positions = state.positions
         self.feed.seek({p: pos.resume_offset for p, pos in state.positions.items()})
         offsets = {p: pos.resume_offset for p, pos in state.positions.items()}

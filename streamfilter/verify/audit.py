@@ -86,7 +86,7 @@ import scipy.stats
 
 import streamfilter.engine.day as day_module
 from streamfilter.engine.contract import Event, Release, parse_event, parse_query
-from streamfilter.engine.monitor import Engine
+from streamfilter.engine.engine import Engine
 from streamfilter.engine.params import PrivacyParams
 from streamfilter.engine.queries import AnyQuery
 from streamfilter.engine.records import DayAccumulator

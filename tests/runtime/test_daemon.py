@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from streamfilter.engine.monitor import Engine
+from streamfilter.engine.engine import Engine
 from streamfilter.engine.params import PrivacyParams
 from streamfilter.privacy.noise import SeededRandomBits
 from streamfilter.runtime.daemon import Daemon

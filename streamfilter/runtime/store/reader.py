@@ -10,13 +10,15 @@ import sqlite3
 from pathlib import Path
 
 from streamfilter.errors import StoreError
-from streamfilter.runtime.store.schema import lookup_budget
+from streamfilter.runtime.store.base import TelemetryCharge
+from streamfilter.runtime.store.schema import as_blob, checked_row, lookup_budget, read_ledger
 
 
 class SQLiteStateReader:
     """Read-only view of a SQLite state, **without** the writer's lock.
 
-    For ``streamfilter budget``, which must work while the daemon runs: the connection is opened
+    Every row it returns is checked against its CRC (meta included), like the writer's.
+    For ``streamfilter budget`` and ``report``, which must work while the daemon runs: it is opened
     with ``mode=ro`` and ``PRAGMA query_only`` (it can never write), and in WAL mode a reader
     neither blocks the writer nor sees a half-written day — each query reads the last committed
     transaction. A missing state is an error (never created here).
@@ -41,20 +43,46 @@ class SQLiteStateReader:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _one(self, sql: str, args: tuple[object, ...]) -> tuple[object, ...] | None:
+    def _rows(self, sql: str, args: tuple[object, ...] = ()) -> list[tuple[object, ...]]:
         try:
-            row = self._db.execute(sql, args).fetchone()
+            return [tuple(row) for row in self._db.execute(sql, args)]
         except sqlite3.Error as exc:
             raise StoreError(f"cannot read state store {self.path}: {exc}") from exc
-        return None if row is None else tuple(row)
+
+    def _meta(self, key: str) -> str | None:
+        rows = self._rows("SELECT key, value, crc FROM meta WHERE key = ?", (key,))
+        return None if not rows else str(checked_row(self.path, "meta", rows[0])[1])
 
     def config_fingerprint(self) -> str | None:
-        row = self._one("SELECT value FROM meta WHERE key = ?", ("config_fingerprint",))
-        return None if row is None else str(row[0])
+        return self._meta("config_fingerprint")
 
     def last_closed_day(self) -> str | None:
-        row = self._one("SELECT value FROM meta WHERE key = ?", ("last_closed_day",))
-        return None if row is None else str(row[0])
+        return self._meta("last_closed_day")
+
+    def closed_days(self) -> list[str]:
+        """Every committed day, oldest first (each row checked)."""
+        rows = self._rows("SELECT day, seq, crc FROM days ORDER BY day")
+        return [str(checked_row(self.path, "days", row)[0]) for row in rows]
+
+    def sent_releases(self) -> list[bytes]:
+        """The payloads of the releases the sink acknowledged, in publication order (checked)."""
+        rows = self._rows(
+            "SELECT day, query_id, ord, payload, sent, crc FROM releases WHERE sent = 1 "
+            "ORDER BY day, ord"
+        )
+        return [as_blob(checked_row(self.path, "releases", row)[3]) for row in rows]
+
+    def telemetry_ledger(self) -> list[TelemetryCharge]:
+        """Every telemetry charge, oldest first (checked); none in a state older than the
+        ledger."""
+        try:
+            return read_ledger(self._db, self.path)
+        except sqlite3.OperationalError as exc:
+            if "no such table" in str(exc):
+                return []
+            raise StoreError(f"cannot read state store {self.path}: {exc}") from exc
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot read state store {self.path}: {exc}") from exc
 
     def spent_units(self, user_id: str) -> tuple[int, bool] | None:
         """``(spent_units, retired)`` of one user, or ``None`` if never charged. Sensitive.
