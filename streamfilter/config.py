@@ -8,6 +8,8 @@ problem (``ConfigError``).
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 import tomllib
 from pathlib import Path
@@ -26,8 +28,9 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from streamfilter.engine.params import PrivacyParams
 from streamfilter.errors import ConfigError
+from streamfilter.privacy.accounting import Mechanism
 
-__all__ = ["ConfigError", "Settings", "load_config", "parse_duration"]
+__all__ = ["ConfigError", "Settings", "config_fingerprint", "load_config", "parse_duration"]
 
 
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
@@ -64,7 +67,7 @@ class PrivacySection(_Section):
     delta: float | None = Field(None, gt=0, lt=1)
     granularity: float = Field(2.0**-10, gt=0, allow_inf_nan=False)
     exhaustion: Literal["skip", "retire", "clip"] = "skip"
-    mechanism: Literal["discrete_gaussian", "gaussian"] = "discrete_gaussian"
+    mechanism: Mechanism = "discrete_gaussian"
 
     @model_validator(mode="after")
     def _rho_or_epsilon(self) -> PrivacySection:
@@ -415,3 +418,22 @@ def load_config(path: str | Path | None = None, **overrides: Any) -> Settings:
     settings.privacy_params()  # derived checks (lattice, overflow) name [privacy]
     settings.sigma2_local_units()  # and [local]
     return settings
+
+
+def config_fingerprint(params: PrivacyParams, settings: Settings | None = None) -> str:
+    """What must never change during a run: the lattice, the budget, the noise, the policy (and,
+    in local mode, the variant and the devices' noise)."""
+    desc: dict[str, object] = {
+        "granularity": params.granularity,
+        "budget_units": params.budget_units,
+        "sigma2_units": params.sigma2_units,
+        "sigma": params.sigma,
+        "exhaustion": str(params.exhaustion),
+        "mechanism": params.mechanism,
+    }
+    if settings is not None and settings.mode.kind == "local":
+        desc["mode"] = {
+            "variant": settings.local.variant,
+            "sigma2_local_units": settings.sigma2_local_units(),
+        }
+    return hashlib.sha256(json.dumps(desc, sort_keys=True).encode()).hexdigest()[:16]

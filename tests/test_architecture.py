@@ -58,8 +58,8 @@ RUNTIME_LAYERS: dict[str, int] = {
     "observe": 1,
     "active_set": 2,
     "daemon": 2,
+    "budget": 2,
     "app": 3,
-    "budget": 4,
 }
 
 

@@ -11,10 +11,9 @@ import pytest
 from streamfilter.cli import budget
 from streamfilter.cli.budget import user_budget
 from streamfilter.cli.main import main
-from streamfilter.config import load_config
+from streamfilter.config import config_fingerprint, load_config
 from streamfilter.privacy.accounting import epsilon_from_rho_cks, epsilon_from_rho_gdp
 from streamfilter.privacy.odometer import user_loss
-from streamfilter.runtime.app import config_fingerprint
 from streamfilter.runtime.store import (
     DayCommit,
     Position,

@@ -10,9 +10,14 @@ import math
 from dataclasses import dataclass
 from fractions import Fraction
 from functools import cached_property
-from typing import Literal
 
-from streamfilter.privacy.accounting import Guarantee, calibrate_rho, guarantee, sigma_for_rho
+from streamfilter.privacy.accounting import (
+    Guarantee,
+    Mechanism,
+    calibrate_rho,
+    guarantee,
+    sigma_for_rho,
+)
 from streamfilter.privacy.accuracy import gaussian_halfwidth
 from streamfilter.privacy.individual import Exhaustion
 from streamfilter.privacy.lattice import Lattice
@@ -22,7 +27,6 @@ from streamfilter.privacy.rounding import float_up
 
 __all__ = ["Mechanism", "PrivacyParams"]
 
-Mechanism = Literal["discrete_gaussian", "gaussian"]
 DEFAULT_DELTA = 1e-6
 
 

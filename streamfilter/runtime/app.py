@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from streamfilter.config import Settings
+from streamfilter.config import Settings, config_fingerprint
 from streamfilter.engine.active_set import ActiveSetTracker
 from streamfilter.engine.day import SeededPerRelease
 from streamfilter.engine.engine import Engine
@@ -37,25 +35,6 @@ __all__ = [
     "event_source",
     "topic_specs",
 ]
-
-
-def config_fingerprint(params: PrivacyParams, settings: Settings | None = None) -> str:
-    """What must never change during a run: the lattice, the budget, the noise, the policy (and,
-    in local mode, the variant and the devices' noise)."""
-    desc: dict[str, object] = {
-        "granularity": params.granularity,
-        "budget_units": params.budget_units,
-        "sigma2_units": params.sigma2_units,
-        "sigma": params.sigma,
-        "exhaustion": str(params.exhaustion),
-        "mechanism": params.mechanism,
-    }
-    if settings is not None and settings.mode.kind == "local":
-        desc["mode"] = {
-            "variant": settings.local.variant,
-            "sigma2_local_units": settings.sigma2_local_units(),
-        }
-    return hashlib.sha256(json.dumps(desc, sort_keys=True).encode()).hexdigest()[:16]
 
 
 @dataclass

@@ -34,8 +34,8 @@ def _float_down(value: Fraction) -> float:
 
 
 def _check_fingerprint(stored: str | None, params: PrivacyParams, settings: Settings) -> None:
+    from streamfilter.config import config_fingerprint
     from streamfilter.errors import ConfigError
-    from streamfilter.runtime.app import config_fingerprint
 
     if settings.mode.kind == "local":
         raise ConfigError(
