@@ -8,6 +8,7 @@ STAMP := $(VENV)/.installed
 .PHONY: demo test lint bench bench-quick clean test-deps
 
 include deploy/kafka/kafka.mk
+include deploy/postgres/postgres.mk
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
