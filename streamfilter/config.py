@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import tomllib
 from pathlib import Path
@@ -229,12 +230,66 @@ class KafkaSection(_Section):
 
 
 class StateSection(_Section):
-    """``budget_log_max_rows``: each closed day appends its budget changes to a log, folded into
-    the per-user table once the log holds more rows than this *and* than the table (larger:
+    """Where the state lives: ``kind = "sqlite"`` (the default: ``path``) or ``"postgres"``
+    (``url`` without a password, ``pg_schema``, and the password from ``password_env`` or
+    ``password_file``; runtime/store/postgres.py).
+
+    ``budget_log_max_rows`` (SQLite): each closed day appends its budget changes to a log, folded
+    into the per-user table once the log holds more rows than this *and* than the table (larger:
     fewer, larger folds; 0: fold whenever the log outgrows the table)."""
 
+    kind: Literal["sqlite", "postgres"] = "sqlite"
     path: Path = Path("state.db")
     budget_log_max_rows: int = Field(1_000_000, ge=0)
+    url: str | None = Field(None, description="postgresql://user@host:port/database (no password)")
+    pg_schema: str = Field("streamfilter", pattern=r"^[a-z_][a-z0-9_]{0,62}$")
+    password_env: str | None = None
+    password_file: Path | None = None
+
+    @model_validator(mode="after")
+    def _postgres(self) -> StateSection:
+        if self.kind == "postgres":
+            if not self.url:
+                raise ValueError("state.kind = 'postgres' needs state.url")
+            if not self.url.startswith(("postgresql://", "postgres://")):
+                raise ValueError("state.url must be a postgresql:// URL")
+            if re.match(r"^postgres(ql)?://[^/@]*:[^/@]*@", self.url):
+                raise ValueError(
+                    "state.url must not contain a password: use state.password_env or "
+                    "state.password_file"
+                )
+        return self
+
+    def describe(self) -> str:
+        """The state's name in messages (never the password)."""
+        return f"postgres schema {self.pg_schema}" if self.kind == "postgres" else str(self.path)
+
+    def require_sqlite(self, command: str) -> Path:
+        """The SQLite path, for commands that read the state file directly."""
+        if self.kind != "sqlite":
+            raise ConfigError(
+                f"{command} reads a SQLite state; with state.kind = '{self.kind}' it is not "
+                "available yet (query the database with a read-only role instead)"
+            )
+        return self.path
+
+    def postgres_password(self) -> str | None:
+        """The password for ``kind = "postgres"``, from the environment or a file (never logged)."""
+        if self.password_env is not None:
+            value = os.environ.get(self.password_env)
+            if value is None:
+                raise ConfigError(
+                    f"state.password_env: the environment variable {self.password_env} is not set"
+                )
+            return value
+        if self.password_file is not None:
+            try:
+                return self.password_file.read_text().strip()
+            except OSError as exc:
+                raise ConfigError(
+                    f"state.password_file: cannot read {self.password_file}: {exc.strerror}"
+                ) from None
+        return None
 
 
 class MetricsSection(_Section):

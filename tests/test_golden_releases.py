@@ -62,3 +62,43 @@ def test_a_restart_loads_and_checks_the_state_once(tmp_path, monkeypatch):
             parts.daemon.engine.restore(**restores[0])
     finally:
         parts.close()
+
+
+@pytest.mark.parametrize("name", RUNS)
+def test_a_postgres_state_gives_the_same_releases(name, tmp_path, postgres_url, monkeypatch):
+    """The state backend changes nothing that is released: the same seeded runs on a
+    PostgreSQL state (password from the environment) publish the golden bytes."""
+    import uuid
+    from urllib.parse import urlsplit, urlunsplit
+
+    url = urlsplit(postgres_url)
+    bare = urlunsplit(url._replace(netloc=f"{url.username}@{url.hostname}:{url.port}"))
+    monkeypatch.setenv("SF_TEST_PG_PASSWORD", url.password or "")
+    for f in ("events.jsonl", "queries.jsonl"):
+        shutil.copy(GOLDEN / f, tmp_path / f)
+    schema = f"golden_{uuid.uuid4().hex[:10]}"
+    config = (
+        (GOLDEN / f"{name}.toml")
+        .read_text()
+        .replace(
+            '[state]\npath = "state.db"',
+            f'[state]\nkind = "postgres"\nurl = "{bare}"\npg_schema = "{schema}"\n'
+            'password_env = "SF_TEST_PG_PASSWORD"',
+        )
+    )
+    assert f'pg_schema = "{schema}"' in config
+    (tmp_path / f"{name}.toml").write_text(config)
+    assert (
+        main(["run", "--config", str(tmp_path / f"{name}.toml"), "--until-end", "--testing"]) == 0
+    )
+    assert (tmp_path / "releases.jsonl").read_bytes() == (
+        GOLDEN / f"{name}.releases.jsonl"
+    ).read_bytes()
+    assert not (tmp_path / "state.db").exists()
+    # a restart resumes from the database: nothing is drawn or published again
+    assert (
+        main(["run", "--config", str(tmp_path / f"{name}.toml"), "--until-end", "--testing"]) == 0
+    )
+    assert (tmp_path / "releases.jsonl").read_bytes() == (
+        GOLDEN / f"{name}.releases.jsonl"
+    ).read_bytes()

@@ -89,7 +89,7 @@ def _count_rejects(path: Path) -> Counter[str]:
 
 
 def load_report_data(settings: Settings) -> ReportData:
-    state = settings.state.path
+    state = settings.state.require_sqlite("report")
     if settings.sink.kind == "file" and settings.sink.path is not None:
         exists = settings.sink.path.exists()
         releases = _read_releases_file(settings.sink.path) if exists else []

@@ -21,7 +21,8 @@ from streamfilter.runtime.io.base import NoQueryFeed, QueryFeed, Sink, Source
 from streamfilter.runtime.io.files import FileQueryFeed, FileSink, FileSource, StdoutSink
 from streamfilter.runtime.io.policy import PolicyFeed
 from streamfilter.runtime.io.synthetic import SyntheticSource
-from streamfilter.runtime.store import SQLiteStateStore, StateStore
+from streamfilter.runtime.store import StateStore
+from streamfilter.runtime.store.open import open_store
 
 if TYPE_CHECKING:
     from streamfilter.runtime.io.kafka import TopicSpec
@@ -176,10 +177,7 @@ def build_daemon(
             "`run` refuses it unless --testing is given"
         )
     bits: RandomBits = SeededPerRelease(seed) if seed is not None else SystemRandomBits()
-    settings.state.path.parent.mkdir(parents=True, exist_ok=True)
-    store = SQLiteStateStore(
-        settings.state.path, budget_log_max_rows=settings.state.budget_log_max_rows
-    )
+    store = open_store(settings.state)
     try:
         fingerprint = config_fingerprint(params, settings)
         state = store.load()  # the one load at start-up: every row checked against its CRC
@@ -190,7 +188,7 @@ def build_daemon(
             raise ConfigError(
                 f"[privacy] (or [mode]/[local]) differs from the configuration this state was "
                 "created with "
-                f"(state {settings.state.path}); granularity, b_norm, rho/epsilon, mechanism and "
+                f"(state {settings.state.describe()}); granularity, b_norm, rho/epsilon, mechanism and "
                 "exhaustion cannot change during a run — start a new state instead"
             )
         active_set = load_active_set(

@@ -69,7 +69,7 @@ def user_budget(settings: Settings, user_id: str, step: float | None = None) -> 
         step_data = Fraction(step)
     assert step_data is not None
     step_units = max(1, math.ceil(step_data / gamma2))
-    with SQLiteStateReader(settings.state.path) as reader:
+    with SQLiteStateReader(settings.state.require_sqlite("budget")) as reader:
         _check_fingerprint(reader.config_fingerprint(), params, settings)
         row = reader.spent_units(user_id)
         last_closed_day = reader.last_closed_day()
@@ -123,18 +123,13 @@ def budget_stats(
     """
     from streamfilter.privacy.noise import SystemRandomBits
     from streamfilter.privacy.population import BudgetStatsMechanism
-    from streamfilter.runtime.store import (
-        SQLiteStateStore,
-        TelemetryBudgetError,
-        TelemetryCharge,
-    )
+    from streamfilter.runtime.store import TelemetryBudgetError, TelemetryCharge
+    from streamfilter.runtime.store.open import open_store
 
     params = settings.privacy_params()
     t = settings.telemetry
     mechanism = BudgetStatsMechanism(rho=t.stats_rho)
-    store = SQLiteStateStore(
-        settings.state.path, budget_log_max_rows=settings.state.budget_log_max_rows
-    )
+    store = open_store(settings.state)
     try:
         state = store.load()
         _check_fingerprint(state.config_fingerprint, params, settings)

@@ -3,6 +3,7 @@
 import sqlite3
 import subprocess
 import sys
+import uuid
 
 import numpy as np
 import pytest
@@ -17,18 +18,38 @@ from streamfilter.runtime.store import (
     StoreError,
     StoreLockedError,
 )
+from streamfilter.runtime.store.postgres import PostgresStateStore
 from streamfilter.runtime.store.schema import row_crc
 
+#: how a second process opens the same state (for the single-writer test)
+_OPEN_IN_CHILD = {
+    "sqlite": "from streamfilter.runtime.store import SQLiteStateStore as S\nS({0!r})",
+    "postgres": "from streamfilter.runtime.store.postgres import PostgresStateStore as S\n"
+    "S({0!r}, schema={1!r})",
+}
 
-@pytest.fixture(params=["sqlite"])
+
+@pytest.fixture(params=["sqlite", "postgres"])
 def make_store(request, tmp_path):
+    """Opens the same state each call; ``make_store.where`` says how another process opens it."""
     opened = []
+    if request.param == "sqlite":
+        args: tuple[str, ...] = (str(tmp_path / "state.db"),)
+
+        def open_store():
+            return SQLiteStateStore(args[0])
+    else:
+        args = (request.getfixturevalue("postgres_url"), f"state_{uuid.uuid4().hex[:12]}")
+
+        def open_store():
+            return PostgresStateStore(args[0], schema=args[1])
 
     def factory():
-        store = SQLiteStateStore(tmp_path / "state.db")
+        store = open_store()
         opened.append(store)
         return store
 
+    factory.child_code = _OPEN_IN_CHILD[request.param].format(*args)
     yield factory
     for s in opened:
         s.close()
@@ -101,13 +122,14 @@ def test_state_survives_reopen(make_store, tmp_path):
     assert again.load().budgets == [("a", 5, False)]
 
 
-def test_second_writer_is_refused_in_process_and_across_processes(make_store, tmp_path):
+def test_second_writer_is_refused_in_process_and_across_processes(make_store):
     store = make_store()
     with pytest.raises(StoreLockedError, match="another streamfilter process"):
-        SQLiteStateStore(tmp_path / "state.db")
+        make_store()
+    opening = make_store.child_code.replace("\n", "\n    ")
     code = (
-        "import sys\nfrom streamfilter.runtime.store import SQLiteStateStore, StoreLockedError\n"
-        f"try:\n    SQLiteStateStore({str(tmp_path / 'state.db')!r})\nexcept StoreLockedError as e:\n"
+        "import sys\nfrom streamfilter.errors import StoreLockedError\n"
+        f"try:\n    {opening}\nexcept StoreLockedError as e:\n"
         "    print(e); sys.exit(3)\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
@@ -278,3 +300,26 @@ def test_a_log_row_whose_columns_do_not_fit_together_is_refused_even_with_a_matc
                 read()
     finally:
         store.close()
+
+
+def test_telemetry_charges_are_admitted_only_within_the_pinned_total(make_store):
+    from streamfilter.runtime.store import TelemetryBudgetError, TelemetryCharge
+
+    store = make_store()
+    first = store.charge_telemetry(TelemetryCharge("budget_stats", 0.25, b"r1"), 0.5)
+    assert (first.spent, first.remaining) == (0.25, 0.25)
+    with pytest.raises(TelemetryBudgetError, match="telemetry budget exceeded"):
+        store.charge_telemetry(TelemetryCharge("budget_stats", 0.3, b"r2"), 0.5)
+    with pytest.raises(TelemetryBudgetError, match="differs"):
+        store.charge_telemetry(TelemetryCharge("budget_stats", 0.1, b"r3"), 0.75)
+    with pytest.raises(TelemetryBudgetError, match="must be > 0"):
+        store.charge_telemetry(TelemetryCharge("budget_stats", 0.0, b"r4"), 0.5)
+    last = store.charge_telemetry(
+        TelemetryCharge("active_set", 0.25, b"r5"), 0.5, active_set_state=b'{"t": 1}'
+    )
+    assert last.remaining == 0.0
+    assert [(c.kind, c.rho, c.record) for c in store.telemetry_ledger()] == [
+        ("budget_stats", 0.25, b"r1"),
+        ("active_set", 0.25, b"r5"),
+    ]
+    assert store.load().active_set_state == b'{"t": 1}'

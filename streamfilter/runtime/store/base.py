@@ -12,13 +12,14 @@ is its contract suite); ``streamfilter.runtime.store.sqlite`` is the embedded de
 from __future__ import annotations
 
 import abc
+import math
 import os
 from dataclasses import dataclass, field
 from fractions import Fraction
 
 import numpy as np
 
-from streamfilter.errors import StaleStoreError, StoreError
+from streamfilter.errors import StaleStoreError, StoreError, TelemetryBudgetError
 from streamfilter.privacy.rounding import float_down, float_up
 
 
@@ -48,6 +49,40 @@ def telemetry_balance(total: float, charges: list[float]) -> TelemetryBalance:
         spent=float_up(spent),
         remaining=max(0.0, float_down(Fraction(total) - spent)),
     )
+
+
+def check_telemetry_arguments(charge: TelemetryCharge, rho_total: float) -> None:
+    """A charge and a total must be positive and finite (checked before any transaction)."""
+    if not (math.isfinite(charge.rho) and charge.rho > 0.0):
+        raise TelemetryBudgetError(f"a telemetry charge must be > 0, got rho={charge.rho!r}")
+    if not (math.isfinite(rho_total) and rho_total > 0.0):
+        raise TelemetryBudgetError(f"telemetry.rho must be > 0, got {rho_total!r}")
+
+
+def check_telemetry_charge(
+    charge: TelemetryCharge,
+    rho_total: float,
+    pinned_total: str | None,
+    earlier: list[float],
+    state: str,
+) -> None:
+    """The telemetry filter, the same rule for every backend (inside the writer's transaction):
+    the first charge pins ``rho_total`` for the state; a charge is admitted iff the exact sum of
+    all charges stays within it (zCDP composition, Bun & Steinke 2016 Lemma 2.3; exact rational
+    arithmetic on the float values). Raises ``TelemetryBudgetError``; writes nothing."""
+    if pinned_total is not None and float(pinned_total) != rho_total:
+        raise TelemetryBudgetError(
+            f"telemetry.rho = {rho_total!r} differs from {float(pinned_total)!r}, the total this "
+            f"state's telemetry ledger was started with (state {state}); it cannot change during "
+            "a run"
+        )
+    if sum(map(Fraction, earlier), Fraction(charge.rho)) > Fraction(rho_total):
+        before = telemetry_balance(rho_total, earlier)
+        raise TelemetryBudgetError(
+            f"telemetry budget exceeded: {charge.kind} costs rho={charge.rho!r} but only "
+            f"{before.remaining!r} of telemetry.rho={rho_total!r} remains "
+            f"({len(earlier)} earlier charges); nothing was released"
+        )
 
 
 @dataclass(frozen=True)

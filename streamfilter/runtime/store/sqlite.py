@@ -23,16 +23,14 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
-import math
 import os
 import sqlite3
 import uuid
 from collections.abc import Iterator
-from fractions import Fraction
 from pathlib import Path
 from typing import IO
 
-from streamfilter.errors import StaleStoreError, StoreError, StoreLockedError, TelemetryBudgetError
+from streamfilter.errors import StaleStoreError, StoreError, StoreLockedError
 from streamfilter.runtime.faults import crash_point
 from streamfilter.runtime.store.base import (
     DayCommit,
@@ -41,6 +39,8 @@ from streamfilter.runtime.store.base import (
     StoredState,
     TelemetryBalance,
     TelemetryCharge,
+    check_telemetry_arguments,
+    check_telemetry_charge,
     telemetry_balance,
 )
 from streamfilter.runtime.store.mirror import SequenceMirror, read_mirror, write_mirror
@@ -444,26 +444,11 @@ class SQLiteStateStore(StateStore):
         self, charge: TelemetryCharge, rho_total: float, *, active_set_state: bytes | None = None
     ) -> TelemetryBalance:
         """Check, then commit, in one ``BEGIN IMMEDIATE`` transaction (see :class:`StateStore`)."""
-        if not (math.isfinite(charge.rho) and charge.rho > 0.0):
-            raise TelemetryBudgetError(f"a telemetry charge must be > 0, got rho={charge.rho!r}")
-        if not (math.isfinite(rho_total) and rho_total > 0.0):
-            raise TelemetryBudgetError(f"telemetry.rho must be > 0, got {rho_total!r}")
+        check_telemetry_arguments(charge, rho_total)
         with self._transaction() as db:
             pinned = self._meta("telemetry_rho_total")
-            if pinned is not None and float(pinned) != rho_total:
-                raise TelemetryBudgetError(
-                    f"telemetry.rho = {rho_total!r} differs from {float(pinned)!r}, the total this "
-                    f"state's telemetry ledger was started with (state {self.path}); it cannot "
-                    "change during a run"
-                )
             charges = [c.rho for c in read_ledger(db, self.path)]
-            before = telemetry_balance(rho_total, charges)
-            if sum(map(Fraction, charges), Fraction(charge.rho)) > Fraction(rho_total):
-                raise TelemetryBudgetError(
-                    f"telemetry budget exceeded: {charge.kind} costs rho={charge.rho!r} but only "
-                    f"{before.remaining!r} of telemetry.rho={rho_total!r} remains "
-                    f"({len(charges)} earlier charges); nothing was released"
-                )
+            check_telemetry_charge(charge, rho_total, pinned, charges, str(self.path))
             if pinned is None:
                 self._set_meta(db, "telemetry_rho_total", repr(float(rho_total)))
             row = (charge.kind, float(charge.rho), bytes(charge.record))

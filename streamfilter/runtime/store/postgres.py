@@ -1,0 +1,323 @@
+"""A state store in PostgreSQL: the same interface and guarantees as the SQLite default.
+
+The durable source of truth may live in a PostgreSQL server instead of a local file (``[state]
+kind = "postgres"``; docs/design.md §5, §7). Each state is one PostgreSQL *schema* (default
+``streamfilter``), so one database can hold several independent runs.
+
+Guarantees, as for SQLite (``tests/runtime/test_store_contract.py`` runs against both):
+
+* **One transaction per closed day** (``commit_day``): budget debits, releases (primary key
+  ``(day, query_id)``: a second noise draw for a stored release is refused, and the whole day with
+  it), input positions, the day and the monotonic sequence. ``SERIALIZABLE`` isolation; a failure
+  rolls everything back and raises ``StoreError``.
+* **One writer per state**: a session-level advisory lock (``pg_try_advisory_lock`` on the
+  schema's name) held on the store's own connection for its lifetime; a second writer gets
+  ``StoreLockedError``. The server releases the lock when the session ends, so a writer that dies
+  never leaves a stale lock behind.
+* **Fail closed**: any driver error is a ``StoreError`` naming the state, never a silent retry.
+
+Integrity of the stored values relies on PostgreSQL itself (WAL, ``fsync``, and page checksums
+when the cluster was initialised with them) rather than on per-row CRCs: the server is a
+separately administered system whose backups and replicas keep their own checks. Restoring an
+old backup of the server is the operator's decision; the release sink's high-water check
+(``check_sink_not_ahead``) still refuses a state that is behind what was already published.
+
+The connection URL may carry no password: ``password`` (from an environment variable or a file,
+resolved by the configuration) is passed to the driver separately and never appears in an error.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from typing import Any
+
+from streamfilter.errors import StoreError, StoreLockedError
+from streamfilter.runtime.store.base import (
+    DayCommit,
+    Position,
+    StateStore,
+    StoredState,
+    TelemetryBalance,
+    TelemetryCharge,
+    check_telemetry_arguments,
+    check_telemetry_charge,
+    telemetry_balance,
+)
+
+__all__ = ["PostgresStateStore"]
+
+_SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+
+_TABLES = """
+CREATE TABLE IF NOT EXISTS {s}.meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS {s}.budgets (
+    user_id TEXT PRIMARY KEY, spent_units BIGINT NOT NULL CHECK (spent_units >= 0),
+    retired BOOLEAN NOT NULL
+);
+CREATE TABLE IF NOT EXISTS {s}.queries (
+    seq BIGSERIAL PRIMARY KEY, query_id TEXT UNIQUE NOT NULL, payload BYTEA NOT NULL
+);
+CREATE TABLE IF NOT EXISTS {s}.days (day TEXT PRIMARY KEY, seq BIGINT UNIQUE NOT NULL);
+CREATE TABLE IF NOT EXISTS {s}.releases (
+    day TEXT NOT NULL, query_id TEXT NOT NULL, ord INTEGER NOT NULL, payload BYTEA NOT NULL,
+    sent BOOLEAN NOT NULL DEFAULT FALSE, PRIMARY KEY (day, query_id)
+);
+CREATE TABLE IF NOT EXISTS {s}.positions (
+    partition TEXT PRIMARY KEY, resume_offset BIGINT NOT NULL, high_offset BIGINT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS {s}.telemetry_ledger (
+    seq BIGSERIAL PRIMARY KEY, kind TEXT NOT NULL, rho DOUBLE PRECISION NOT NULL,
+    record BYTEA NOT NULL
+);
+"""
+
+
+def _driver() -> Any:
+    try:
+        import psycopg
+    except ImportError:  # pragma: no cover - the cluster extra is in every test install
+        raise StoreError(
+            "[state] kind = 'postgres' needs the PostgreSQL driver: pip install 'streamfilter[cluster]'"
+        ) from None
+    return psycopg
+
+
+class PostgresStateStore(StateStore):
+    """A state in one schema of a PostgreSQL database; single writer by advisory lock."""
+
+    def __init__(self, url: str, *, schema: str = "streamfilter", password: str | None = None):
+        if not _SCHEMA_NAME.fullmatch(schema):
+            raise StoreError(
+                f"state.schema must match {_SCHEMA_NAME.pattern}, got a different name"
+            )
+        self.schema = schema
+        self.where = f"postgres schema {schema}"
+        self._psycopg = _driver()
+        try:
+            kwargs = {"password": password} if password is not None else {}
+            self._db = self._psycopg.connect(url, autocommit=True, connect_timeout=30, **kwargs)
+        except self._psycopg.Error as exc:
+            raise StoreError(
+                f"cannot connect to the state store ({self.where}): {type(exc).__name__}: "
+                f"{_first_line(exc)}; refusing to start"
+            ) from None
+        try:
+            locked = self._db.execute(
+                "SELECT pg_try_advisory_lock(hashtextextended(%s, 0))", (f"streamfilter:{schema}",)
+            ).fetchone()[0]
+            if not locked:
+                raise StoreLockedError(
+                    f"state store {self.where} is in use by another streamfilter process (its "
+                    "advisory lock is held); only one writer may own a state"
+                )
+            with self._transaction() as cur:
+                cur.execute(f"CREATE SCHEMA IF NOT EXISTS {schema}")
+                cur.execute(_TABLES.format(s=schema))
+        except BaseException:
+            self._db.close()
+            raise
+
+    # -- plumbing --------------------------------------------------------------------------
+    @contextmanager
+    def _transaction(self) -> Iterator[Any]:
+        """One serializable transaction; any driver error becomes ``StoreError`` (rolled back)."""
+        try:
+            with self._db.transaction(), self._db.cursor() as cur:
+                cur.execute("SET TRANSACTION ISOLATION LEVEL SERIALIZABLE")
+                yield cur
+        except self._psycopg.Error as exc:
+            raise StoreError(
+                f"state store {self.where} failed to commit: {type(exc).__name__}: "
+                f"{_first_line(exc)}"
+            ) from None
+
+    def _read(self, sql: str, args: tuple[object, ...] = ()) -> list[tuple[Any, ...]]:
+        try:
+            return list(self._db.execute(sql.format(s=self.schema), args).fetchall())
+        except self._psycopg.Error as exc:
+            raise StoreError(
+                f"cannot read state store {self.where}: {type(exc).__name__}: {_first_line(exc)}"
+            ) from None
+
+    def _meta(self, key: str) -> str | None:
+        rows = self._read("SELECT value FROM {s}.meta WHERE key = %s", (key,))
+        return None if not rows else str(rows[0][0])
+
+    def _set_meta(self, cur: Any, key: str, value: str) -> None:
+        cur.execute(
+            f"INSERT INTO {self.schema}.meta(key, value) VALUES(%s, %s) "
+            "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+            (key, value),
+        )
+
+    # -- StateStore --------------------------------------------------------------------------
+    def load(self) -> StoredState:
+        """The whole state, read in one repeatable-read snapshot."""
+        s = self.schema
+        try:
+            with self._db.transaction(), self._db.cursor() as cur:
+                cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+                meta = dict(cur.execute(f"SELECT key, value FROM {s}.meta").fetchall())
+                state = StoredState(
+                    config_fingerprint=meta.get("config_fingerprint"),
+                    last_closed_day=meta.get("last_closed_day"),
+                    seq=int(meta.get("seq", 0)),
+                )
+                state.budgets = [
+                    (str(u), int(sp), bool(r))
+                    for u, sp, r in cur.execute(
+                        f"SELECT user_id, spent_units, retired FROM {s}.budgets"
+                    )
+                ]
+                state.queries = [
+                    bytes(p)
+                    for (p,) in cur.execute(f"SELECT payload FROM {s}.queries ORDER BY seq")
+                ]
+                state.positions = {
+                    str(p): Position(int(r), int(h))
+                    for p, r, h in cur.execute(
+                        f"SELECT partition, resume_offset, high_offset FROM {s}.positions"
+                    )
+                }
+                state.releases = [
+                    bytes(p)
+                    for (p,) in cur.execute(f"SELECT payload FROM {s}.releases ORDER BY day, ord")
+                ]
+                active = meta.get("active_set_state")
+                state.active_set_state = None if active is None else active.encode()
+                return state
+        except self._psycopg.Error as exc:
+            raise StoreError(
+                f"cannot read state store {self.where}: {type(exc).__name__}: {_first_line(exc)}; "
+                "refusing to start"
+            ) from None
+
+    def set_config_fingerprint(self, fingerprint: str) -> None:
+        with self._transaction() as cur:
+            self._set_meta(cur, "config_fingerprint", fingerprint)
+
+    def add_query(self, canonical_json: bytes) -> None:
+        query_id = json.loads(canonical_json)["query_id"]
+        with self._transaction() as cur:
+            cur.execute(
+                f"INSERT INTO {self.schema}.queries(query_id, payload) VALUES(%s, %s) "
+                "ON CONFLICT (query_id) DO NOTHING",
+                (query_id, bytes(canonical_json)),
+            )
+
+    def commit_day(self, commit: DayCommit) -> int:
+        """One transaction: 1. budgets, 2. releases (unsent), 3. positions, 4. day + sequence."""
+        s = self.schema
+        with self._transaction() as cur:
+            row = cur.execute(f"SELECT value FROM {s}.meta WHERE key = 'seq' FOR UPDATE").fetchone()
+            seq = int(row[0]) + 1 if row else 1
+            # 1. budget debits (exact integers), one statement for the whole day
+            if len(commit.changed_users):
+                cur.execute(
+                    f"INSERT INTO {s}.budgets(user_id, spent_units, retired) "
+                    "SELECT * FROM unnest(%s::text[], %s::bigint[], %s::boolean[]) "
+                    "ON CONFLICT (user_id) DO UPDATE SET spent_units = excluded.spent_units, "
+                    "retired = excluded.retired",
+                    (
+                        [str(u) for u in commit.changed_users],
+                        [int(x) for x in commit.spent_units],
+                        [bool(x) for x in commit.retired],
+                    ),
+                )
+            # 2. releases, noise already drawn; the primary key refuses a second (day, query)
+            if commit.releases:
+                cur.executemany(
+                    f"INSERT INTO {s}.releases(day, query_id, ord, payload) VALUES(%s, %s, %s, %s)",
+                    [(commit.day, q, i, bytes(p)) for i, (q, p) in enumerate(commit.releases)],
+                )
+            # 3. input positions
+            self._write_positions(cur, commit.positions)
+            # 4. the day and the monotonic sequence
+            cur.execute(f"INSERT INTO {s}.days(day, seq) VALUES(%s, %s)", (commit.day, seq))
+            self._set_meta(cur, "seq", str(seq))
+            self._set_meta(cur, "last_closed_day", commit.day)
+            # 5. the opt-in active-set tracker (exact partial counts: stored, never published)
+            if commit.active_set_state is not None:
+                self._set_meta(cur, "active_set_state", commit.active_set_state.decode())
+        return seq
+
+    def _write_positions(self, cur: Any, positions: dict[str, Position]) -> None:
+        if positions:
+            cur.executemany(
+                f"INSERT INTO {self.schema}.positions(partition, resume_offset, high_offset) "
+                "VALUES(%s, %s, %s) ON CONFLICT (partition) DO UPDATE SET "
+                "resume_offset = excluded.resume_offset, high_offset = excluded.high_offset",
+                [(p, pos.resume_offset, pos.high_offset) for p, pos in positions.items()],
+            )
+
+    def save_positions(self, positions: dict[str, Position]) -> None:
+        with self._transaction() as cur:
+            self._write_positions(cur, positions)
+
+    def unsent_releases(self) -> list[tuple[str, str, bytes]]:
+        rows = self._read(
+            "SELECT day, query_id, payload FROM {s}.releases WHERE NOT sent ORDER BY day, ord"
+        )
+        return [(str(d), str(q), bytes(p)) for d, q, p in rows]
+
+    def mark_sent(self, keys: list[tuple[str, str]]) -> None:
+        with self._transaction() as cur:
+            cur.executemany(
+                f"UPDATE {self.schema}.releases SET sent = TRUE WHERE day = %s AND query_id = %s",
+                keys,
+            )
+
+    def spent_units(self, user_id: str) -> tuple[int, bool] | None:
+        rows = self._read(
+            "SELECT spent_units, retired FROM {s}.budgets WHERE user_id = %s", (user_id,)
+        )
+        return None if not rows else (int(rows[0][0]), bool(rows[0][1]))
+
+    def telemetry_ledger(self) -> list[TelemetryCharge]:
+        rows = self._read("SELECT kind, rho, record FROM {s}.telemetry_ledger ORDER BY seq")
+        return [TelemetryCharge(str(k), float(r), bytes(p)) for k, r, p in rows]
+
+    def charge_telemetry(
+        self, charge: TelemetryCharge, rho_total: float, *, active_set_state: bytes | None = None
+    ) -> TelemetryBalance:
+        """Check, then commit, in one serializable transaction (see :class:`StateStore`)."""
+        check_telemetry_arguments(charge, rho_total)
+        s = self.schema
+        with self._transaction() as cur:
+            cur.execute(f"LOCK TABLE {s}.telemetry_ledger IN EXCLUSIVE MODE")
+            row = cur.execute(
+                f"SELECT value FROM {s}.meta WHERE key = 'telemetry_rho_total'"
+            ).fetchone()
+            pinned = None if row is None else str(row[0])
+            charges = [float(r) for (r,) in cur.execute(f"SELECT rho FROM {s}.telemetry_ledger")]
+            check_telemetry_charge(charge, rho_total, pinned, charges, self.where)
+            if pinned is None:
+                self._set_meta(cur, "telemetry_rho_total", repr(float(rho_total)))
+            cur.execute(
+                f"INSERT INTO {s}.telemetry_ledger(kind, rho, record) VALUES(%s, %s, %s)",
+                (charge.kind, float(charge.rho), bytes(charge.record)),
+            )
+            if active_set_state is not None:
+                self._set_meta(cur, "active_set_state", active_set_state.decode())
+        return telemetry_balance(rho_total, [*charges, charge.rho])
+
+    def size_bytes(self) -> int | None:
+        rows = self._read(
+            "SELECT COALESCE(SUM(pg_total_relation_size(c.oid)), 0) FROM pg_class c "
+            "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relkind = 'r'",
+            (self.schema,),
+        )
+        return int(rows[0][0])
+
+    def close(self) -> None:
+        with suppress(self._psycopg.Error):
+            self._db.close()  # ends the session: the server releases the advisory lock
+
+
+def _first_line(exc: BaseException) -> str:
+    """The driver's message without the connection details a later line may carry."""
+    text = str(exc).strip().splitlines()
+    return text[0][:300] if text else type(exc).__name__
