@@ -5,12 +5,14 @@ file (:class:`FileQueryFeed`).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sys
 from pathlib import Path
 from typing import IO
 
+from streamfilter.errors import PublishError
 from streamfilter.runtime.io.base import QueryFeed, Sink, Source, SourceRecord
 
 
@@ -76,31 +78,44 @@ class FileSource(Source):
             self._fh = None
 
 
+def _digest(payload: bytes) -> bytes:
+    return hashlib.blake2b(payload, digest_size=16).digest()
+
+
 class FileSink(Sink):
     """Append JSON lines to a file; ``flush`` fsyncs. Idempotent per key for release files:
-    on open, keys already present (``day/query_id`` of existing lines) are remembered."""
+    on open, keys already present (``day/query_id`` of existing lines) are remembered with a
+    digest of their line; a record with a held key is dropped when its bytes are identical and
+    refused (``PublishError``) when they differ: that would be a second noise draw."""
 
     def __init__(self, path: Path, dedupe_releases: bool = True) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._keys: set[str] = set()
+        self._held: dict[str, bytes] = {}  # key -> digest of the record held under it
         if dedupe_releases and self.path.exists():
             with open(self.path, "rb") as fh:
                 for line in fh:
                     try:
                         obj = json.loads(line)
-                        self._keys.add(f"{obj['day']}/{obj['query_id']}")
+                        key = f"{obj['day']}/{obj['query_id']}"
                     except (ValueError, KeyError, TypeError):
                         continue
+                    self._held.setdefault(key, _digest(line.rstrip(b"\n")))
         self._dedupe = dedupe_releases
-        self._held_through = max((k.split("/", 1)[0] for k in self._keys), default=None)
+        self._held_through = max((k.split("/", 1)[0] for k in self._held), default=None)
         self._fh: IO[bytes] = open(self.path, "ab")  # noqa: SIM115 - owned by the sink
 
     def publish(self, key: str, payload: bytes) -> None:
         if self._dedupe:
-            if key in self._keys:
-                return
-            self._keys.add(key)
+            digest, held = _digest(payload), self._held.get(key)
+            if held == digest:
+                return  # already held with identical bytes
+            if held is not None:
+                raise PublishError(
+                    f"release file {self.path} already holds a different record under key "
+                    f"{key!r}; refusing to publish a second value for it"
+                )
+            self._held[key] = digest
         self._fh.write(payload + b"\n")
 
     def flush(self) -> None:
