@@ -82,8 +82,36 @@ def _digest(payload: bytes) -> bytes:
     return hashlib.blake2b(payload, digest_size=16).digest()
 
 
+def _cut_torn_tail(path: Path) -> None:
+    """Truncate a last line that lacks its newline: a record a crash cut short. ``publish``
+    writes a record and its newline together and ``flush`` had not returned for it, so the
+    outbox still holds it; appending after it would merge the next record into that line."""
+    if not path.exists():
+        return
+    with open(path, "rb+") as fh:
+        end = fh.seek(0, os.SEEK_END)
+        if end == 0:
+            return
+        fh.seek(end - 1)
+        if fh.read(1) == b"\n":
+            return
+        keep = 0
+        while end > 0:
+            start = max(0, end - 65536)
+            fh.seek(start)
+            newline = fh.read(end - start).rfind(b"\n")
+            if newline >= 0:
+                keep = start + newline + 1
+                break
+            end = start
+        fh.truncate(keep)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
 class FileSink(Sink):
-    """Append JSON lines to a file; ``flush`` fsyncs. Idempotent per key for release files:
+    """Append JSON lines to a file; ``flush`` fsyncs. On open, a last line a crash cut short is
+    truncated (it was never flushed). Idempotent per key for release files:
     on open, keys already present (``day/query_id`` of existing lines) are remembered with a
     digest of their line; a record with a held key is dropped when its bytes are identical and
     refused (``PublishError``) when they differ: that would be a second noise draw."""
@@ -91,6 +119,7 @@ class FileSink(Sink):
     def __init__(self, path: Path, dedupe_releases: bool = True) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        _cut_torn_tail(self.path)
         self._held: dict[str, bytes] = {}  # key -> digest of the record held under it
         if dedupe_releases and self.path.exists():
             with open(self.path, "rb") as fh:

@@ -42,6 +42,7 @@ class SinkCase:
     open: Callable[[], Sink]  # a sink on the case's target; opening again is a restart
     held: Callable[[], list[list[bytes]]]  # what the target holds, per ordered stream
     reads_back: bool  # last_published_day() reports what the target holds
+    tear: Callable[[], None] | None = None  # leave a torn record, as a crash mid-write can
     opened: list[Sink] = field(default_factory=list)
 
     def start(self) -> Sink:
@@ -71,8 +72,15 @@ def file_case(path: Path, dedupe_releases: bool) -> SinkCase:
     def held() -> list[list[bytes]]:
         return [path.read_bytes().splitlines()] if path.exists() else [[]]
 
+    def tear() -> None:
+        with open(path, "ab") as fh:
+            fh.write(release("2026-01-09", "active", 1.5)[1][:20])  # no newline: cut short
+
     return SinkCase(
-        lambda: FileSink(path, dedupe_releases=dedupe_releases), held, reads_back=dedupe_releases
+        lambda: FileSink(path, dedupe_releases=dedupe_releases),
+        held,
+        reads_back=dedupe_releases,
+        tear=tear,
     )
 
 
@@ -201,3 +209,21 @@ def test_last_published_day_is_the_latest_day_the_target_holds(case):
     fresh.flush()
     fresh.close()
     assert case.start().last_published_day() == ("2026-01-03" if case.reads_back else None)
+
+
+def test_a_restart_after_a_torn_write_holds_every_record_published_after_it(case):
+    """``flush`` makes what was published before it durable, also after a restart over a record
+    a crash cut short (it was never flushed: publish writes a record whole)."""
+    if case.tear is None:
+        pytest.skip("this target never holds a torn record (no partial writes)")
+    sink = case.start()
+    for key, payload in RELEASES[:2]:
+        sink.publish(key, payload)
+    sink.flush()
+    sink.close()
+    case.tear()
+    again = case.start()
+    for key, payload in RELEASES[2:4]:
+        again.publish(key, payload)
+    again.flush()
+    assert {p for _, p in RELEASES[:4]} <= set(case.held_records())
