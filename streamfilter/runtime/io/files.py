@@ -86,7 +86,7 @@ def _cut_torn_tail(path: Path) -> None:
     """Truncate a last line that lacks its newline: a record a crash cut short. ``publish``
     writes a record and its newline together and ``flush`` had not returned for it, so the
     outbox still holds it; appending after it would merge the next record into that line."""
-    if not path.exists():
+    if not path.is_file():  # missing, or a pipe / device: nothing to cut
         return
     with open(path, "rb+") as fh:
         end = fh.seek(0, os.SEEK_END)
