@@ -16,7 +16,8 @@ records in per-partition batches anyway (Kafka) overrides it.
 Sink guarantee expected by the outbox relay: when :meth:`Sink.flush` returns, every record passed
 to :meth:`Sink.publish` before it is durable (file: fsync'd; Kafka: acknowledged). Records are
 published with a key (``day/query_id`` for releases); a sink may drop a record whose key it
-already holds with identical bytes. A sink that can read back what it holds reports the latest
+already holds with identical bytes (a different record under a held key is never dropped
+silently: the sink holds it too, or ``publish`` refuses it with ``PublishError``). A sink that can read back what it holds reports the latest
 day it holds a release of (:meth:`Sink.last_published_day`): the daemon refuses to start from a
 state whose last closed day is earlier (a restored stale copy of the state; docs/design.md §5).
 

@@ -5,12 +5,14 @@ file (:class:`FileQueryFeed`).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sys
 from pathlib import Path
 from typing import IO
 
+from streamfilter.errors import PublishError
 from streamfilter.runtime.io.base import QueryFeed, Sink, Source, SourceRecord
 
 
@@ -76,31 +78,73 @@ class FileSource(Source):
             self._fh = None
 
 
+def _digest(payload: bytes) -> bytes:
+    return hashlib.blake2b(payload, digest_size=16).digest()
+
+
+def _cut_torn_tail(path: Path) -> None:
+    """Truncate a last line that lacks its newline: a record a crash cut short. ``publish``
+    writes a record and its newline together and ``flush`` had not returned for it, so the
+    outbox still holds it; appending after it would merge the next record into that line."""
+    if not path.is_file():  # missing, or a pipe / device: nothing to cut
+        return
+    with open(path, "rb+") as fh:
+        end = fh.seek(0, os.SEEK_END)
+        if end == 0:
+            return
+        fh.seek(end - 1)
+        if fh.read(1) == b"\n":
+            return
+        keep = 0
+        while end > 0:
+            start = max(0, end - 65536)
+            fh.seek(start)
+            newline = fh.read(end - start).rfind(b"\n")
+            if newline >= 0:
+                keep = start + newline + 1
+                break
+            end = start
+        fh.truncate(keep)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
 class FileSink(Sink):
-    """Append JSON lines to a file; ``flush`` fsyncs. Idempotent per key for release files:
-    on open, keys already present (``day/query_id`` of existing lines) are remembered."""
+    """Append JSON lines to a file; ``flush`` fsyncs. On open, a last line a crash cut short is
+    truncated (it was never flushed). Idempotent per key for release files:
+    on open, keys already present (``day/query_id`` of existing lines) are remembered with a
+    digest of their line; a record with a held key is dropped when its bytes are identical and
+    refused (``PublishError``) when they differ: that would be a second noise draw."""
 
     def __init__(self, path: Path, dedupe_releases: bool = True) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._keys: set[str] = set()
+        _cut_torn_tail(self.path)
+        self._held: dict[str, bytes] = {}  # key -> digest of the record held under it
         if dedupe_releases and self.path.exists():
             with open(self.path, "rb") as fh:
                 for line in fh:
                     try:
                         obj = json.loads(line)
-                        self._keys.add(f"{obj['day']}/{obj['query_id']}")
+                        key = f"{obj['day']}/{obj['query_id']}"
                     except (ValueError, KeyError, TypeError):
                         continue
+                    self._held.setdefault(key, _digest(line.rstrip(b"\n")))
         self._dedupe = dedupe_releases
-        self._held_through = max((k.split("/", 1)[0] for k in self._keys), default=None)
+        self._held_through = max((k.split("/", 1)[0] for k in self._held), default=None)
         self._fh: IO[bytes] = open(self.path, "ab")  # noqa: SIM115 - owned by the sink
 
     def publish(self, key: str, payload: bytes) -> None:
         if self._dedupe:
-            if key in self._keys:
-                return
-            self._keys.add(key)
+            digest, held = _digest(payload), self._held.get(key)
+            if held == digest:
+                return  # already held with identical bytes
+            if held is not None:
+                raise PublishError(
+                    f"release file {self.path} already holds a different record under key "
+                    f"{key!r}; refusing to publish a second value for it"
+                )
+            self._held[key] = digest
         self._fh.write(payload + b"\n")
 
     def flush(self) -> None:

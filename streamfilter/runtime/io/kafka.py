@@ -21,7 +21,7 @@ from typing import Any
 
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import NewTopic
-from kafka.errors import KafkaError, TopicAlreadyExistsError
+from kafka.errors import KafkaError, KafkaTimeoutError, TopicAlreadyExistsError
 from kafka.structs import OffsetAndMetadata
 
 from streamfilter.errors import PublishError
@@ -176,9 +176,10 @@ class KafkaSource(Source):
 class KafkaQueryFeed(QueryFeed):
     """Queries from every partition of ``topic``; positions are stored with each closed day."""
 
-    def __init__(self, topic: str, client: dict[str, Any]) -> None:
+    def __init__(self, topic: str, client: dict[str, Any], read_timeout_s: float = 30.0) -> None:
         self._c = _AssignedConsumer(topic, client, group_id=None)
         self._prefix = "queries:"
+        self._read_timeout_s = read_timeout_s
 
     def seek(self, offsets: dict[str, int]) -> None:
         own = {k[len(self._prefix) :]: v for k, v in offsets.items() if k.startswith(self._prefix)}
@@ -188,7 +189,27 @@ class KafkaQueryFeed(QueryFeed):
         return {self._prefix + label: off for label, off in self._c.positions().items()}
 
     def poll(self) -> list[tuple[str, bytes]]:
-        return [(f"{label}:{offset}", value) for label, offset, value in self._c.poll(10_000, 0)]
+        return self._records(0)
+
+    def poll_all(self) -> list[tuple[str, bytes]]:
+        """Everything up to the end offsets as of this call (one poll may return before its
+        fetch did); raises ``KafkaTimeoutError`` when they are not reached in time."""
+        consumer, tps = self._c.consumer, self._c.tps
+        deadline = time.monotonic() + self._read_timeout_s
+        ends = consumer.end_offsets(tps, timeout_ms=int(self._read_timeout_s * 1000))
+        out = self._records(0)
+        while any(consumer.position(tp) < ends[tp] for tp in tps):
+            if time.monotonic() >= deadline:
+                raise KafkaTimeoutError(
+                    f"could not read kafka topic {self._c.topic!r} to its end offsets within "
+                    f"{self._read_timeout_s:g}s"
+                )
+            out.extend(self._records(100))
+        return out
+
+    def _records(self, timeout_ms: int) -> list[tuple[str, bytes]]:
+        polled = self._c.poll(10_000, timeout_ms)
+        return [(f"{label}:{offset}", value) for label, offset, value in polled]
 
     def close(self) -> None:
         self._c.close()
