@@ -93,7 +93,10 @@ class Source(abc.ABC):
 
     @abc.abstractmethod
     def at_end(self) -> bool:
-        """True once everything that existed at start has been returned."""
+        """True once the input is exhausted for ``--until-end``: a source that knows its end
+        offsets (Kafka) means everything that existed at start (or at :meth:`mark_end`); a file
+        or in-memory source means everything it holds now, so input appended while it runs is
+        read too (tests/runtime/io/test_source_contract.py pins both)."""
 
     def mark_end(self) -> None:  # noqa: B027 - optional hook
         """Make :meth:`at_end` refer to what exists now (a driver that appends input between
