@@ -7,7 +7,7 @@ runs (``tests/runtime/io/``).
 Source lifecycle: the daemon calls :meth:`Source.seek` once with the positions stored in the
 state store (possibly none), then :meth:`Source.poll_batches` repeatedly. Each record carries its
 partition and offsets; the daemon, not the source, decides what is durable. ``at_end`` tells
-``--until-end`` that every partition has delivered everything that existed when the run started.
+``--until-end`` that the input is exhausted (:meth:`Source.at_end` says which end).
 ``poll`` returns one :class:`SourceRecord` per record; ``poll_batches`` returns the same records
 as columns, one :class:`RecordBatch` per run of consecutive records of one partition (the
 daemon's hot path: no object per record). Its default groups ``poll``; a source that receives
