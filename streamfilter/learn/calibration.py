@@ -23,6 +23,10 @@ With ``ρ = calibrate_rho(ε, δ)``:
 
 Every ρ here is ``rho_for_sigma`` of the privacy core (``B/(2σ²)``, Corollary 4.7): one function
 for Propositions 5.1, 5.2 and the checks.
+
+``checks = 0`` (an ablation, not the paper's rule): no checks, the whole ρ goes to the filter
+(``B_norm = 2σ²C²ρ``, the paper's ``k·C²`` up to rounding) and Algorithm 7 returns its last
+iterate after ``extra_steps`` steps beyond ``⌊B_norm/C²⌋``.
 """
 
 from __future__ import annotations
@@ -47,7 +51,7 @@ class GDPlan:
 
     ``gd_steps``: Algorithm 6's k. ``b_norm``: Algorithm 7's budget (data units²);
     ``base_steps = ⌊B_norm/C²⌋`` steps before the checks start; ``k_max = base_steps +
-    check_every·(checks − 1)``. ``epsilon_gd`` / ``epsilon_filtered``: the (ε, δ) each run
+    check_every·(checks − 1)`` (``base_steps + extra_steps`` without checks). ``epsilon_gd`` / ``epsilon_filtered``: the (ε, δ) each run
     actually satisfies (GDP conversion of its total ρ), both <= the target ``epsilon``.
     """
 
@@ -85,14 +89,18 @@ def plan_gd(
     checks: int = 8,
     check_every: int = 5,
     check_fraction: float = 0.1,
+    extra_steps: int = 35,
 ) -> GDPlan:
     """Calibrate Algorithm 6's k and Algorithm 7's B_norm and check noise to (ε, δ)."""
     if not (math.isfinite(sigma) and sigma > 0):
         raise ValueError(f"sigma must be > 0, got sigma={sigma!r}")
     if not (math.isfinite(clip) and clip > 0):
         raise ValueError(f"clip must be > 0, got clip={clip!r}")
-    if checks < 1 or check_every < 1:
-        raise ValueError(f"need checks >= 1 and check_every >= 1, got {checks}, {check_every}")
+    if checks < 0 or check_every < 1 or extra_steps < 0:
+        raise ValueError(
+            f"need checks >= 0, check_every >= 1, extra_steps >= 0, got checks={checks}, "
+            f"check_every={check_every}, extra_steps={extra_steps}"
+        )
     if not 0.0 < check_fraction < 1.0:
         raise ValueError(f"check_fraction must be in (0, 1), got check_fraction={check_fraction!r}")
     rho, conversion = calibrate_rho(epsilon, delta, "gaussian")
@@ -106,8 +114,11 @@ def plan_gd(
             f"step of private GD fits (rho={rho!r})"
         )
     # Algorithm 7: the checks first, then the filter gets what is left
-    check_sigma = sigma_for_rho(float(checks), check_fraction * rho)
-    rho_checks = rho_for_sigma(float(checks), check_sigma)
+    if checks:
+        check_sigma = sigma_for_rho(float(checks), check_fraction * rho)
+        rho_checks = rho_for_sigma(float(checks), check_sigma)
+    else:
+        check_sigma, rho_checks = math.inf, 0.0
     noise = sigma * clip
     b_norm = 2.0 * noise * noise * (rho - rho_checks)
     while rho_for_sigma(b_norm, noise) + rho_checks > rho:
@@ -128,7 +139,7 @@ def plan_gd(
         gd_steps=k,
         b_norm=b_norm,
         base_steps=base_steps,
-        k_max=base_steps + check_every * (checks - 1),
+        k_max=base_steps + (check_every * (checks - 1) if checks else extra_steps),
         checks=checks,
         check_every=check_every,
         check_sigma=check_sigma,

@@ -34,6 +34,8 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         regimes=args.regime or REGIMES,
         seed=args.seed,
         dataset=args.dataset,
+        checks=args.checks,
+        check_fraction=args.check_fraction,
     )
     _write_json(result, args.json)
     if args.json not in (None, "-"):
@@ -79,6 +81,12 @@ def add_learn_commands(sub: Any) -> None:
         "--epsilon", type=float, action="append", choices=list(EPSILONS), help="repeatable"
     )
     rep.add_argument("--regime", action="append", choices=list(REGIMES), help="repeatable")
+    rep.add_argument(
+        "--checks", type=int, default=8, help="private accuracy checks (0: ablation, last iterate)"
+    )
+    rep.add_argument(
+        "--check-fraction", type=float, default=0.1, help="share of ρ paid for the checks"
+    )
     rep.add_argument("--seed", type=int, default=None, help="reproducible noise (tests only)")
     rep.add_argument("--json", default=None, help="output file ('-' or absent: stdout)")
     rep.set_defaults(func=cmd_reproduce)

@@ -75,6 +75,7 @@ def settings(
     epsilons: Iterable[float] = EPSILONS,
     regimes: Iterable[str] = REGIMES,
     check_fraction: float = 0.1,
+    checks: int = 8,
 ) -> list[Setting]:
     """The calibrated (Algorithm 6, Algorithm 7) plans of the selected rows."""
     out = []
@@ -93,7 +94,13 @@ def settings(
             else:
                 raise ValueError(f"regime must be one of {REGIMES}, got regime={regime!r}")
             plan = plan_gd(
-                eps, DELTA, clip=c, sigma=s, learning_rate=lr, check_fraction=check_fraction
+                eps,
+                DELTA,
+                clip=c,
+                sigma=s,
+                learning_rate=lr,
+                check_fraction=check_fraction,
+                checks=checks,
             )
             out.append(Setting(eps, regime, plan))
     return out
@@ -118,12 +125,14 @@ def run_setting(setting: Setting, data: Dataset, bits: RandomBits) -> tuple[floa
         steps=plan.gd_steps,
         bits=bits,
     )
-    checks = AccuracyChecks(
-        start=plan.base_steps,
-        every=plan.check_every,
-        count=plan.checks,
-        sigma_count=plan.check_sigma,
-    )
+    checks = None
+    if plan.checks:
+        checks = AccuracyChecks(
+            start=plan.base_steps,
+            every=plan.check_every,
+            count=plan.checks,
+            sigma_count=plan.check_sigma,
+        )
     filtered = private_gd_filtered(
         model,
         data.x_train,
@@ -156,6 +165,8 @@ def reproduce(
     regimes: Iterable[str] = REGIMES,
     seed: int | None = None,
     dataset: str = "digits",
+    checks: int = 8,
+    check_fraction: float = 0.1,
 ) -> dict[str, Any]:
     """Run the selected rows; returns ``{"rows": [...], ...}`` (the ``--json`` format).
 
@@ -163,7 +174,8 @@ def reproduce(
     CSPRNG. Each row: epsilon, regime, gd_mean, gd_sd, filtered_mean, filtered_sd (test
     accuracy, %), trials, plus the fraction of examples with budget left at Algorithm 7's end
     (non-private diagnostic), the plan (k, B_norm, checks' noise, ρ split, achieved ε) and
-    the paper's figures for the same cell.
+    the paper's figures for the same cell. ``checks = 0``: the no-checks ablation (see
+    :func:`.calibration.plan_gd`).
     """
     if trials < 1:
         raise ValueError(f"trials must be >= 1, got trials={trials}")
@@ -172,7 +184,7 @@ def reproduce(
     data = digits()
     rows = []
     started = time.perf_counter()
-    for setting in settings(epsilons, regimes):
+    for setting in settings(epsilons, regimes, check_fraction=check_fraction, checks=checks):
         gd_acc, filt_acc, left = [], [], []
         for trial in range(trials):
             bits: RandomBits = (
@@ -204,6 +216,8 @@ def reproduce(
         "n_train": data.n_train,
         "n_test": int(data.x_test.shape[0]),
         "delta": DELTA,
+        "checks": checks,
+        "check_fraction": check_fraction,
         "seconds": time.perf_counter() - started,
         "rows": rows,
     }

@@ -162,3 +162,12 @@ def test_private_gd_learns_digits_and_validates():
             checks=AccuracyChecks(start=3, every=2, count=3, sigma_count=1.0),
         )
     assert synthetic(n=100, d=7).x_train.shape[1] == 7
+
+
+def test_plan_without_checks_gives_the_filter_the_whole_budget():
+    plan = plan_gd(0.5, 1e-5, clip=1.0, sigma=40.0, learning_rate=1.0, checks=0)
+    assert plan.rho_checks == 0.0 and plan.check_sigma == float("inf")
+    assert plan.rho_filter <= plan.rho_target
+    assert plan.b_norm == pytest.approx(2 * 40.0**2 * plan.rho_target, rel=1e-9)  # ≈ k·C²
+    assert plan.gd_steps <= plan.b_norm < plan.gd_steps + 1
+    assert plan.k_max == plan.base_steps + 35
