@@ -114,7 +114,11 @@ def rdp_poisson_gaussian(
             lo = np.floor(alphas)
             hi = np.ceil(alphas)
             needed = np.unique(np.concatenate([lo, hi]))
-            log_a = _log_a_integer(q, zl, needed)  # (Z, U)
+            # (Z, U), in chunks of noise multipliers so the (Z, U, α+1) terms stay small
+            chunk = max(1, 2**22 // (needed.size * (int(needed.max()) + 1)))
+            log_a = np.concatenate(
+                [_log_a_integer(q, zl[i : i + chunk], needed) for i in range(0, zl.size, chunk)]
+            )
             log_a = np.maximum(log_a, 0.0)  # A_α ≥ 1 (Rényi divergences are ≥ 0)
             log_a[:, needed == 1.0] = 0.0
             idx_lo = np.searchsorted(needed, lo)
