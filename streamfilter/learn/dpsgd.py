@@ -149,8 +149,19 @@ class IndividualLedger:
             raise PermissionError(f"the token is not the owner token of example {index}")
         return float(epsilon_from_rdp(self._rdp[index], self._orders, self._delta))
 
-    def epsilons_nonprivate(self) -> np.ndarray:
-        """Every example's ε. NOT PRIVATE: for studies on public benchmark data only."""
+    def epsilons_nonprivate(self, *, public_benchmark_data: bool = False) -> np.ndarray:
+        """Every example's ε. NOT PRIVATE: for studies on public benchmark data only.
+
+        The caller must say so (``public_benchmark_data=True``); otherwise ``PermissionError``.
+        """
+        if public_benchmark_data is not True:
+            raise PermissionError(
+                "individual ε values are private; pass public_benchmark_data=True only for "
+                "studies on public benchmark data, or use epsilon_for / release_epsilon_statistics"
+            )
+        return self._epsilons()
+
+    def _epsilons(self) -> np.ndarray:
         return np.asarray(epsilon_from_rdp(self._rdp, self._orders, self._delta))
 
 
@@ -333,7 +344,7 @@ def release_epsilon_statistics(
             f"rho={rho!r} does not fit the statistics budget (remaining {budget.remaining!r})"
         )
     bits = SystemRandomBits() if bits is None else bits
-    eps = np.minimum(ledger.epsilons_nonprivate(), epsilon_max)
+    eps = np.minimum(ledger._epsilons(), epsilon_max)  # inside the privacy boundary: noised below
     half = rho / 2.0
     sigma_sum = sigma_for_rho(epsilon_max**2, half)  # ε_max²/(2σ²) = ρ/2
     sigma_hist = sigma_for_rho(1.0, half)

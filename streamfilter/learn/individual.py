@@ -75,7 +75,7 @@ def individual_study(
         model, data.x_train, data.y_train, config, delta=DELTA, bits=bits, exact_sample=exact_sample
     )
     train_seconds = time.perf_counter() - started
-    eps = run.ledger.epsilons_nonprivate()
+    eps = run.ledger.epsilons_nonprivate(public_benchmark_data=True)
     losses = model.losses(run.params, data.x_train, data.y_train)
     test_pred = model.predict(run.params, data.x_test)
     counts, edges = np.histogram(eps, bins=30, range=(0.0, run.worst_case_epsilon * 1.0001))

@@ -52,7 +52,7 @@ def test_grid_rounds_up_and_caps_at_the_clip():
 def test_individual_rdp_is_bounded_by_the_worst_case_and_estimates_track_exact(run):
     ds, cfg, _model, r = run
     worst_rdp = cfg.steps * rdp_poisson_gaussian(cfg.sampling_rate, cfg.noise_multiplier, ORDERS)
-    eps = r.ledger.epsilons_nonprivate()
+    eps = r.ledger.epsilons_nonprivate(public_benchmark_data=True)
     assert eps.shape == (ds.n_train,)
     assert np.all(eps <= r.worst_case_epsilon * (1 + 1e-9))
     assert r.worst_case_epsilon == pytest.approx(float(epsilon_from_rdp(worst_rdp, ORDERS, 1e-5)))
@@ -74,17 +74,21 @@ def test_epsilon_is_released_to_its_owner_only(run):
     tokens = ledger.issue_tokens()
     with pytest.raises(RuntimeError, match="already"):
         ledger.issue_tokens()
-    assert ledger.epsilon_for(5, tokens[5]) == pytest.approx(ledger.epsilons_nonprivate()[5])
+    assert ledger.epsilon_for(5, tokens[5]) == pytest.approx(
+        ledger.epsilons_nonprivate(public_benchmark_data=True)[5]
+    )
     with pytest.raises(PermissionError, match="example 5"):
         ledger.epsilon_for(5, tokens[6])
     with pytest.raises(PermissionError):
         ledger.epsilon_for(ds.n_train, tokens[0])
+    with pytest.raises(PermissionError, match="private"):
+        ledger.epsilons_nonprivate()  # bulk access only when the caller says the data are public
 
 
 def test_released_statistics_are_noisy_close_and_charged(run):
     ds, _cfg, _model, r = run
     budget = ZCDPFilter(0.05)
-    true = r.ledger.epsilons_nonprivate()
+    true = r.ledger.epsilons_nonprivate(public_benchmark_data=True)
     stats = release_epsilon_statistics(
         r.ledger,
         budget,
