@@ -33,6 +33,7 @@ MODULES = [
     "benchmarks.bench_recovery",
     "benchmarks.bench_local",
     "benchmarks.bench_sparse",
+    "benchmarks.bench_learn",  # learn_*_step_* (issue #19)
 ]
 HERE = Path(__file__).resolve().parent
 #: README.md includes benchmarks/results.md between these markers (rewritten by a full run)

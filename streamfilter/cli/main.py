@@ -20,6 +20,7 @@ from streamfilter.cli.run import cmd_run
 from streamfilter.cli.topics import cmd_topics
 from streamfilter.config import load_config
 from streamfilter.errors import ExitCode, StreamfilterError
+from streamfilter.learn.commands import add_learn_commands
 
 
 def _err(msg: str) -> None:
@@ -76,7 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
     gua.add_argument("--json", action="store_true")
     gua.set_defaults(func=cmd_guarantee)
 
-    add_budget_commands(sub)  # budget, budget-stats (streamfilter/budget.py)
+    add_budget_commands(sub)  # budget, budget-stats (cli/budget.py)
+    add_learn_commands(sub)  # learn reproduce | individual (learn/commands.py)
 
     topics = sub.add_parser("topics", help="manage the Kafka topics a configuration names")
     topics_sub = topics.add_subparsers(dest="topics_command", required=True)

@@ -38,7 +38,7 @@ from streamfilter.privacy.accounting import (
 )
 from streamfilter.privacy.rounding import float_down, float_up
 
-__all__ = ["DPFilter", "PrivacyOdometer", "RenyiFilter", "ZCDPFilter"]
+__all__ = ["DPFilter", "MultiOrderRenyiFilter", "PrivacyOdometer", "RenyiFilter", "ZCDPFilter"]
 
 DPConversion = Literal["thm49", "cks"]
 
@@ -130,6 +130,81 @@ class RenyiFilter(_SumFilter):
     def spend(self, rho_t: float) -> bool:
         """Theorem 4.3: commit ``rho_t`` iff CONT; on HALT the ledger is unchanged."""
         return super().spend(rho_t)
+
+
+class MultiOrderRenyiFilter:
+    """Rényi filters at a set of orders run together (Feldman & Zrnic, Remark 4.4, last sentence).
+
+    One filter ``F_{α_j, B_j}`` per order; a step continues iff *every* order continues, i.e.
+    ``Σ_t ρ_t(α_j) + ρ(α_j) <= B_j`` for all j (exact rational sums, as in
+    :class:`RenyiFilter`). The composed output is then ``(α_j, B_j)``-RDP for every j at once;
+    any of those, converted to (ε, δ)-DP, is a valid guarantee (e.g.
+    :func:`streamfilter.privacy.subsampled.epsilon_from_rdp` takes the best).
+
+    Use it for mechanisms whose RDP is not linear in α (the subsampled Gaussian): a zCDP filter
+    would have to charge the worst ratio ρ(α)/α over all orders. For Gaussian steps without
+    subsampling use :class:`ZCDPFilter`, which is the same rule with one number.
+    """
+
+    def __init__(self, orders: object, budgets: object) -> None:
+        order_list = list(orders)  # type: ignore[call-overload]
+        budget_list = list(budgets)  # type: ignore[call-overload]
+        if not order_list or len(order_list) != len(budget_list):
+            raise ValueError(
+                f"orders and budgets must be non-empty and of equal length, got "
+                f"{len(order_list)} orders and {len(budget_list)} budgets"
+            )
+        self._filters = tuple(
+            RenyiFilter(a, b) for a, b in zip(order_list, budget_list, strict=True)
+        )
+        alphas = [f.alpha for f in self._filters]
+        if len(set(alphas)) != len(alphas):
+            raise ValueError(f"orders must be distinct, got orders={order_list!r}")
+
+    def _losses(self, rdp_t: object) -> list[Fraction]:
+        values = list(rdp_t)  # type: ignore[call-overload]
+        if len(values) != len(self._filters):
+            raise ValueError(
+                f"rdp_t must have one value per order ({len(self._filters)}), got {len(values)}"
+            )
+        return [_exact_nonnegative("rdp_t", float(v)) for v in values]
+
+    def would_continue(self, rdp_t: object) -> bool:
+        """Dry run: would a step with per-order RDP ``rdp_t`` continue at every order?"""
+        losses = self._losses(rdp_t)
+        return all(f._check(x) for f, x in zip(self._filters, losses, strict=True))
+
+    def spend(self, rdp_t: object) -> bool:
+        """CONT at every order: commit all orders and return True; else False, ledger unchanged."""
+        losses = self._losses(rdp_t)  # check everything first ...
+        if not all(f._check(x) for f, x in zip(self._filters, losses, strict=True)):
+            return False
+        for f, x in zip(self._filters, losses, strict=True):  # ... then commit
+            f._spent += x
+            f._steps += 1
+        return True
+
+    @property
+    def orders(self) -> tuple[float, ...]:
+        return tuple(f.alpha for f in self._filters)
+
+    @property
+    def budgets(self) -> tuple[float, ...]:
+        return tuple(f.budget for f in self._filters)
+
+    @property
+    def spent(self) -> tuple[float, ...]:
+        """Per-order sums of the admitted RDP, each rounded up."""
+        return tuple(f.spent for f in self._filters)
+
+    @property
+    def remaining(self) -> tuple[float, ...]:
+        """Per-order budget minus spent, each rounded down."""
+        return tuple(f.remaining for f in self._filters)
+
+    @property
+    def steps(self) -> int:
+        return self._filters[0].steps
 
 
 class ZCDPFilter(_SumFilter):

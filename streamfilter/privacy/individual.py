@@ -36,7 +36,14 @@ import numpy as np
 
 from streamfilter.privacy.lattice import Lattice, round_to_lattice
 
-__all__ = ["Exhaustion", "FilterStep", "filter_contributions", "query_vectors"]
+__all__ = [
+    "Exhaustion",
+    "FilterStep",
+    "NormFilterStep",
+    "filter_contributions",
+    "filter_squared_norms",
+    "query_vectors",
+]
 
 
 class Exhaustion(StrEnum):
@@ -100,26 +107,151 @@ def filter_contributions(
     query; the caller commits ``spent_units + cost_units`` only when the whole day commits
     (check, then commit).
     """
-    n = x.shape[0]
     units, cost = round_to_lattice(x, clip, lattice.granularity, lattice.max_cost_units(clip))
-    remaining = budget_units - np.asarray(spent_units, dtype=np.int64)
+    remaining = _remaining_units(spent_units, budget_units)
+    decision = _admission(cost, remaining, retired, policy)
+    if decision.reclip.any():  # policy clip: re-clip to the remaining budget so it fits exactly
+        u2, c2 = round_to_lattice(
+            x[decision.reclip], clip, lattice.granularity, remaining[decision.reclip]
+        )
+        units[decision.reclip] = u2
+        cost[decision.reclip] = c2
+    units *= decision.admitted[:, None]  # refused rows add nothing ...
+    cost *= decision.admitted  # ... and are charged nothing
+    return FilterStep(
+        units=units,
+        cost_units=cost,
+        admitted=decision.admitted,
+        newly_retired=decision.newly_retired,
+    )
+
+
+@dataclass(frozen=True)
+class NormFilterStep:
+    """Result of :func:`filter_squared_norms` (nothing is mutated).
+
+    ``scale``: (n,) float64 factor in [0, 1] to multiply each row's vector by (0 for refused
+    rows); ``cost_units``: (n,) int64 charged, an upper bound on ``‖scale·x‖²/γ²`` (see the
+    function); ``admitted``, ``newly_retired``: as in :class:`FilterStep`.
+    """
+
+    scale: np.ndarray
+    cost_units: np.ndarray
+    admitted: np.ndarray
+    newly_retired: np.ndarray
+
+
+#: The clip radius is shrunk by this relative amount, and uncapped costs grown by twice it, so
+#: that the float error of a computed norm (≤ d·2^-53 relative for d ≤ 2^20 terms, far below
+#: 2^-30) cannot make the true squared norm of ``scale·x`` exceed the integer cost charged.
+_NORM_SLACK = 2.0**-30
+
+
+def filter_squared_norms(
+    norm2: np.ndarray,
+    clip: float,
+    lattice: Lattice,
+    spent_units: np.ndarray,
+    retired: np.ndarray,
+    budget_units: int,
+    policy: Exhaustion,
+) -> NormFilterStep:
+    """The admission of :func:`filter_contributions` for rows known only by ``‖x_i‖²``.
+
+    For vectors too large to materialise (a model's per-example gradients: n × d with d in the
+    thousands), the caller passes each row's squared norm (data units², (n,) float64) and gets
+    back a scale factor per row; the caller adds ``Σ_i scale_i·x_i`` itself. The same integer
+    rule decides admission (:func:`_admission`, shared with the vector path): each row is clipped
+    to ``γ·sqrt(cap)`` with ``cap = floor(C²/γ²)`` lattice units, costs ``c`` units, and is
+    admitted iff ``spent + c <= B`` (exact int64), or, under policy ``clip`` (Algorithm 7),
+    re-clipped to ``γ·sqrt(B − spent)`` so it fits exactly.
+
+    Cost of a row (why it bounds what is added): ``scale = min(1, sqrt(cap)·(1 − 2^-30)/‖x/γ‖)``
+    and ``cost = min(cap, ceil(scale²·‖x/γ‖²·(1 + 2^-29)))``. Both terms of the ``min`` are
+    upper bounds on the true ``‖scale·x‖²/γ²``: the first because the radius was shrunk below
+    ``sqrt(cap)`` by more than the norm's float error, the second because it was grown by more
+    than that error. So the charge is never below the squared norm actually added, and exceeds
+    it by at most one unit plus the relative slack.
+
+    Rows with a non-finite norm contribute nothing and are charged nothing (as in
+    :func:`~streamfilter.privacy.lattice.round_to_lattice`).
+    """
+    norm2 = np.asarray(norm2, dtype=np.float64)
+    if norm2.ndim != 1:
+        raise ValueError(f"norm2 must be a 1-D array of squared norms, got shape {norm2.shape}")
+    if (norm2 < 0).any():
+        raise ValueError(f"norm2 must be >= 0, got min(norm2)={float(norm2.min())!r}")
+    cap = lattice.max_cost_units(clip)
+    y2 = norm2 / (lattice.granularity * lattice.granularity)
+    scale, cost = _scale_to_cap(y2, np.full(norm2.shape, cap, np.int64))
+    remaining = _remaining_units(spent_units, budget_units)
+    decision = _admission(cost, remaining, retired, policy)
+    if decision.reclip.any():
+        s2, c2 = _scale_to_cap(y2[decision.reclip], remaining[decision.reclip])
+        scale[decision.reclip] = s2
+        cost[decision.reclip] = c2
+    scale *= decision.admitted
+    cost *= decision.admitted
+    return NormFilterStep(
+        scale=scale,
+        cost_units=cost,
+        admitted=decision.admitted,
+        newly_retired=decision.newly_retired,
+    )
+
+
+def _scale_to_cap(y2: np.ndarray, cap_units: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-row scale to radius ``sqrt(cap)·(1 − slack)`` and its integer cost (see above)."""
+    broken = ~np.isfinite(y2)
+    y2 = np.where(broken, 0.0, y2)
+    cap_f = cap_units.astype(np.float64)
+    radius = np.sqrt(cap_f) * (1.0 - _NORM_SLACK)
+    norm = np.sqrt(y2)
+    scale = np.ones_like(y2)
+    over = norm > radius
+    scale[over] = radius[over] / norm[over]
+    scale[broken] = 0.0
+    grown = np.ceil(scale * scale * y2 * (1.0 + 2.0 * _NORM_SLACK))
+    # ``grown < float(cap)`` implies grown <= cap as integers (see lattice caps <= 2^62)
+    below = grown < cap_f
+    cost = np.where(below, grown, 0.0).astype(np.int64)
+    cost = np.where(below, cost, cap_units)
+    return scale, np.minimum(cost, cap_units)
+
+
+@dataclass(frozen=True)
+class _Decision:
+    admitted: np.ndarray
+    newly_retired: np.ndarray
+    reclip: np.ndarray
+
+
+def _remaining_units(spent_units: np.ndarray, budget_units: int) -> np.ndarray:
+    remaining: np.ndarray = budget_units - np.asarray(spent_units, dtype=np.int64)
     if (remaining < 0).any():
         raise ValueError("spent_units exceeds the budget: the ledger is corrupt")
-    retired = np.asarray(retired, dtype=bool)
-    newly_retired = np.zeros(n, dtype=bool)
+    return remaining
 
+
+def _admission(
+    cost: np.ndarray, remaining: np.ndarray, retired: np.ndarray, policy: Exhaustion
+) -> _Decision:
+    """The one admission rule (Algorithm 3 / Algorithm 7), on exact int64 costs.
+
+    A row fits iff ``cost <= remaining`` (i.e. ``spent + c <= B``). ``skip``: admit rows that fit.
+    ``retire``: the same, and rows that do not fit retire. ``clip``: admit every live row; the
+    rows that do not fit are returned in ``reclip`` for the caller to re-clip to ``remaining``.
+    Retired rows are never admitted.
+    """
+    retired = np.asarray(retired, dtype=bool)
+    fits = cost <= remaining  # exact int64 comparison: spent + c ≤ B
+    newly_retired = np.zeros(cost.shape, dtype=bool)
     if policy is Exhaustion.CLIP:
-        over = cost > remaining
-        if over.any():
-            u2, c2 = round_to_lattice(x[over], clip, lattice.granularity, remaining[over])
-            units[over] = u2
-            cost[over] = c2
         admitted = ~retired
+        reclip = ~fits & admitted
     else:
-        fits = cost <= remaining  # exact int64 comparison: spent + c ≤ B
         admitted = fits & ~retired
+        reclip = np.zeros(cost.shape, dtype=bool)
         if policy is Exhaustion.RETIRE:
             newly_retired = ~fits & ~retired
-    units *= admitted[:, None]  # refused rows add nothing ...
-    cost *= admitted  # ... and are charged nothing
-    return FilterStep(units=units, cost_units=cost, admitted=admitted, newly_retired=newly_retired)
+    return _Decision(admitted=admitted, newly_retired=newly_retired, reclip=reclip)

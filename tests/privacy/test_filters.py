@@ -13,7 +13,13 @@ from streamfilter.privacy.accounting import (
     rho_from_epsilon_delta_cks,
     rho_from_epsilon_delta_thm49,
 )
-from streamfilter.privacy.filters import DPFilter, PrivacyOdometer, RenyiFilter, ZCDPFilter
+from streamfilter.privacy.filters import (
+    DPFilter,
+    MultiOrderRenyiFilter,
+    PrivacyOdometer,
+    RenyiFilter,
+    ZCDPFilter,
+)
 
 losses = st.lists(st.floats(min_value=0.0, max_value=1.0), max_size=40)
 
@@ -272,3 +278,64 @@ def test_parameters_are_read_only() -> None:
         f.budget = 2.0  # type: ignore[misc]
     with pytest.raises(AttributeError):
         DPFilter(1.0, 1e-5).rho_budget = 1.0  # type: ignore[misc]
+
+
+# --- multi-order filter (Remark 4.4) -------------------------------------------------------
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.lists(st.floats(0.0, 0.5, allow_nan=False), min_size=3, max_size=3),
+        min_size=1,
+        max_size=25,
+    )
+)
+def test_multi_order_filter_is_every_single_order_filter_at_once(steps):
+    """CONT iff each order's own RenyiFilter would continue; a HALT changes nothing anywhere."""
+    orders, budgets = [2.0, 8.0, 32.0], [0.7, 1.1, 2.3]
+    multi = MultiOrderRenyiFilter(orders, budgets)
+    singles = [RenyiFilter(a, b) for a, b in zip(orders, budgets, strict=True)]
+    for rdp_t in steps:
+        expected = all(f.would_continue(x) for f, x in zip(singles, rdp_t, strict=True))
+        before = multi.spent
+        assert multi.would_continue(rdp_t) is expected
+        assert multi.spend(rdp_t) is expected
+        if expected:
+            for f, x in zip(singles, rdp_t, strict=True):
+                assert f.spend(x)
+        else:
+            assert multi.spent == before
+        assert multi.spent == tuple(f.spent for f in singles)
+        # the invariant of Theorem 4.3 at every order: exact sums stay within the budgets
+        assert all(Fraction(sp) <= Fraction(b) for sp, b in zip(multi.spent, budgets, strict=True))
+
+
+def test_multi_order_filter_halts_on_one_order_and_is_exact_at_the_boundary():
+    f = MultiOrderRenyiFilter([2, 4], [0.3, 1.0])
+    assert f.spend([0.1, 0.2])
+    assert not f.spend([0.2, 0.2])  # exact rationals: 0.1 + 0.2 > 0.3 as binary fractions
+    g = MultiOrderRenyiFilter([2, 4], [0.75, 1.0])
+    assert g.spend([0.5, 0.2]) and g.spend([0.25, 0.2])  # order 2 exactly full
+    assert not g.would_continue([5e-324, 0.0])  # one more ulp at order 2 halts ...
+    assert g.spend([0.0, 0.6]) and g.steps == 3  # ... a step that costs nothing there does not
+    assert g.orders == (2.0, 4.0) and g.budgets == (0.75, 1.0) and g.remaining[0] == 0.0
+
+
+@pytest.mark.parametrize(
+    ("orders", "budgets", "match"),
+    [
+        ([], [], "non-empty"),
+        ([2, 3], [1.0], "equal length"),
+        ([2, 2], [1, 1], "distinct"),
+        ([0.5], [1], "alpha"),
+    ],
+)
+def test_multi_order_filter_validation(orders, budgets, match):
+    with pytest.raises(ValueError, match=match):
+        MultiOrderRenyiFilter(orders, budgets)
+    f = MultiOrderRenyiFilter([2, 3], [1, 1])
+    with pytest.raises(ValueError, match="one value per order"):
+        f.spend([0.1])
+    with pytest.raises(ValueError, match="rdp_t"):
+        f.spend([0.1, -1.0])

@@ -3,7 +3,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamfilter.privacy.individual import Exhaustion, filter_contributions
+from streamfilter.privacy.individual import Exhaustion, filter_contributions, filter_squared_norms
 from streamfilter.privacy.lattice import Lattice, cost_units
 
 LAT = Lattice(2.0**-6)
@@ -124,3 +124,58 @@ def test_query_vectors_selects_columns_for_identity_weights():
     assert np.array_equal(out, recs) and np.signbit(out[0, 1])
     with pytest.raises(ValueError, match="records"):
         query_vectors(recs, np.eye(2))
+
+
+# --- admission on squared norms (rows too large to materialise) -----------------------------
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    st.integers(1, 6),
+    st.integers(0, 2**32),
+    st.sampled_from(list(Exhaustion)),
+    st.floats(0.1, 4.0),
+)
+def test_squared_norm_admission_bounds_what_is_added_and_follows_the_one_rule(
+    d, seed, policy, clip
+):
+    """For explicit rows: the charge bounds the squared norm of ``scale·x`` (never below it, at
+    most one unit plus slack above); admission agrees with the vector path's rule on the same
+    integer costs; spent + cost <= B always."""
+    rng = np.random.default_rng(seed)
+    lat = Lattice(2.0**-12)
+    n = 40
+    x = rng.normal(size=(n, d)) * rng.choice([0.0, 0.1, 1.0, 10.0], size=(n, 1))
+    budget = lat.budget_units(3.0 * clip * clip)
+    spent = rng.integers(0, budget + 1, size=n)
+    retired = rng.random(n) < 0.1
+    step = filter_squared_norms((x * x).sum(axis=1), clip, lat, spent, retired, budget, policy)
+    added = step.scale[:, None] * x
+    true_units = (added * added).sum(axis=1) / lat.granularity**2
+    assert np.all(step.cost_units >= true_units * (1 - 1e-12))
+    assert np.all(step.cost_units <= true_units * (1 + 1e-8) + 1)
+    assert np.all(spent + step.cost_units <= budget)
+    assert np.all(step.scale[~step.admitted] == 0) and not step.admitted[retired].any()
+    assert np.all(np.sqrt(true_units) * lat.granularity <= clip * (1 + 1e-12))
+    if policy is not Exhaustion.CLIP:  # same rule as the vector path: fits iff cost <= B − spent
+        full = filter_squared_norms(
+            (x * x).sum(axis=1), clip, lat, np.zeros(n, np.int64), retired, budget, Exhaustion.SKIP
+        )
+        assert np.array_equal(step.admitted, ~retired & (full.cost_units <= budget - spent))
+
+
+def test_squared_norm_admission_clips_to_the_remaining_budget():
+    lat = Lattice(2.0**-10)
+    norm2 = np.array([4.0, 4.0, 0.25, np.inf])
+    budget = lat.budget_units(2.0)
+    spent = np.array([budget - lat.budget_units(0.25), 0, 0, 0])
+    step = filter_squared_norms(norm2, 1.0, lat, spent, np.zeros(4, bool), budget, Exhaustion.CLIP)
+    assert step.scale[0] == pytest.approx(0.25, rel=1e-8)  # radius sqrt(0.25) for a norm of 2
+    assert step.scale[1] == pytest.approx(0.5, rel=1e-8)  # radius C = 1
+    assert step.scale[2] == 1.0 and step.scale[3] == 0.0 and step.cost_units[3] == 0
+    with pytest.raises(ValueError, match="corrupt"):
+        filter_squared_norms(
+            norm2, 1.0, lat, spent + budget, np.zeros(4, bool), budget, Exhaustion.CLIP
+        )
+    with pytest.raises(ValueError, match="norm2"):
+        filter_squared_norms(-norm2, 1.0, lat, spent, np.zeros(4, bool), budget, Exhaustion.CLIP)

@@ -1,0 +1,102 @@
+"""``streamfilter learn reproduce|individual``: argparse wiring for the CLI.
+
+:func:`add_learn_commands` registers a ``learn`` subcommand on the CLI's subparsers (as
+``streamfilter.budget.add_budget_commands`` does); each leaf sets ``func`` to a function
+``(args) -> int`` returning the exit code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from .reproduce import EPSILONS, REGIMES, reproduce
+
+__all__ = ["add_learn_commands", "cmd_individual", "cmd_reproduce"]
+
+
+def _write_json(data: dict[str, Any], path: str | None) -> None:
+    text = json.dumps(data, indent=1, sort_keys=False)
+    if path is None or path == "-":
+        sys.stdout.write(text + "\n")
+    else:
+        Path(path).write_text(text + "\n", encoding="utf-8")
+
+
+def cmd_reproduce(args: argparse.Namespace) -> int:
+    """Feldman & Zrnic §5.1 on digits: the rows selected by --epsilon / --regime."""
+    result = reproduce(
+        args.trials,
+        epsilons=args.epsilon or EPSILONS,
+        regimes=args.regime or REGIMES,
+        seed=args.seed,
+        dataset=args.dataset,
+        checks=args.checks,
+        check_fraction=args.check_fraction,
+    )
+    _write_json(result, args.json)
+    if args.json not in (None, "-"):
+        for row in result["rows"]:
+            print(
+                f"ε={row['epsilon']:<4} {row['regime']:<17} private GD {row['gd_mean']:6.2f} ± "
+                f"{row['gd_sd']:.2f}   with filtering {row['filtered_mean']:6.2f} ± "
+                f"{row['filtered_sd']:.2f}   ({row['trials']} trials)"
+            )
+    return 0
+
+
+def cmd_individual(args: argparse.Namespace) -> int:
+    """Yu et al.'s individual ε of DP-SGD on digits: JSON and (optionally) the HTML report."""
+    from .individual import individual_study
+    from .report import write_individual_report
+
+    study = individual_study(steps=args.steps, exact_sample=args.exact_sample, seed=args.seed)
+    _write_json(study, args.json)
+    if args.html:
+        write_individual_report(study, Path(args.html))
+    if args.json not in (None, "-"):
+        print(
+            f"worst-case ε {study['worst_case_epsilon']:.3f}; median individual ε "
+            f"{study['epsilon']['median']:.3f}; r(ε, log loss) "
+            f"{study['loss_correlation']['pearson_r_epsilon_log_loss']:.3f}; r(estimated, exact) "
+            f"{study['estimated_vs_exact']['pearson_r']:.4f}"
+        )
+    return 0
+
+
+def add_learn_commands(sub: Any) -> None:
+    """Register ``learn reproduce`` and ``learn individual`` on the CLI's subparsers."""
+    learn = sub.add_parser("learn", help="the papers' learning experiments (private GD, DP-SGD)")
+    leaves = learn.add_subparsers(dest="learn_command", required=True)
+
+    rep = leaves.add_parser(
+        "reproduce", help="Feldman & Zrnic §5.1: private GD with and without individual filtering"
+    )
+    rep.add_argument("--dataset", default="digits", choices=["digits"])
+    rep.add_argument("--trials", type=int, default=10)
+    rep.add_argument(
+        "--epsilon", type=float, action="append", choices=list(EPSILONS), help="repeatable"
+    )
+    rep.add_argument("--regime", action="append", choices=list(REGIMES), help="repeatable")
+    rep.add_argument(
+        "--checks", type=int, default=8, help="private accuracy checks (0: ablation, last iterate)"
+    )
+    rep.add_argument(
+        "--check-fraction", type=float, default=0.1, help="share of ρ paid for the checks"
+    )
+    rep.add_argument("--seed", type=int, default=None, help="reproducible noise (tests only)")
+    rep.add_argument("--json", default=None, help="output file ('-' or absent: stdout)")
+    rep.set_defaults(func=cmd_reproduce)
+
+    ind = leaves.add_parser(
+        "individual", help="Yu et al.: individual ε of DP-SGD, its statistics and the report"
+    )
+    ind.add_argument("--steps", type=int, default=None, help="DP-SGD steps (default 120)")
+    ind.add_argument("--exact-sample", type=int, default=300, help="examples with exact ε")
+    ind.add_argument("--seed", type=int, default=None, help="reproducible noise (tests only)")
+    ind.add_argument("--json", default=None, help="output file ('-' or absent: stdout)")
+    ind.add_argument("--html", default=None, help="write the HTML report here")
+    ind.set_defaults(func=cmd_individual)
