@@ -38,9 +38,10 @@ def _with_bias(a: np.ndarray) -> np.ndarray:
 class Pass:
     """One forward/backward pass over a batch: the layers' inputs and back-propagated errors.
 
-    ``inputs[l]``: (n, fan_in+1) activations entering layer l (bias column included);
-    ``errors[l]``: (n, fan_out) ∂loss_i/∂(pre-activation) of layer l; ``probs``: (n, k).
-    Example i's gradient for layer l is ``inputs[l][i] ⊗ errors[l][i]``.
+    ``inputs[l]``: (n, fan_in) activations entering layer l (the bias input 1 is implicit, so
+    the data are never copied to append a column); ``errors[l]``: (n, fan_out)
+    ∂loss_i/∂(pre-activation) of layer l; ``probs``: (n, k). Example i's gradient for layer l
+    (weights, then the bias row) is ``[inputs[l][i], 1] ⊗ errors[l][i]``.
     """
 
     inputs: tuple[np.ndarray, ...]
@@ -51,15 +52,15 @@ class Pass:
         """Each example's squared gradient norm ``Σ_l ‖a_i‖²·‖δ_i‖²`` (n,), no n × d array."""
         total = np.zeros(self.probs.shape[0])
         for a, d in zip(self.inputs, self.errors, strict=True):
-            total += np.einsum("ij,ij->i", a, a) * np.einsum("ij,ij->i", d, d)
+            total += (np.einsum("ij,ij->i", a, a) + 1.0) * np.einsum("ij,ij->i", d, d)
         return total
 
     def weighted_gradient_sum(self, weights: np.ndarray) -> np.ndarray:
         """``Σ_i w_i·∇loss_i`` as a flat vector (layer by layer ``Aᵀ·diag(w)·Δ``)."""
-        parts = [
-            (a.T @ (d * weights[:, None])).ravel()
-            for a, d in zip(self.inputs, self.errors, strict=True)
-        ]
+        parts = []
+        for a, d in zip(self.inputs, self.errors, strict=True):
+            wd = d * weights[:, None]
+            parts.append(np.vstack([a.T @ wd, wd.sum(axis=0, keepdims=True)]).ravel())
         return np.concatenate(parts)
 
 
@@ -104,19 +105,19 @@ class SoftmaxRegression:
     def _w(self, params: np.ndarray) -> np.ndarray:
         return params.reshape(self.features + 1, self.classes)
 
-    def _probs(self, params: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        xb = _with_bias(x)
-        return xb, _softmax(xb @ self._w(params))
+    def _probs(self, params: np.ndarray, x: np.ndarray) -> np.ndarray:
+        w = self._w(params)
+        return _softmax(x @ w[:-1] + w[-1])
 
     def backward(self, params: np.ndarray, x: np.ndarray, y_onehot: np.ndarray) -> Pass:
-        xb, p = self._probs(params, x)
-        return Pass(inputs=(xb,), errors=(p - y_onehot,), probs=p)
+        p = self._probs(params, x)
+        return Pass(inputs=(x,), errors=(p - y_onehot,), probs=p)
 
     def predict(self, params: np.ndarray, x: np.ndarray) -> np.ndarray:
-        return self._probs(params, x)[1].argmax(axis=1)
+        return self._probs(params, x).argmax(axis=1)
 
     def losses(self, params: np.ndarray, x: np.ndarray, y: np.ndarray) -> np.ndarray:
-        return _cross_entropy(self._probs(params, x)[1], y)
+        return _cross_entropy(self._probs(params, x), y)
 
 
 @dataclass(frozen=True)
@@ -149,32 +150,31 @@ class MLP:
 
     def _forward(
         self, params: np.ndarray, x: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         w1, w2 = self._unpack(params)
-        xb = _with_bias(x)
-        pre = xb @ w1
-        hb = _with_bias(np.maximum(pre, 0.0))
-        return xb, pre, hb, _softmax(hb @ w2)
+        pre = x @ w1[:-1] + w1[-1]
+        h = np.maximum(pre, 0.0)
+        return pre, h, _softmax(h @ w2[:-1] + w2[-1])
 
     def backward(self, params: np.ndarray, x: np.ndarray, y_onehot: np.ndarray) -> Pass:
         _, w2 = self._unpack(params)
-        xb, pre, hb, p = self._forward(params, x)
+        pre, h, p = self._forward(params, x)
         d2 = p - y_onehot
         d1 = (d2 @ w2[:-1].T) * (pre > 0.0)
-        return Pass(inputs=(xb, hb), errors=(d1, d2), probs=p)
+        return Pass(inputs=(x, h), errors=(d1, d2), probs=p)
 
     def predict(self, params: np.ndarray, x: np.ndarray) -> np.ndarray:
-        return self._forward(params, x)[3].argmax(axis=1)
+        return self._forward(params, x)[2].argmax(axis=1)
 
     def losses(self, params: np.ndarray, x: np.ndarray, y: np.ndarray) -> np.ndarray:
-        return _cross_entropy(self._forward(params, x)[3], y)
+        return _cross_entropy(self._forward(params, x)[2], y)
 
 
 def per_example_gradients(step: Pass) -> np.ndarray:
     """The (n, n_params) matrix of per-example gradients, materialised. FOR TESTS: checks that
     :meth:`Pass.grad_norm2` and :meth:`Pass.weighted_gradient_sum` equal the explicit ones."""
     rows = [
-        np.einsum("ij,ik->ijk", a, d).reshape(a.shape[0], -1)
+        np.einsum("ij,ik->ijk", _with_bias(a), d).reshape(a.shape[0], -1)
         for a, d in zip(step.inputs, step.errors, strict=True)
     ]
     return np.hstack(rows)
