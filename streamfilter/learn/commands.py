@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .reproduce import EPSILONS, REGIMES, reproduce
+from .grid import EPSILONS, REGIMES
 
 __all__ = ["add_learn_commands", "cmd_individual", "cmd_reproduce"]
 
@@ -28,6 +28,8 @@ def _write_json(data: dict[str, Any], path: str | None) -> None:
 
 def cmd_reproduce(args: argparse.Namespace) -> int:
     """Feldman & Zrnic §5.1 on digits: the rows selected by --epsilon / --regime."""
+    from .reproduce import reproduce
+
     result = reproduce(
         args.trials,
         epsilons=args.epsilon or EPSILONS,

@@ -33,13 +33,11 @@ from streamfilter.privacy.noise import RandomBits, SeededRandomBits, SystemRando
 from .calibration import GDPlan, plan_gd
 from .data import Dataset, digits
 from .gd import AccuracyChecks, private_gd, private_gd_filtered
+from .grid import DELTA, EPSILONS, REGIMES
 from .models import SoftmaxRegression
 
 __all__ = ["EPSILONS", "PAPER", "REGIMES", "TUNED", "Setting", "reproduce", "settings"]
 
-EPSILONS = (0.3, 0.5, 1.0)
-DELTA = 1e-5
-REGIMES = ("tuned", "suboptimal_clip", "suboptimal_noise")
 
 #: (clip C, noise multiplier σ, learning rate η) per ε: the best test accuracy of Algorithm 6
 #: on the grid σ ∈ {40, 60, 80}, C ∈ {0.5, 1, 2}, η ∈ {1, 2, 4} (ε = 0.3 also σ ∈ {120, 160,
