@@ -22,7 +22,8 @@ def _exit_codes() -> str:
     classes: dict[int, list[str]] = {}
 
     def walk(cls: type[StreamfilterError]) -> None:
-        if cls is not StreamfilterError:
+        # the public hierarchy only: subclasses elsewhere exist only once their module is loaded
+        if cls is not StreamfilterError and cls.__module__ == "streamfilter.errors":
             classes.setdefault(int(cls.exit_code), []).append(cls.__name__)
         for sub in cls.__subclasses__():
             walk(sub)
