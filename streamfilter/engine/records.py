@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import itertools
 import operator
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from itertools import chain, count, repeat
-from operator import attrgetter
+from itertools import chain, compress, count, repeat
+from operator import attrgetter, itemgetter
 from typing import Literal
 
 import numpy as np
@@ -38,7 +38,7 @@ from streamfilter.engine.ledger import (
     python_hash,
 )
 
-__all__ = ["DayAccumulator", "DayRecords"]
+__all__ = ["DayAccumulator", "DayRecords", "SeenEventIds"]
 
 
 _USER = attrgetter("user_id")
@@ -49,6 +49,85 @@ _PENDING_MAX = 1 << 16
 #: category counts are folded into cells once this many are buffered (and the buffer is at least
 #: the folded cells' size, so folding costs O(1) amortised per value)
 _FOLD_MIN = 1 << 20
+
+
+class SeenEventIds:
+    """The exact set of a day's (user, event id) pairs, compact.
+
+    Recent pairs are a Python ``set`` (~100 B a pair); once it holds a third of all pairs it is
+    moved into columns sorted by the pair's 64-bit ``hash``: the interned user (a pointer), and
+    the event id as a slice of one ``str`` (start, length) — ~30 B plus the id's characters.
+    A look-up in the columns is a binary search of the hash; a hash match (a repeated pair, or
+    a 64-bit collision) is confirmed by comparing the user and the event id exactly.
+    """
+
+    COMPACT_MIN = 1 << 18
+
+    def __init__(self) -> None:
+        self._recent: set[tuple[str, str]] = set()
+        self._hashes = np.zeros(0, np.int64)
+        self._users = _objects([])
+        self._starts = np.zeros(0, np.int64)
+        self._lengths = np.zeros(0, np.int32)
+        self._text = ""
+
+    def __len__(self) -> int:
+        return len(self._recent) + len(self._hashes)
+
+    def __contains__(self, key: tuple[str, str]) -> bool:
+        return key in self._recent or self._stored(key, hash(key))
+
+    def contains_many(self, keys: list[tuple[str, str]]) -> np.ndarray:
+        """``key in self`` for each key, without Python per key unless its hash is stored."""
+        found = np.fromiter(map(self._recent.__contains__, keys), bool, count=len(keys))
+        if len(self._hashes):
+            h = np.fromiter(map(hash, keys), np.int64, count=len(keys))
+            pos = np.minimum(np.searchsorted(self._hashes, h), len(self._hashes) - 1)
+            for i in np.flatnonzero(self._hashes[pos] == h).tolist():
+                found[i] |= self._stored(keys[i], int(h[i]))
+        return found
+
+    def _stored(self, key: tuple[str, str], h: int) -> bool:
+        j = int(np.searchsorted(self._hashes, h))
+        user, event_id = key
+        while j < len(self._hashes) and int(self._hashes[j]) == h:
+            start = int(self._starts[j])
+            if (
+                self._users[j] == user
+                and self._text[start : start + int(self._lengths[j])] == event_id
+            ):
+                return True
+            j += 1
+        return False
+
+    def add(self, key: tuple[str, str]) -> None:
+        self._recent.add(key)
+        self._maybe_compact()
+
+    def update(self, keys: Iterable[tuple[str, str]]) -> None:
+        self._recent.update(keys)
+        self._maybe_compact()
+
+    def _maybe_compact(self) -> None:
+        if len(self._recent) >= max(self.COMPACT_MIN, len(self._hashes) // 2):
+            self.compact()
+
+    def compact(self) -> None:
+        """Move the recent pairs into the sorted columns (one sort, no Python per pair)."""
+        if not self._recent:
+            return
+        keys = list(self._recent)
+        self._recent = set()
+        event_ids = list(map(itemgetter(1), keys))
+        lengths = np.fromiter(map(len, event_ids), np.int32, count=len(keys))
+        starts = len(self._text) + np.cumsum(lengths, dtype=np.int64) - lengths
+        self._text += "".join(event_ids)
+        hashes = np.concatenate([self._hashes, np.fromiter(map(hash, keys), np.int64, len(keys))])
+        order = np.argsort(hashes, kind="stable")
+        self._hashes = hashes[order]
+        self._users = np.concatenate([self._users, _objects(list(map(itemgetter(0), keys)))])[order]
+        self._starts = np.concatenate([self._starts, starts])[order]
+        self._lengths = np.concatenate([self._lengths, lengths])[order]
 
 
 class DayAccumulator:
@@ -71,7 +150,7 @@ class DayAccumulator:
         self.day = day
         self.events = 0
         self.duplicates = 0
-        self._seen_event_ids: set[tuple[str, str]] = set()
+        self._seen_event_ids = SeenEventIds()
         self._user_names: dict[str, str] = {}
         self._coord_names: dict[str, str] = {}
         # per-event ``add``: Python lists, moved into the arrays every _PENDING_MAX values
@@ -89,14 +168,14 @@ class DayAccumulator:
 
     def add(self, event: Event) -> bool:
         """Add a validated event of this day; return False for a repeated ``event_id``."""
+        user = self._user_names.setdefault(event.user_id, event.user_id)
         if event.event_id is not None:
-            key = (event.user_id, event.event_id)
+            key = (user, event.event_id)
             if key in self._seen_event_ids:
                 self.duplicates += 1
                 return False
             self._seen_event_ids.add(key)
         self.events += 1
-        user = self._user_names.setdefault(event.user_id, event.user_id)
         coord_of = self._coord_names.setdefault
         for name, v in event.values.items():
             if isinstance(v, str):
@@ -131,10 +210,10 @@ class DayAccumulator:
             keys = list(zip([users[i] for i in idx], [event_ids[i] for i in idx], strict=True))
             first: dict[tuple[str, str], int] = {}
             at = np.fromiter(map(first.setdefault, keys, count()), np.int64, count=len(keys))
-            seen = np.fromiter(map(self._seen_event_ids.__contains__, keys), bool, len(keys))
+            seen = self._seen_event_ids.contains_many(keys)
             repeated = (at != np.arange(len(keys))) | seen
             keep[idx[repeated]] = False
-            self._seen_event_ids.update(first)
+            self._seen_event_ids.update(compress(keys, (~repeated).tolist()))
         kept = np.flatnonzero(keep)
         added = len(kept)
         self.duplicates += n - added

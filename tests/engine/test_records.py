@@ -88,12 +88,15 @@ def test_add_many_and_folding_are_add_one_by_one(items, batch, fold_often):
     one = DayAccumulator("2026-01-05")
     added_one = [one.add(e) for e in events]
     saved, records._FOLD_MIN = records._FOLD_MIN, (1 if fold_often else 1 << 20)
+    saved_ids = records.SeenEventIds.COMPACT_MIN
+    records.SeenEventIds.COMPACT_MIN = 1 if fold_often else 1 << 18
     try:
         many = DayAccumulator("2026-01-05")
         steps = range(0, len(events), batch)
         added_many = sum(many.add_many(events[i : i + batch]) for i in steps)
     finally:
         records._FOLD_MIN = saved
+        records.SeenEventIds.COMPACT_MIN = saved_ids
     assert added_many == sum(added_one)
     assert (many.events, many.duplicates) == (one.events, one.duplicates)
     _records_equal(many.finish(), one.finish())
@@ -107,3 +110,29 @@ def test_categories_fold_into_cells():
     assert len(acc._folded[2]) == 20 and acc._cat_buffered == 0
     rec = acc.finish()
     assert rec.matrix(["c=a", "c=b"]).sum() == 3000
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    st.lists(
+        st.lists(st.tuples(st.sampled_from(["a", "b", "é", ""]), st.text(max_size=3)), max_size=8),
+        max_size=8,
+    ),
+    st.integers(1, 4),
+)
+def test_seen_event_ids_is_a_set(batches, compact_min):
+    """Recent and compacted pairs alike: membership is exactly a Python set's."""
+    saved = records.SeenEventIds.COMPACT_MIN
+    records.SeenEventIds.COMPACT_MIN = compact_min
+    try:
+        seen, model = records.SeenEventIds(), set()
+        for batch in batches:
+            assert seen.contains_many(batch).tolist() == [k in model for k in batch]
+            assert all((k in seen) == (k in model) for k in batch)
+            seen.update(batch)
+            model.update(batch)
+        seen.compact()
+        probe = [k for b in batches for k in b] + [("a", "zz"), ("zz", "a")]
+        assert seen.contains_many(probe).tolist() == [k in model for k in probe]
+    finally:
+        records.SeenEventIds.COMPACT_MIN = saved
