@@ -184,7 +184,7 @@ def run(quick: bool = False, runs: int | None = None, n_users: int | None = None
         import duckdb  # noqa: F401
     except ImportError:
         return [skipped(NAME, "s", BASELINE, "duckdb not installed (pip install -e '.[bench]')")]
-    n_users = n_users or (20_000 if quick else 1_000_000)
+    n_users = n_users or (10_000 if quick else 1_000_000)
     runs = runs or (1 if quick else 3)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)

@@ -101,7 +101,7 @@ def _measure(n_users: int, k: int, numeric: bool) -> dict[str, float]:
 
 
 def run(quick: bool = False, n_users: int | None = None) -> list[dict[str, object]]:
-    n = n_users or (20_000 if quick else 1_000_000)
+    n = n_users or (5_000 if quick else 1_000_000)
     one, ten = _measure(n, 1, True), _measure(n, 10, True)
     cat_one, cat_ten = _measure(n, 1, False), _measure(n, 10, False)
     ratio = ten["peak_rss_mib"] / one["peak_rss_mib"]
