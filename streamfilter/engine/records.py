@@ -207,13 +207,21 @@ class DayAccumulator:
         keep = np.ones(n, bool)
         if has_id.any():
             idx = np.flatnonzero(has_id)
-            keys = list(zip([users[i] for i in idx], [event_ids[i] for i in idx], strict=True))
-            first: dict[tuple[str, str], int] = {}
-            at = np.fromiter(map(first.setdefault, keys, count()), np.int64, count=len(keys))
-            seen = self._seen_event_ids.contains_many(keys)
-            repeated = (at != np.arange(len(keys))) | seen
-            keep[idx[repeated]] = False
-            self._seen_event_ids.update(compress(keys, (~repeated).tolist()))
+            if len(idx) == n:  # the usual batch: every event has an id
+                keys = list(zip(users, event_ids, strict=True))
+            else:
+                keys = list(zip([users[i] for i in idx], [event_ids[i] for i in idx], strict=True))
+            repeated = self._seen_event_ids.contains_many(keys)
+            distinct = set(keys)
+            if len(distinct) < len(keys):  # repeats inside the batch: the first one counts
+                first: dict[tuple[str, str], int] = {}
+                at = np.fromiter(map(first.setdefault, keys, count()), np.int64, len(keys))
+                repeated |= at != np.arange(len(keys))
+            if repeated.any():
+                keep[idx[repeated]] = False
+                self._seen_event_ids.update(compress(keys, (~repeated).tolist()))
+            else:
+                self._seen_event_ids.update(distinct)
         kept = np.flatnonzero(keep)
         added = len(kept)
         self.duplicates += n - added
