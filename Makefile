@@ -37,6 +37,7 @@ test: lint test-deps
 # >= 5 runs next to its baseline. The Kafka entry starts its own broker the way the tests do
 # (deploy/kafka, free ports) unless KAFKA_BOOTSTRAP names one; `make bench` fails without one.
 bench: $(STAMP)
+	$(BIN)/python -m pip install -q -e '.[dev,bench]'
 	$(BIN)/python -m benchmarks.run
 
 # CI smoke, under a minute: small sizes, fewer runs, results-quick.{json,md} (not committed); the

@@ -6,7 +6,9 @@ d = 8 in total (sum d=1, histogram d=3, linear d=2, sum d=2), exhaustion ``skip`
 
 What is timed, each from the same :class:`DayRecords` and the same ledger state:
 
-``value`` — the engine: ``close_day`` (budget lookups, one matrix for all queries, clip → lattice
+``value`` — the engine: building the day's records from its decoded columns
+(``DayRecords.from_columns``: group by user and coordinate, canonical order — the dominant step,
+and part of closing a day), then ``close_day`` (budget lookups, one matrix for all queries, clip → lattice
 rounding → exact integer cost → admission → exact integer sums, noise) plus the commit of the
 day into the ledger (``BudgetLedger.apply``). Median of ``runs`` runs, each on a fresh copy of the
 ledger taken outside the timer.
@@ -24,8 +26,8 @@ rounding, no weights. ``lower_bound_ratio`` = value / lower bound (target ≤ 3)
 
 Also reported: ``value_cpu_s``/``baseline_cpu_s``/``ratio_cpu`` (medians of the process CPU
 time of the same runs: steadier than wall time on a shared machine; the engine runs on one
-thread), ``records_s`` (building the ``DayRecords`` from the day's decoded columns,
-``DayRecords.from_columns``, not part of ``value``), ``peak_rss_mib`` (the process's peak
+thread), ``records_s`` (the part of ``value`` spent in ``DayRecords.from_columns``; the per-user
+baseline and the lower bound start from the built records), ``peak_rss_mib`` (the process's peak
 resident memory during the engine runs: records, ledger copies and the engine's temporaries) and ``ledger_bytes_per_user``
 (the ledger's memory after the day, measured with ``tracemalloc`` on a copy, divided by the
 number of known users) and ``engine_peak_alloc_mib`` (``tracemalloc`` peak of what one close +
@@ -355,12 +357,13 @@ def ledger_bytes(ledger: BudgetLedger) -> int:
     return used
 
 
-def _records(n: int, runs: int) -> tuple[DayRecords, float]:
-    """The day's records and the median time to build them from the decoded columns (which
-    are then dropped: at 10M users they hold ~1.5 GB)."""
+def _records(
+    n: int, runs: int
+) -> tuple[DayRecords, float, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """The day's decoded columns, its records and the median time to build them."""
     columns = make_columns(n)
     seconds = _median(lambda: DayRecords.from_columns(DAY, *columns), runs)
-    return DayRecords.from_columns(DAY, *columns), seconds
+    return DayRecords.from_columns(DAY, *columns), seconds, columns
 
 
 def _baseline(
@@ -383,7 +386,7 @@ def _name(n: int) -> str:
 
 
 def bench_day_close(n: int, runs: int = 5, baseline_runs: int = 3) -> dict[str, object]:
-    records, records_s = _records(n, min(runs, 3))
+    records, records_s, columns = _records(n, min(runs, 3))
     before = ledger_with_history(records)
     state: dict[str, BudgetLedger] = {}
 
@@ -393,7 +396,11 @@ def bench_day_close(n: int, runs: int = 5, baseline_runs: int = 3) -> dict[str, 
     # engine: close + commit, each run on a fresh copy of the ledger
     rss_before = (_status_kib("VmRSS") or 0) / 1024
     peak_reset = _reset_peak_rss()
-    value, value_cpu = _medians(lambda: engine_close(records, state["ledger"]), runs, fresh_ledger)
+    value, value_cpu = _medians(
+        lambda: engine_close(DayRecords.from_columns(DAY, *columns), state["ledger"]),
+        runs,
+        fresh_ledger,
+    )
     peak_rss = _peak_rss_mib()
     fresh_ledger()
     after = state.pop("ledger")
@@ -447,9 +454,10 @@ def bench_day_close(n: int, runs: int = 5, baseline_runs: int = 3) -> dict[str, 
         "known_users_after": len(after),
         "profile_s": phases,
         "detail": (
-            f"value: close_day + ledger commit, median of {runs} runs; baseline: median of "
-            f"{baseline_runs}; lower bound: median of {runs}; one close {close_s:.3f} s + commit "
-            f"{commit_s:.3f} s; DayRecords.from_columns {records_s:.2f} s (not in value); ledger "
+            f"value: DayRecords.from_columns + close_day + ledger commit, median of {runs} runs; "
+            f"baseline: median of {baseline_runs} (from built records); lower bound: median of "
+            f"{runs}; from_columns {records_s:.3f} s + one close {close_s:.3f} s + commit "
+            f"{commit_s:.3f} s; ledger "
             f"{per_user:.1f} B/user (tracemalloc) for {len(after):,} users; the day close "
             f"allocates at most {engine_alloc / 2**20:,.0f} MiB; peak RSS "
             f"{peak_rss:,.0f} MiB ({'engine runs' if peak_reset else 'process'}); profile "

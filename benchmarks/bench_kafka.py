@@ -236,6 +236,7 @@ def _measure(bootstrap: str, n: int, runs: int) -> dict[str, object]:
             same_gc.append(pair["bare_same_gc"][0] / dw)
             fold_early.append(bw / pair["daemon_fold_early"][0])
     ratio = statistics.median(wall_ratio)
+    crc = _crc_implementation()
     return entry(
         NAME,
         value=round(statistics.median(daemon)),
@@ -252,16 +253,29 @@ def _measure(bootstrap: str, n: int, runs: int) -> dict[str, object]:
             f"{n:,} events ({n // 5:,} users a day) in 3 partitions, 5 day closes with 3 standing "
             f"queries, SQLite commits, releases to Kafka with acks=all; wall-clock ratios "
             f"{', '.join(f'{r:.2f}' for r in wall_ratio)}; the same ratio in CPU seconds of "
-            f"this process: {statistics.median(cpu_ratio):.2f} (median); like for like, the bare "
+            f"this process: {statistics.median(cpu_ratio):.2f} (median); CRC-32C in both arms: "
+            f"{crc}; like for like, the bare "
             f"loop under the daemon's collector policy: {statistics.median(same_gc):.3f} "
             f"({', '.join(f'{r:.2f}' for r in same_gc)}); the daemon folding its budget log "
             f"whenever it outgrows the table (budget_log_max_rows = 0): "
             f"{statistics.median(fold_early):.3f} ({', '.join(f'{r:.2f}' for r in fold_early)})"
         ),
         cpu_ratio=round(statistics.median(cpu_ratio), 3),
+        #: both arms run in this process, so they check record batches with the same CRC-32C
+        crc32c=crc,
         ratio_same_gc=round(statistics.median(same_gc), 3),
         ratio_fold_early=round(statistics.median(fold_early), 3),
     )
+
+
+def _crc_implementation() -> str:
+    """Which CRC-32C kafka-python checks fetched batches with (both arms share it)."""
+    from kafka.record import util
+
+    impl = util._crc32c
+    module = impl.__module__ or ""
+    kind = "C, package crc32c" if module.split(".")[0] == "crc32c" else "pure Python"
+    return f"{module}.{impl.__name__} ({kind})"
 
 
 if __name__ == "__main__":

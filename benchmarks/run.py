@@ -25,6 +25,8 @@ from typing import Any
 from benchmarks.common import machine, skipped
 
 MODULES = [
+    "benchmarks.bench_e2e",  # e2e_file_days: the headline (streamfilter run vs DuckDB)
+    "benchmarks.bench_memory",  # open_day_memory: peak RSS at 10 vs 1 events per user
     "benchmarks.bench_ingest",
     "benchmarks.bench_engine",  # engine_day_close_* (owned by the engine work)
     "benchmarks.bench_noise",

@@ -261,10 +261,25 @@ def test_nothing_in_the_runtime_engine_or_client_imports_learn():
     code = (
         "import sys\n"
         "import streamfilter, streamfilter.client, streamfilter.engine.monitor\n"
-        "import streamfilter.runtime.app, streamfilter.runtime.budget, streamfilter.cli.report\n"
+        "import streamfilter.runtime.app, streamfilter.runtime.budget\n"
         "print(sorted(m for m in sys.modules if m.startswith('streamfilter.learn') or m == 'sklearn'))\n"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
     )
     assert out.stdout.strip() == "[]"
+    # the CLI registers ``streamfilter learn``: argparse wiring and the experiment grid only,
+    # no model code, numpy-heavy module or scikit-learn until a learn command runs
+    cli = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            code.replace("streamfilter.runtime.budget", "streamfilter.cli.main"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    loaded = ["streamfilter.learn", "streamfilter.learn.commands", "streamfilter.learn.grid"]
+    assert cli.stdout.strip() == str(loaded)

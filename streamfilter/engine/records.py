@@ -19,7 +19,11 @@ compared by value, and a day whose distinct ids share a hash is ordered by (hash
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
+import operator
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from itertools import chain, compress, count, repeat
+from operator import attrgetter, itemgetter
 from typing import Literal
 
 import numpy as np
@@ -34,53 +38,271 @@ from streamfilter.engine.ledger import (
     python_hash,
 )
 
-__all__ = ["DayAccumulator", "DayRecords"]
+__all__ = ["DayAccumulator", "DayRecords", "SeenEventIds"]
 
 
-@dataclass
+_USER = attrgetter("user_id")
+_EVENT_ID = attrgetter("event_id")
+_VALUES = attrgetter("values")
+#: buffered per-event values kept in Python lists (``add``) before they move into arrays
+_PENDING_MAX = 1 << 16
+#: category counts are folded into cells once this many are buffered (and the buffer is at least
+#: the folded cells' size, so folding costs O(1) amortised per value)
+_FOLD_MIN = 1 << 20
+
+
+class SeenEventIds:
+    """The exact set of a day's (user, event id) pairs, compact.
+
+    Recent pairs are a Python ``set`` (~100 B a pair); once it holds a third of all pairs it is
+    moved into columns sorted by the pair's 64-bit ``hash``: the interned user (a pointer), and
+    the event id as a slice of one ``str`` (start, length) — ~30 B plus the id's characters.
+    A look-up in the columns is a binary search of the hash; a hash match (a repeated pair, or
+    a 64-bit collision) is confirmed by comparing the user and the event id exactly.
+    """
+
+    COMPACT_MIN = 1 << 18
+
+    def __init__(self) -> None:
+        self._recent: set[tuple[str, str]] = set()
+        self._hashes = np.zeros(0, np.int64)
+        self._users = _objects([])
+        self._starts = np.zeros(0, np.int64)
+        self._lengths = np.zeros(0, np.int32)
+        self._text = ""
+
+    def __len__(self) -> int:
+        return len(self._recent) + len(self._hashes)
+
+    def __contains__(self, key: tuple[str, str]) -> bool:
+        return key in self._recent or self._stored(key, hash(key))
+
+    def contains_many(self, keys: list[tuple[str, str]]) -> np.ndarray:
+        """``key in self`` for each key, without Python per key unless its hash is stored."""
+        found = np.fromiter(map(self._recent.__contains__, keys), bool, count=len(keys))
+        if len(self._hashes):
+            h = np.fromiter(map(hash, keys), np.int64, count=len(keys))
+            pos = np.minimum(np.searchsorted(self._hashes, h), len(self._hashes) - 1)
+            for i in np.flatnonzero(self._hashes[pos] == h).tolist():
+                found[i] |= self._stored(keys[i], int(h[i]))
+        return found
+
+    def _stored(self, key: tuple[str, str], h: int) -> bool:
+        j = int(np.searchsorted(self._hashes, h))
+        user, event_id = key
+        while j < len(self._hashes) and int(self._hashes[j]) == h:
+            start = int(self._starts[j])
+            if (
+                self._users[j] == user
+                and self._text[start : start + int(self._lengths[j])] == event_id
+            ):
+                return True
+            j += 1
+        return False
+
+    def add(self, key: tuple[str, str]) -> None:
+        self._recent.add(key)
+        self._maybe_compact()
+
+    def update(self, keys: Iterable[tuple[str, str]]) -> None:
+        self._recent.update(keys)
+        self._maybe_compact()
+
+    def _maybe_compact(self) -> None:
+        if len(self._recent) >= max(self.COMPACT_MIN, len(self._hashes) // 2):
+            self.compact()
+
+    def compact(self) -> None:
+        """Move the recent pairs into the sorted columns (one sort, no Python per pair)."""
+        if not self._recent:
+            return
+        keys = list(self._recent)
+        self._recent = set()
+        event_ids = list(map(itemgetter(1), keys))
+        lengths = np.fromiter(map(len, event_ids), np.int32, count=len(keys))
+        starts = len(self._text) + np.cumsum(lengths, dtype=np.int64) - lengths
+        self._text += "".join(event_ids)
+        hashes = np.concatenate([self._hashes, np.fromiter(map(hash, keys), np.int64, len(keys))])
+        order = np.argsort(hashes, kind="stable")
+        self._hashes = hashes[order]
+        self._users = np.concatenate([self._users, _objects(list(map(itemgetter(0), keys)))])[order]
+        self._starts = np.concatenate([self._starts, starts])[order]
+        self._lengths = np.concatenate([self._lengths, lengths])[order]
+
+
 class DayAccumulator:
-    """Collects one day's events as columns (the only per-event Python work is this append)."""
+    """Collects one day's events as compact columns (docs/design.md §2 "Record").
 
-    day: str
-    _users: list[str] = field(default_factory=list)
-    _coords: list[str] = field(default_factory=list)
-    _values: list[float] = field(default_factory=list)
-    _seen_event_ids: set[tuple[str, str]] = field(default_factory=set)
-    events: int = 0
-    duplicates: int = 0
+    Memory: each distinct user id and coordinate name is one ``str`` object (interned per day in
+    a dict; an event's own strings are dropped), and each value is 24 bytes of numpy columns
+    (two object pointers and a float64) instead of Python objects per value. A categorical value
+    adds exactly 1.0 to its cell and sums of 1.0 are exact in any order, so category counts are
+    folded into one (user, coordinate) cell as they accumulate — the day's records are then
+    identical to summing every value at the end. Numeric values are kept one by one: a cell's sum
+    is defined in ascending value order (``DayRecords.from_columns``), which a running sum cannot
+    reproduce bit for bit. A repeated ``event_id`` is remembered per (user, event id).
+
+    ``add`` takes one event (``Monitor``, the audit); ``add_many`` a batch of one day's events
+    without Python per event (the daemon's hot path).
+    """
+
+    def __init__(self, day: str) -> None:
+        self.day = day
+        self.events = 0
+        self.duplicates = 0
+        self._seen_event_ids = SeenEventIds()
+        self._user_names: dict[str, str] = {}
+        self._coord_names: dict[str, str] = {}
+        # per-event ``add``: Python lists, moved into the arrays every _PENDING_MAX values
+        self._p_users: list[str] = []
+        self._p_coords: list[str] = []
+        self._p_values: list[float] = []
+        self._p_cat_users: list[str] = []
+        self._p_cat_coords: list[str] = []
+        # numeric values (users, coordinates, values) and category hits (users, coordinates)
+        self._num: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        self._cat: list[tuple[np.ndarray, np.ndarray]] = []
+        self._cat_buffered = 0
+        # folded category cells: (users, coordinates, counts)
+        self._folded = (_objects([]), _objects([]), np.zeros(0))
 
     def add(self, event: Event) -> bool:
         """Add a validated event of this day; return False for a repeated ``event_id``."""
+        user = self._user_names.setdefault(event.user_id, event.user_id)
         if event.event_id is not None:
-            key = (event.user_id, event.event_id)
+            key = (user, event.event_id)
             if key in self._seen_event_ids:
                 self.duplicates += 1
                 return False
             self._seen_event_ids.add(key)
         self.events += 1
-        user = event.user_id
+        coord_of = self._coord_names.setdefault
         for name, v in event.values.items():
-            self._users.append(user)
             if isinstance(v, str):
-                self._coords.append(f"{name}={v}")
-                self._values.append(1.0)
+                coord = f"{name}={v}"
+                self._p_cat_users.append(user)
+                self._p_cat_coords.append(coord_of(coord, coord))
             else:
-                self._coords.append(name)
-                self._values.append(v)
+                self._p_users.append(user)
+                self._p_coords.append(coord_of(name, name))
+                self._p_values.append(v)
         if not event.values:
             # an event with no values still makes the user known for the day (a zero record)
-            self._users.append(user)
-            self._coords.append("")
-            self._values.append(0.0)
+            self._p_users.append(user)
+            self._p_coords.append(coord_of("", ""))
+            self._p_values.append(0.0)
+        if len(self._p_users) + len(self._p_cat_users) >= _PENDING_MAX:
+            self._flush_pending()
         return True
 
+    def add_many(self, events: Sequence[Event]) -> int:
+        """``add`` of each event, in order, as column operations; returns how many were added
+        (the others repeat an ``event_id``)."""
+        n = len(events)
+        if n == 0:
+            return 0
+        users = list(map(self._user_names.setdefault, map(_USER, events), map(_USER, events)))
+        event_ids = list(map(_EVENT_ID, events))
+        has_id = np.fromiter(map(operator.is_not, event_ids, repeat(None)), bool, count=n)
+        keep = np.ones(n, bool)
+        if has_id.any():
+            idx = np.flatnonzero(has_id)
+            if len(idx) == n:  # the usual batch: every event has an id
+                keys = list(zip(users, event_ids, strict=True))
+            else:
+                keys = list(zip([users[i] for i in idx], [event_ids[i] for i in idx], strict=True))
+            repeated = self._seen_event_ids.contains_many(keys)
+            distinct = set(keys)
+            if len(distinct) < len(keys):  # repeats inside the batch: the first one counts
+                first: dict[tuple[str, str], int] = {}
+                at = np.fromiter(map(first.setdefault, keys, count()), np.int64, len(keys))
+                repeated |= at != np.arange(len(keys))
+            if repeated.any():
+                keep[idx[repeated]] = False
+                self._seen_event_ids.update(compress(keys, (~repeated).tolist()))
+            else:
+                self._seen_event_ids.update(distinct)
+        kept = np.flatnonzero(keep)
+        added = len(kept)
+        self.duplicates += n - added
+        self.events += added
+        if added < n:
+            events = [events[i] for i in kept.tolist()]
+            users = [users[i] for i in kept.tolist()]
+        value_maps = list(map(_VALUES, events))
+        per_event = np.fromiter(map(len, value_maps), np.int64, count=added)
+        empty = per_event == 0
+        if empty.any():  # a zero record for each event with no values
+            for i in np.flatnonzero(empty).tolist():
+                self._p_users.append(users[i])
+                self._p_coords.append(self._coord_names.setdefault("", ""))
+                self._p_values.append(0.0)
+        names = _objects(list(chain.from_iterable(value_maps)))
+        values = _objects(list(chain.from_iterable(map(dict.values, value_maps))))
+        user_col = np.repeat(_objects(users), per_event)
+        is_cat = np.fromiter(map(isinstance, values, repeat(str)), bool, count=len(values))
+        coord_of = self._coord_names.setdefault
+        if is_cat.any():
+            cat = np.flatnonzero(is_cat)
+            coords = names[cat] + "=" + values[cat]
+            self._cat.append((user_col[cat], _objects(list(map(coord_of, coords, coords)))))
+            self._cat_buffered += len(cat)
+        num = np.flatnonzero(~is_cat)
+        if len(num):
+            num_names = names[num]
+            canon = _objects(list(map(coord_of, num_names, num_names)))
+            self._num.append((user_col[num], canon, values[num].astype(np.float64)))
+        self._maybe_fold()
+        return added
+
+    def _flush_pending(self) -> None:
+        if self._p_users:
+            self._num.append(
+                (_objects(self._p_users), _objects(self._p_coords), np.array(self._p_values))
+            )
+            self._p_users, self._p_coords, self._p_values = [], [], []
+        if self._p_cat_users:
+            self._cat.append((_objects(self._p_cat_users), _objects(self._p_cat_coords)))
+            self._cat_buffered += len(self._p_cat_users)
+            self._p_cat_users, self._p_cat_coords = [], []
+        self._maybe_fold()
+
+    def _maybe_fold(self) -> None:
+        if self._cat_buffered >= max(_FOLD_MIN, len(self._folded[2])):
+            self._fold()
+
+    def _fold(self) -> None:
+        """Fold every buffered category hit into its (user, coordinate) cell's count."""
+        f_users, f_coords, f_counts = self._folded
+        users = np.concatenate([f_users, *(u for u, _ in self._cat)])
+        coords = np.concatenate([f_coords, *(c for _, c in self._cat)])
+        counts = np.concatenate([f_counts, np.ones(self._cat_buffered)])
+        self._cat, self._cat_buffered = [], 0
+        if len(users) == 0:
+            return
+        # user and coordinate strings are interned for the day: equal addresses ⇔ equal strings
+        order = np.lexsort((object_ids(coords), object_ids(users)))
+        u, c = object_ids(users)[order], object_ids(coords)[order]
+        starts = np.flatnonzero(np.r_[True, (u[1:] != u[:-1]) | (c[1:] != c[:-1])])
+        firsts = order[starts]
+        self._folded = (users[firsts], coords[firsts], np.add.reduceat(counts[order], starts))
+
     def finish(self) -> DayRecords:
+        self._flush_pending()
+        self._fold()
+        f_users, f_coords, f_counts = self._folded
         return DayRecords.from_columns(
             self.day,
-            np.array(self._users, dtype=object),
-            np.array(self._coords, dtype=object),
-            np.array(self._values, dtype=np.float64),
+            np.concatenate([f_users, *(u for u, _, _ in self._num)]),
+            np.concatenate([f_coords, *(c for _, c, _ in self._num)]),
+            np.concatenate([f_counts, *(v for _, _, v in self._num)]),
         )
+
+
+def _objects(items: Sequence[object]) -> np.ndarray:
+    out = np.empty(len(items), dtype=object)
+    out[:] = items
+    return out
 
 
 @dataclass(frozen=True)

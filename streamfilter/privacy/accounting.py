@@ -55,9 +55,6 @@ from fractions import Fraction
 from types import MappingProxyType
 from typing import Any, Literal, get_args
 
-import scipy.optimize
-import scipy.special
-
 from streamfilter.privacy.rounding import float_up
 
 __all__ = [
@@ -194,6 +191,8 @@ def _certify(holds: Callable[[float], bool], start: float, direction: float) -> 
 
 
 def _brentq(fn: Callable[[float], float], lo: float, hi: float) -> float:
+    import scipy.optimize  # lazy: a start-up that needs no root finding does not pay for it
+
     root: float = scipy.optimize.brentq(
         fn, lo, hi, xtol=_BRENTQ_XTOL, rtol=_BRENTQ_RTOL, maxiter=_BRENTQ_MAXITER
     )
@@ -494,6 +493,8 @@ def _gdp_log_delta_upper(mu: float, epsilon: float) -> float:
     """
     if mu == 0.0:  # reachable from bracketing; δ(0, ε) = 0
         return -math.inf
+    import scipy.special  # lazy (start-up time)
+
     a = float(scipy.special.log_ndtr(mu / 2.0 - epsilon / mu))
     if a == -math.inf:  # δ <= Φ(−ε/μ + μ/2) underflows: report the smallest positive double
         return -math.inf

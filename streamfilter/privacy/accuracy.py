@@ -14,8 +14,6 @@ from __future__ import annotations
 import math
 import numbers
 
-import scipy.special
-
 from streamfilter.privacy.accounting import MECHANISMS, Mechanism
 
 __all__ = ["gaussian_halfwidth", "linf_bound"]
@@ -83,5 +81,7 @@ def gaussian_halfwidth(sigma: float, coverage: float = 0.95) -> float:
     c = _real("coverage", coverage)
     if not 0.0 < c < 1.0:
         raise ValueError(f"coverage must be in (0, 1), got coverage={coverage!r}")
+    import scipy.special  # lazy (start-up time)
+
     quantile = float(scipy.special.ndtri((1.0 + c) / 2.0))
     return quantile * s

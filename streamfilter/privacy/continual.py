@@ -51,7 +51,6 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 import numpy as np
-import scipy.signal
 
 from streamfilter.privacy.accuracy import gaussian_halfwidth
 from streamfilter.privacy.noise import (
@@ -259,6 +258,8 @@ def discrete_gaussian_sum_halfwidth(sigma2_units: int, k: int, coverage: float =
     one = np.exp(-(z * z) / (2.0 * s2))
     one /= one.sum()
     pmf = one
+    import scipy.signal  # lazy: only the discrete-Gaussian interval needs a convolution
+
     for _ in range(kk - 1):
         pmf = np.clip(scipy.signal.fftconvolve(pmf, one), 0.0, None)
     pmf /= pmf.sum()

@@ -136,12 +136,14 @@ def _sink(settings: Settings, kind: str, path: Path, topic: str | None, dedupe: 
 
 
 def topic_specs(settings: Settings) -> list[TopicSpec]:
+    topics = [(key, sec) for key, sec in settings.kafka_topics() if sec.topic is not None]
+    if not topics:  # no Kafka in this run: kafka-python is not imported at all
+        return []
     from streamfilter.runtime.io.kafka import TopicSpec
 
     return [
-        TopicSpec(key, sec.topic, sec.partitions, sec.replication_factor)
-        for key, sec in settings.kafka_topics()
-        if sec.topic is not None
+        TopicSpec(key, str(sec.topic), sec.partitions, sec.replication_factor)
+        for key, sec in topics
     ]
 
 

@@ -268,7 +268,9 @@ class Daemon:
         if not any(issubclass(t, Reject) for t in set(map(type, parsed))):
             days = set(map(_DAY, parsed))
             if len(days) == 1 and not self.engine.is_closed(day := days.pop()):
-                accepted = sum(map(self._day_input(day, partition, offsets[0]).add, parsed))
+                acc = self._day_input(day, partition, offsets[0])
+                add_many = getattr(acc, "add_many", None)  # a batch as columns (events)
+                accepted = add_many(parsed) if add_many else sum(map(acc.add, parsed))
                 self.summary.events_accepted += accepted
                 self.summary.events_duplicate += len(parsed) - accepted
                 return

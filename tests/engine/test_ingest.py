@@ -292,3 +292,65 @@ def test_limits(obj, accepted):
     assert len(line) > MAX_EVENT_BYTES or (ingest._fast(line) is not None) == accepted
     check_agrees(line, label=False)
     assert isinstance(parse_events([line])[0], Event) == accepted
+
+
+# ------------------------------------------------------------------------ the chunk decoder
+
+_E = '{"user_id": "u", "day": "2026-01-05", "values": {"a": 1}}'
+
+
+@pytest.mark.parametrize(
+    "lines",
+    [
+        # two lines that are one event only when joined
+        ['{"user_id": "u", "day": "2026-01-05", "values": {"a": 1', '"b": 2}}'],
+        # a string spanning a wrapper, compensated by a line of two events
+        ['{"user_id": "a', 'b", "day": "2026-01-05", "values": {}}', f"{_E}],[{_E}"],
+        [f"{_E}, {_E}", _E],  # two events on one line
+        [f"{_E}]", f"[{_E}"],
+        [_E, "", _E],  # an empty line
+        [_E, " \t", _E],
+        [_E, _E + " x"],
+        [_E, "\ufeff" + _E],  # a BOM: parse_event accepts it, the chunk decoder does not
+        [_E, _E.replace('"a"', '"a\\u003db"')],  # '=' in a feature name, escaped
+        [_E, _E.replace('"a": 1', '"a": "[x]"')],  # brackets inside a string: accepted
+    ],
+)
+def test_a_chunk_accepts_only_lines_that_are_events_alone(lines):
+    raws = [line.encode("utf-8") for line in lines]
+    fast = ingest._fast_chunk(raws)
+    expected = [_reference(raw) for raw in raws]
+    if fast is not None:
+        assert all(isinstance(e, Event) for e in expected)
+        assert all(_same(f, e) for f, e in zip(fast, expected, strict=True))
+    got = parse_events(raws)
+    assert all(_same(g, e) for g, e in zip(got, expected, strict=True))
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(
+        st.one_of(raw_lines(), st.just(json.dumps(GOOD).encode()), st.just(_E.encode())),
+        min_size=1,
+        max_size=40,
+    ),
+    st.integers(1, 8),
+)
+def test_mixed_batches_decoded_in_chunks_are_the_lines_one_by_one(lines, chunk_lines):
+    """Chunks of every size over mixed valid/invalid lines: the same decisions, reasons and
+    values as ``parse_event`` line by line (small chunks, so that whole chunks are accepted)."""
+    saved = ingest.CHUNK_LINES
+    ingest.CHUNK_LINES = chunk_lines
+    try:
+        got = parse_events(lines)
+    finally:
+        ingest.CHUNK_LINES = saved
+    assert len(got) == len(lines)
+    for line, item in zip(lines, got, strict=True):
+        assert _same(item, _reference(line)), line
+    for start in range(0, len(lines), chunk_lines):
+        chunk = lines[start : start + chunk_lines]
+        fast = ingest._fast_chunk(chunk)
+        if fast is not None:
+            event("chunk accepted")
+            assert all(_same(f, _reference(x)) for f, x in zip(fast, chunk, strict=True))
