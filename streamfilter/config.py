@@ -8,10 +8,13 @@ problem (``ConfigError``).
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
+import logging
 import re
 import tomllib
+from fractions import Fraction
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -29,8 +32,18 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from streamfilter.engine.params import PrivacyParams
 from streamfilter.errors import ConfigError
 from streamfilter.privacy.accounting import Mechanism
+from streamfilter.privacy.rounding import float_down
 
-__all__ = ["ConfigError", "Settings", "config_fingerprint", "load_config", "parse_duration"]
+__all__ = [
+    "ConfigError",
+    "Settings",
+    "config_fingerprint",
+    "load_config",
+    "parse_duration",
+    "plausibility_warnings",
+]
+
+log = logging.getLogger("streamfilter.config")
 
 
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
@@ -61,13 +74,20 @@ class _Section(BaseModel):
 
 
 class PrivacySection(_Section):
-    b_norm: float = Field(4.0, gt=0, allow_inf_nan=False)
+    """The privacy-critical settings: ``b_norm`` and the level (``rho``, or ``epsilon`` with
+    ``delta``) are required, never defaulted; numbers must be TOML numbers (a quoted ``"0.5"`` is
+    refused in the file; environment overrides are text by nature and parsed). ``population``
+    (optional) declares the number of users, for the plausibility warnings of
+    :func:`plausibility_warnings` (δ above 1/n, an error bar wider than a tenth of n)."""
+
+    b_norm: float = Field(gt=0, allow_inf_nan=False)
     rho: float | None = Field(None, gt=0, allow_inf_nan=False)
     epsilon: float | None = Field(None, gt=0, allow_inf_nan=False)
     delta: float | None = Field(None, gt=0, lt=1)
     granularity: float = Field(2.0**-10, gt=0, allow_inf_nan=False)
     exhaustion: Literal["skip", "retire", "clip"] = "skip"
     mechanism: Mechanism = "discrete_gaussian"
+    population: int | None = Field(None, ge=1)
 
     @model_validator(mode="after")
     def _rho_or_epsilon(self) -> PrivacySection:
@@ -253,12 +273,16 @@ class TestingSection(_Section):
 class TelemetrySection(_Section):
     """A separate zCDP budget for statistics about the run itself (docs/odometer.md).
 
-    ``rho`` is the total over the state's life; each ``budget-stats`` call costs ``stats_rho``;
-    the opt-in active-set estimate (``active_set = true``) costs ``active_set_rho`` once for
-    ``active_set_horizon`` days; a user whose remaining budget falls below
-    ``active_min_remaining`` (data units²) counts as having left the active set.
+    ``rho`` is the total over the state's life (default: ``rho_fraction`` — 10% — of the query
+    budget ``[privacy] rho``, so the headline total is at most 1.1× the configured level); each
+    ``budget-stats`` call costs ``stats_rho`` (default a fifth of ``rho``); the opt-in active-set
+    estimate (``active_set = true``) costs ``active_set_rho`` (default two fifths of ``rho``) once
+    for ``active_set_horizon`` days; a user whose remaining budget falls below
+    ``active_min_remaining`` (data units²) counts as having left the active set. Defaults are
+    resolved by :func:`load_config` (:func:`_resolve_telemetry`).
     """
 
+    rho_fraction: float = Field(0.1, gt=0, le=1, allow_inf_nan=False)
     rho: float = Field(0.05, gt=0, allow_inf_nan=False)
     stats_rho: float = Field(0.01, gt=0, allow_inf_nan=False)
     active_set: bool = False
@@ -284,7 +308,9 @@ class Settings(BaseSettings):
     privacy: PrivacySection
     window: WindowSection = WindowSection()
     source: SourceSection = SourceSection(kind="synthetic")
-    queries: QueriesSection = QueriesSection(kind="none")
+    #: None: no [queries] section. ``run`` refuses that (a run without queries closes days that
+    #: can never be answered later): running without queries needs an explicit kind = "none"
+    queries: QueriesSection | None = None
     sink: SinkSection = SinkSection(kind="stdout")
     rejects: RejectsSection = RejectsSection()
     state: StateSection = StateSection()
@@ -348,7 +374,7 @@ class Settings(BaseSettings):
         out: list[tuple[str, _TopicKeys]] = []
         for key in ("source", "queries", "sink", "rejects", "local"):
             section = getattr(self, key)
-            if key == "local" and self.mode.kind != "local":
+            if (key == "local" and self.mode.kind != "local") or section is None:
                 continue
             if section.kind == "kafka":
                 out.append((f"{key}.topic", section))
@@ -359,6 +385,92 @@ class Settings(BaseSettings):
             return self.rejects.path
         base = self.sink.path.parent if self.sink.path is not None else self.state.path.parent
         return base / "rejects.jsonl"
+
+
+#: shares of the telemetry budget its uses get when not configured (the rest stays unspent)
+TELEMETRY_STATS_SHARE = Fraction(1, 5)
+TELEMETRY_ACTIVE_SET_SHARE = Fraction(2, 5)
+
+
+def _resolve_telemetry(settings: Settings, params: PrivacyParams) -> None:
+    """Fill the telemetry amounts the configuration left out: ``rho`` = ``rho_fraction`` × the
+    query ρ, then ``stats_rho`` and ``active_set_rho`` as shares of it (each rounded down, so the
+    stated total is never exceeded)."""
+    t = settings.telemetry
+    given = t.model_fields_set
+    values = t.model_dump()
+    rho = t.rho if "rho" in given else float_down(Fraction(t.rho_fraction) * Fraction(params.rho))
+    values["rho"] = rho
+    if "stats_rho" not in given:
+        values["stats_rho"] = float_down(Fraction(rho) * TELEMETRY_STATS_SHARE)
+    if "active_set_rho" not in given:
+        values["active_set_rho"] = float_down(Fraction(rho) * TELEMETRY_ACTIVE_SET_SHARE)
+    try:
+        settings.telemetry = TelemetrySection(**values)
+    except ValidationError as exc:
+        raise ConfigError(_format_errors(exc, ("telemetry",))) from None
+
+
+def plausibility_warnings(settings: Settings, params: PrivacyParams) -> list[str]:
+    """Settings that are valid but almost certainly not meant (logged as warnings at load):
+    noise so large the answers are useless (σ ≥ ``IMPLAUSIBLE_SIGMA`` data units, or a 95%
+    half-width above a tenth of the declared population), and δ above 1/n for a declared
+    population n (such a δ allows releasing a random user's data outright)."""
+    out = []
+    n = settings.privacy.population
+    half = params.ci95_halfwidth
+    if params.sigma_released >= IMPLAUSIBLE_SIGMA or (n is not None and half > n / 10):
+        scale = f"the declared population {n:,}" if n is not None else "most populations"
+        out.append(
+            f"[privacy]: σ = {params.sigma_released:.4g} per coordinate (95% ± {half:.4g}) is "
+            f"too large for answers about {scale} to be useful; check b_norm (σ = "
+            "sqrt(b_norm / (2ρ)))"
+        )
+    if n is not None and settings.privacy.delta is not None and settings.privacy.delta > 1 / n:
+        out.append(
+            f"[privacy]: delta is above 1/population (1/{n:,}); a δ that large permits "
+            "publishing some user's data outright — choose δ well below 1/n"
+        )
+    return out
+
+
+#: noise per coordinate (data units) above which the answers are taken as useless
+IMPLAUSIBLE_SIGMA = 1000.0
+
+
+def _check_types(data: dict[str, Any]) -> None:
+    """The privacy section is strictly typed in the file: a number given as text (``rho =
+    "0.5"``) or a boolean is refused, naming the key (pydantic would coerce them)."""
+    sec = data.get("privacy")
+    if not isinstance(sec, dict):
+        return
+    numeric = ("b_norm", "rho", "epsilon", "delta", "granularity", "population")
+    for key in numeric:
+        value = sec.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+            raise ConfigError(
+                f"invalid configuration:\n  privacy.{key}: must be a number, not "
+                f"{type(value).__name__} (write {key} = 0.5, not {key} = \"0.5\")"
+            )
+
+
+def _suggest(word: str, choices: list[str]) -> str:
+    match = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
+    return f" (did you mean {match[0]!r}?)" if match else ""
+
+
+def _fields_at(loc: tuple[str | int, ...]) -> list[str]:
+    """The keys the model accepts at ``loc`` (for "did you mean")."""
+    model: Any = Settings
+    for part in loc:
+        field = getattr(model, "model_fields", {}).get(part)
+        if field is None:
+            return []
+        model = field.annotation
+        args = [a for a in getattr(model, "__args__", ()) if hasattr(a, "model_fields")]
+        if args:
+            model = args[0]
+    return list(getattr(model, "model_fields", {}))
 
 
 def _without_values(message: str) -> str:
@@ -379,11 +491,17 @@ def _resolve_paths(data: dict[str, Any], base: Path) -> None:
             sec["path"] = str(p if p.is_absolute() else base / p)
 
 
-def _format_errors(exc: ValidationError) -> str:
+def _format_errors(exc: ValidationError, prefix: tuple[str, ...] = ()) -> str:
     lines = []
     for err in exc.errors():
-        key = ".".join(str(p) for p in err["loc"]) or "config"
-        lines.append(f"{key}: {err['msg']}")
+        loc = (*prefix, *err["loc"])
+        key = ".".join(str(p) for p in loc) or "config"
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key" + _suggest(str(loc[-1]), _fields_at(loc[:-1]))
+        elif err["type"] == "missing" and loc[:1] == ("privacy",):
+            msg = "required: the privacy settings are never defaulted"
+        lines.append(f"{key}: {msg}")
     return "invalid configuration:\n  " + "\n  ".join(lines)
 
 
@@ -410,13 +528,20 @@ def load_config(path: str | Path | None = None, **overrides: Any) -> Settings:
     unknown = sorted(k for k in data if k not in Settings.model_fields)
     if unknown:
         # refuse, e.g., pydantic-settings loader options such as `_env_prefix` used as keys
-        raise ConfigError(f"invalid configuration:\n  unknown section(s): {', '.join(unknown)}")
+        hints = "".join(_suggest(k, list(Settings.model_fields)) for k in unknown)
+        raise ConfigError(
+            f"invalid configuration:\n  unknown section(s): {', '.join(unknown)}{hints}"
+        )
+    _check_types(data)
     try:
         settings = Settings(**data)
     except ValidationError as exc:
         raise ConfigError(_format_errors(exc)) from None
-    settings.privacy_params()  # derived checks (lattice, overflow) name [privacy]
+    params = settings.privacy_params()  # derived checks (lattice, overflow) name [privacy]
     settings.sigma2_local_units()  # and [local]
+    _resolve_telemetry(settings, params)
+    for warning in plausibility_warnings(settings, params):
+        log.warning("%s", warning)
     return settings
 
 

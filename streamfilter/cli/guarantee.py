@@ -69,10 +69,16 @@ def _with_telemetry(rho: float, telemetry_rho: float, delta: float) -> dict[str,
 def _guarantee_text(g: dict[str, object]) -> str:
     eps = g["epsilon_by_method"]
     assert isinstance(eps, dict)
-    lines = [
-        "streamfilter guarantee — per user, over the whole run, for any number of queries",
-        f"  {g['rho']:.6g}-zCDP (Feldman & Zrnic Thm 4.5 / Cor 4.7; effective {g['rho_effective']:.6g})",
-        f"  ({g['epsilon']:.6g}, {g['delta']:.3g})-DP by {g['method']}",
+    lines = ["streamfilter guarantee — per user, over the whole run, for any number of queries"]
+    if "rho_total_max" in g:  # the headline is the TOTAL: the queries and the [telemetry] budget
+        lines.append(
+            f"  TOTAL {g['rho_total_max']:.6g}-zCDP, ({g['epsilon_total_max']:.6g}, "
+            f"{g['delta']:.3g})-DP by cks = queries {g['rho']:.6g} + telemetry "
+            f"{g['rho_telemetry_max']:.6g} (zCDP composition, Bun & Steinke 2016 Lemma 2.3)"
+        )
+    lines += [
+        f"  queries: {g['rho']:.6g}-zCDP (Feldman & Zrnic Thm 4.5 / Cor 4.7; effective "
+        f"{g['rho_effective']:.6g}), ({g['epsilon']:.6g}, {g['delta']:.3g})-DP by {g['method']}",
     ]
     for method, value in sorted(eps.items()):
         lines.append(f"      ε by {method:<6}: {value:.6g}")
@@ -83,14 +89,13 @@ def _guarantee_text(g: dict[str, object]) -> str:
     ]
     if "rho_total_max" in g:
         lines.append(
-            f"  with the [telemetry] budget (budget-stats, active-set estimate) at most "
-            f"{g['rho_total_max']:.6g}-zCDP, ε = {g['epsilon_total_max']:.6g} "
-            "(ρ + telemetry.rho; zCDP composition, Bun & Steinke 2016 Lemma 2.3)"
+            f"  telemetry (budget-stats, active-set estimate): at most "
+            f"{g['rho_telemetry_max']:.6g}-zCDP over the state's life ([telemetry] rho)"
         )
     if g.get("mode") == "local":
         lines.append(f"  local mode, variant {g['local_variant']}: devices run the filter")
         if "rho_local_per_device" in g:
-            lines[1:3] = [
+            lines[1:2] = [
                 f"  each device's messages: {g['rho_local_per_device']:.6g}-zCDP against the "
                 f"server itself (σ_local = {g['sigma_local']:g}; "
                 f"ε = {g['epsilon_local_per_device']:.6g} at δ = {g['delta']:.3g}, CKS)",

@@ -6,7 +6,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from streamfilter.engine.active_set import ActiveSetSpec, ActiveSetTracker
-from streamfilter.engine.contract import Event, Reject, Release, parse_event, parse_query
+from streamfilter.engine.contract import Event, Reject, Release, parse_event
 from streamfilter.engine.day import SeededPerRelease
 from streamfilter.engine.engine import Engine, RejectedRecord
 from streamfilter.engine.params import PrivacyParams
@@ -58,7 +58,7 @@ class Monitor:
 
     def add_query(self, query: dict[str, Any] | str | bytes) -> AnyQuery:
         """Register a query (same JSON shape as the query feed); raises ``ValueError`` if invalid."""
-        parsed = parse_query(query)
+        parsed = self._engine.parse_query(query)
         self._engine.register_query(parsed)
         return parsed
 

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Components",
     "build_daemon",
+    "check_query_source",
     "check_topics",
     "config_fingerprint",
     "event_source",
@@ -104,8 +105,28 @@ def event_source(settings: Settings, follow: bool = False) -> Source:
     return KafkaSource(s.topic, k.client_config(), k.group_id)
 
 
+def check_query_source(settings: Settings) -> None:
+    """Refuse a run whose queries could silently never arrive (exit 2, before the state opens):
+    no ``[queries]`` section (running without queries is ``kind = "none"``, a decision), or a
+    query file that does not exist — like a missing events file. Days closed without their
+    queries can never be answered later (a query starting on a closed day is refused)."""
+    q = settings.queries
+    if q is None:
+        raise ConfigError(
+            "queries: no [queries] section; name the query source ([queries] kind = \"file\" "
+            'with path, "kafka" with topic, or "policy"), or write [queries] kind = "none" to '
+            "run without queries (days then close with no releases)"
+        )
+    if q.kind == "file" and (q.path is None or not q.path.is_file()):
+        raise ConfigError(
+            f"queries.path: query file not found: {q.path} (create it, fix the path, or set "
+            '[queries] kind = "none" to run without queries)'
+        )
+
+
 def _feed(settings: Settings) -> QueryFeed:
     q = settings.queries
+    assert q is not None  # check_query_source ran first
     if q.kind == "file":
         assert q.path is not None
         return FileQueryFeed(q.path)
@@ -169,6 +190,7 @@ def build_daemon(
     settings: Settings, *, follow: bool = True, allow_test_seed: bool = False
 ) -> Components:
     params = settings.privacy_params()
+    check_query_source(settings)
     seed = settings.testing.noise_seed
     if seed is not None and not allow_test_seed:
         raise ConfigError(

@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from operator import attrgetter
 
-from streamfilter.engine.contract import Reject, RejectReason, Release, parse_query
+from streamfilter.engine.contract import Reject, RejectReason, Release
 from streamfilter.engine.engine import DayInput, Engine
 from streamfilter.runtime.faults import crash_point
 from streamfilter.runtime.io.base import QueryFeed, RecordBatch, Sink, Source, reject_payload
@@ -235,7 +235,7 @@ class Daemon:
 
     def _register_query(self, where: str, raw: bytes) -> None:
         try:
-            query = parse_query(raw)
+            query = self.engine.parse_query(raw)
             if self.engine.check_query(query):
                 self.store.add_query(query.canonical_json().encode())
                 self.engine.register_query(query)
