@@ -14,7 +14,6 @@ import json
 import logging
 import re
 import tomllib
-from fractions import Fraction
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -32,7 +31,6 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from streamfilter.engine.params import PrivacyParams
 from streamfilter.errors import ConfigError
 from streamfilter.privacy.accounting import Mechanism
-from streamfilter.privacy.rounding import float_down
 
 __all__ = [
     "ConfigError",
@@ -258,7 +256,11 @@ class StateSection(_Section):
 
 
 class MetricsSection(_Section):
-    enabled: bool = False
+    """``/metrics``, ``/healthz`` and ``/readyz`` are served by default (``enabled = false`` opts
+    out). When the port is taken and ``enabled`` was not set explicitly, ``run`` warns and goes on
+    without them; an explicit ``enabled = true`` makes it a configuration error (exit 2)."""
+
+    enabled: bool = True
     host: str = "127.0.0.1"
     port: int = Field(9464, ge=0, le=65535)
     trusted_operator_metrics: bool = False
@@ -388,23 +390,24 @@ class Settings(BaseSettings):
 
 
 #: shares of the telemetry budget its uses get when not configured (the rest stays unspent)
-TELEMETRY_STATS_SHARE = Fraction(1, 5)
-TELEMETRY_ACTIVE_SET_SHARE = Fraction(2, 5)
+TELEMETRY_STATS_FIFTHS = 1  # stats_rho = rho / 5
+TELEMETRY_ACTIVE_SET_FIFTHS = 2  # active_set_rho = 2 rho / 5
 
 
 def _resolve_telemetry(settings: Settings, params: PrivacyParams) -> None:
     """Fill the telemetry amounts the configuration left out: ``rho`` = ``rho_fraction`` × the
-    query ρ, then ``stats_rho`` and ``active_set_rho`` as shares of it (each rounded down, so the
-    stated total is never exceeded)."""
+    query ρ, then ``stats_rho`` and ``active_set_rho`` as shares of it. The guarantee is
+    ``ρ + telemetry.rho`` for whatever value this gives (the telemetry ledger refuses every charge
+    beyond it), so plain float arithmetic is sound here."""
     t = settings.telemetry
     given = t.model_fields_set
     values = t.model_dump()
-    rho = t.rho if "rho" in given else float_down(Fraction(t.rho_fraction) * Fraction(params.rho))
+    rho = t.rho if "rho" in given else t.rho_fraction * params.rho
     values["rho"] = rho
     if "stats_rho" not in given:
-        values["stats_rho"] = float_down(Fraction(rho) * TELEMETRY_STATS_SHARE)
+        values["stats_rho"] = rho * TELEMETRY_STATS_FIFTHS / 5
     if "active_set_rho" not in given:
-        values["active_set_rho"] = float_down(Fraction(rho) * TELEMETRY_ACTIVE_SET_SHARE)
+        values["active_set_rho"] = rho * TELEMETRY_ACTIVE_SET_FIFTHS / 5
     try:
         settings.telemetry = TelemetrySection(**values)
     except ValidationError as exc:
@@ -450,7 +453,7 @@ def _check_types(data: dict[str, Any]) -> None:
         if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
             raise ConfigError(
                 f"invalid configuration:\n  privacy.{key}: must be a number, not "
-                f"{type(value).__name__} (write {key} = 0.5, not {key} = \"0.5\")"
+                f'{type(value).__name__} (write {key} = 0.5, not {key} = "0.5")'
             )
 
 

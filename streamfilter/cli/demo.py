@@ -44,6 +44,9 @@ path = "releases.jsonl"
 
 [state]
 path = "state.db"
+
+[metrics]
+enabled = false           # a one-shot run: nothing to scrape
 """
 
 

@@ -192,6 +192,14 @@ class Daemon:
                 raise
             finally:
                 self.observer.stopped()
+                s = self.summary
+                log.info(
+                    "stopped: %d days closed, %d releases published, %d records read, %d rejected",
+                    s.days_closed,
+                    s.releases_published,
+                    s.records_read,
+                    sum(s.rejects.values()),
+                )
 
     def _run(self, until_end: bool, through_day: str | None = None) -> RunSummary:
         # a stale state must not publish anything: the sink may already hold later days
