@@ -136,9 +136,13 @@ class SourceSection(_TopicKeys):
 
 
 class QueriesSection(_TopicKeys):
+    """``min_affordable_days``: a query that a user contributing a full-norm vector every day can
+    afford on fewer days than this is warned about at registration (engine.affordability)."""
+
     kind: Literal["file", "kafka", "policy", "none"] = "file"
     path: Path | None = None
     policy: str | None = Field(None, description="'module:function' for kind = 'policy'")
+    min_affordable_days: int = Field(7, ge=0, le=100_000)
 
     @model_validator(mode="after")
     def _needs(self) -> QueriesSection:

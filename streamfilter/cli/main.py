@@ -17,6 +17,7 @@ from pathlib import Path
 
 from streamfilter import __version__
 from streamfilter.cli.budget import add_budget_commands
+from streamfilter.cli.check import cmd_check
 from streamfilter.cli.guarantee import cmd_guarantee
 from streamfilter.cli.run import cmd_run
 from streamfilter.cli.topics import cmd_topics
@@ -149,6 +150,14 @@ def build_parser() -> argparse.ArgumentParser:
     gua.add_argument("--config", required=True)
     gua.add_argument("--json", action="store_true")
     gua.set_defaults(func=cmd_guarantee)
+
+    chk = sub.add_parser(
+        "check",
+        help="validate a configuration, its paths and query file; per query: cost, days affordable",
+    )
+    chk.add_argument("--config", required=True)
+    chk.add_argument("--json", action="store_true")
+    chk.set_defaults(func=cmd_check)
 
     add_budget_commands(sub)  # budget, budget-stats (streamfilter/budget.py)
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from typing import Any
 
 from streamfilter.engine.active_set import ActiveSetSpec, ActiveSetTracker
+from streamfilter.engine.affordability import affordability_warning, query_cost
 from streamfilter.engine.contract import Event, Reject, Release, parse_event
 from streamfilter.engine.day import SeededPerRelease
 from streamfilter.engine.engine import Engine, RejectedRecord
@@ -16,6 +18,8 @@ from streamfilter.privacy.accounting import Guarantee
 from streamfilter.privacy.noise import RandomBits, SystemRandomBits
 
 __all__ = ["Monitor"]
+
+log = logging.getLogger("streamfilter.monitor")
 
 
 class Monitor:
@@ -59,7 +63,10 @@ class Monitor:
     def add_query(self, query: dict[str, Any] | str | bytes) -> AnyQuery:
         """Register a query (same JSON shape as the query feed); raises ``ValueError`` if invalid."""
         parsed = self._engine.parse_query(query)
-        self._engine.register_query(parsed)
+        if self._engine.register_query(parsed):
+            warning = affordability_warning(query_cost(parsed, self.params), self.params)
+            if warning is not None:
+                log.warning("%s", warning)
         return parsed
 
     def close_day(

@@ -255,6 +255,7 @@ def build_daemon(
         poll_interval_s=w.poll_interval,
         observer=metrics.observer if metrics is not None else None,
         state=state,
+        min_affordable_days=settings.queries.min_affordable_days if settings.queries else 7,
     )
     parts = Components(daemon, store, source, sink, reject_sink, metrics)
     if metrics is not None:
