@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 from collections.abc import Iterable
 from typing import Any
@@ -54,6 +55,7 @@ class Monitor:
             exhaustion=exhaustion,
             mechanism=mechanism,
         )
+        self._test_seed = test_seed
         bits: RandomBits = SystemRandomBits() if test_seed is None else SeededPerRelease(test_seed)
         self._engine = Engine(self.params, bits)
         if active_set is not None:
@@ -70,13 +72,25 @@ class Monitor:
         return parsed
 
     def close_day(
-        self, day: str, events: Iterable[dict[str, Any] | str | bytes | Event]
+        self, day: str | dt.date, events: Iterable[dict[str, Any] | str | bytes | Event]
     ) -> list[Release]:
-        """Close ``day`` with its events and return its releases (in query registration order).
+        """Close ``day`` (an ISO date string or a ``datetime.date``) with its events and return
+        its releases (in query registration order).
 
-        Invalid events, and events of another day, are recorded in :attr:`rejects` and skipped.
+        Days skipped since the last closed day are closed first, without events, as the daemon
+        closes them (releases leave on a data-independent schedule); their releases are in
+        :attr:`releases`. Invalid events, and events of another day, are recorded in
+        :attr:`rejects` and skipped.
         """
+        if isinstance(day, dt.date):
+            day = day.isoformat()
         self._engine.check_day(day)
+        last = self._engine.last_closed_day
+        if last is not None:
+            gap = dt.date.fromisoformat(last) + dt.timedelta(days=1)
+            while gap.isoformat() < day:
+                self._engine.commit_day(self._engine.prepare_day(DayAccumulator(gap.isoformat())))
+                gap += dt.timedelta(days=1)
         acc = DayAccumulator(day)
         for raw in events:
             try:
@@ -90,6 +104,19 @@ class Monitor:
         outcome = self._engine.prepare_day(acc)
         self._engine.commit_day(outcome)
         return outcome.releases
+
+    def __repr__(self) -> str:
+        """The settings and the schedule — never a data-dependent count (no number of users)."""
+        p = self.params
+        g = p.guarantee()
+        queries = ", ".join(q.query_id for q in self._engine.queries) or "none"
+        seeded = ", test_seed set: NOT private" if self._test_seed is not None else ""
+        return (
+            f"<Monitor {g.rho:g}-zCDP per user (({g.epsilon:.4g}, {g.delta:g})-DP), "
+            f"b_norm={p.b_norm:g}, {p.mechanism} σ={p.sigma_released:.4g} (95% ±"
+            f"{p.ci95_halfwidth:.4g}), exhaustion={p.exhaustion}, queries: {queries}; last "
+            f"closed day {self._engine.last_closed_day or 'none'}{seeded}>"
+        )
 
     def spent(self, user_id: str) -> float:
         """Budget spent by ``user_id`` in data units (Σ‖q‖² of admitted contributions).
