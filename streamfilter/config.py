@@ -30,7 +30,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from streamfilter.engine.params import PrivacyParams
 from streamfilter.errors import ConfigError
-from streamfilter.privacy.accounting import Mechanism
+from streamfilter.privacy.accounting import Mechanism, calibrate_rho, sigma_for_rho
 
 __all__ = [
     "ConfigError",
@@ -189,23 +189,41 @@ class ModeSection(_Section):
     kind: Literal["central", "local"] = "central"
 
 
+#: ``[local] path`` when not given: this file beside ``[state] path``
+LOCAL_DEFAULT_FILE = "contributions.jsonl"
+
+
 class LocalSection(_TopicKeys):
     """Local mode: the variant and where the devices' contributions arrive (a file or a topic).
 
     ``central_noise``: devices send exact admitted vectors, the server adds the ``[privacy]``
     noise once. ``local_noise``: each device adds ``N_Z(0, sigma_local²)`` per coordinate (data
-    units) and the server only sums.
+    units) and the server only sums. ``path`` (``kind = "file"``) defaults to
+    ``contributions.jsonl`` beside ``[state] path``.
     """
 
     variant: Literal["central_noise", "local_noise"] = "central_noise"
     sigma_local: float | None = Field(None, gt=0, allow_inf_nan=False)
+    #: or calibrate sigma_local from a per-device target against the server: device_rho, or
+    #: device_epsilon with device_delta (``Settings._local_mode``)
+    device_rho: float | None = Field(None, gt=0, allow_inf_nan=False)
+    device_epsilon: float | None = Field(None, gt=0, allow_inf_nan=False)
+    device_delta: float | None = Field(None, gt=0, lt=1)
     kind: Literal["file", "kafka"] = "file"
     path: Path | None = None
 
     @model_validator(mode="after")
     def _needs(self) -> LocalSection:
-        if self.variant == "local_noise" and self.sigma_local is None:
-            raise ValueError("local.variant = 'local_noise' needs local.sigma_local")
+        targets = [self.sigma_local, self.device_rho, self.device_epsilon]
+        if sum(t is not None for t in targets) > 1:
+            raise ValueError("give one of local.sigma_local, device_rho, device_epsilon")
+        if (self.device_epsilon is None) != (self.device_delta is None):
+            raise ValueError("local.device_epsilon and local.device_delta go together")
+        if self.variant == "local_noise" and all(t is None for t in targets):
+            raise ValueError(
+                "local.variant = 'local_noise' needs local.sigma_local (or a per-device target: "
+                "device_rho, or device_epsilon with device_delta)"
+            )
         if self.kind == "kafka" and not self.topic:
             raise ValueError("local.kind = 'kafka' needs local.topic")
         return self
@@ -330,13 +348,28 @@ class Settings(BaseSettings):
     @model_validator(mode="after")
     def _local_mode(self) -> Settings:
         if self.mode.kind == "local":
+            self._calibrate_sigma_local()
             if self.local.kind == "file" and self.local.path is None:
-                raise ValueError("mode.kind = 'local' needs local.path (or local.kind = 'kafka')")
+                # the devices' wire defaults beside the state (like rejects beside the releases)
+                self.local.path = self.state.path.parent / LOCAL_DEFAULT_FILE
             if self.telemetry.active_set:
                 raise ValueError(
                     "telemetry.active_set needs per-user state; it is not available in local mode"
                 )
         return self
+
+    def _calibrate_sigma_local(self) -> None:
+        """``sigma_local`` from a per-device target: each device's messages are
+        ``B/(2·s_l²)``-zCDP against the server (Theorem 4.5 with the device's own noise), so
+        ``σ_local = sqrt(B_norm/(2ρ_device))`` (Corollary 4.7's form); from (ε, δ) the largest ρ
+        the CKS conversion allows (``calibrate_rho``). The lattice rounds ``s_l²`` up, so the
+        device's actual ρ is at most the target."""
+        loc = self.local
+        rho = loc.device_rho
+        if loc.device_epsilon is not None and loc.device_delta is not None:
+            rho, _ = calibrate_rho(loc.device_epsilon, loc.device_delta, "discrete_gaussian")
+        if rho is not None and loc.sigma_local is None:
+            loc.sigma_local = sigma_for_rho(self.privacy.b_norm, rho)
 
     def sigma2_local_units(self) -> int | None:
         """``ceil(sigma_local²/γ²)`` for ``local_noise`` (None otherwise)."""

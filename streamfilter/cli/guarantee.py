@@ -45,6 +45,16 @@ def cmd_guarantee(args: argparse.Namespace) -> int:
             out["rho_local_per_device"] = rho_local
             out["epsilon_local_per_device"] = epsilon_from_rho_cks(rho_local, params.delta)
             out["sigma_local"] = settings.local.sigma_local
+            # what each release reports (engine.local.local_noise_release): the server adds no
+            # noise, so a release's σ is that of the sum of ñ ≥ n devices' noise, ñ = n rounded
+            # up to a power of two: σ = sqrt(ñ · variance_local). No central σ applies.
+            from streamfilter.privacy.noise import discrete_gaussian_variance
+
+            var_units = discrete_gaussian_variance(s2_local)
+            out["variance_local"] = float(var_units) * params.granularity**2
+            out["release_sigma"] = "sqrt(n_bucket * variance_local)"
+            for key in ("sigma", "ci95_halfwidth", "linf_bound_d1", "sigma_calibrated"):
+                out.pop(key, None)
     if args.json:
         print(json.dumps(out, indent=2, sort_keys=True))
     else:
@@ -86,12 +96,15 @@ def _guarantee_text(g: dict[str, object]) -> str:
     ]
     for method, value in sorted(eps.items()):
         lines.append(f"      ε by {method:<6}: {value:.6g}")
+    if "sigma" in g:  # central noise (local_noise: each release states its own σ)
+        lines += [
+            f"  mechanism {g['mechanism']}, σ = {g['sigma']:.6g} per coordinate (95% ± {g['ci95_halfwidth']:.6g})",
+            f"  accuracy (Corollary 4.7): each answer is within {g['linf_bound_d1']:.6g} of the "
+            f"exact sum over the active set (users whose budget still admits the query) in every "
+            f"coordinate, except with probability {g['linf_failure_probability']:g} (d = 1; each "
+            "release states its own for its d)",
+        ]
     lines += [
-        f"  mechanism {g['mechanism']}, σ = {g['sigma']:.6g} per coordinate (95% ± {g['ci95_halfwidth']:.6g})",
-        f"  accuracy (Corollary 4.7): each answer is within {g['linf_bound_d1']:.6g} of the exact "
-        f"sum over the active set (users whose budget still admits the query) in every "
-        f"coordinate, except with probability {g['linf_failure_probability']:g} (d = 1; each "
-        "release states its own for its d)",
         f"  budget Σ‖q‖² ≤ B_norm = {g['b_norm']:g} per user, lattice γ = {g['granularity']!r}, "
         f"exhaustion {g['exhaustion']}",
     ]
@@ -109,4 +122,13 @@ def _guarantee_text(g: dict[str, object]) -> str:
                 f"ε = {g['epsilon_local_per_device']:.6g} at δ = {g['delta']:.3g}, CKS)",
                 "  (the server adds no noise; releases are sums of the devices' noisy messages)",
             ]
+            lines = [
+                x for x in lines if not x.startswith(("  mechanism", "  accuracy", "      ε by"))
+            ]
+            lines.insert(
+                3,
+                f"  noise: each device adds N_Z(0, σ_local²) per coordinate (variance "
+                f"{g['variance_local']:.6g}); a release summing n contributions reports σ = "
+                "sqrt(ñ · variance), ñ = n rounded up to a power of two (n is not published)",
+            )
     return "\n".join(lines)
