@@ -81,3 +81,21 @@ def test_guarantee_headlines_the_total(tmp_path):
     assert f"{out['rho_total_max']:.6g}-zCDP" in headline
     assert f"{out['epsilon_total_max']:.6g}" in headline
     assert out["rho_total_max"] <= 1.1 * out["rho"] * (1 + 1e-12)
+
+
+def test_report_and_demo_headline_the_total(tmp_path):
+    from streamfilter.cli.guarantee import with_telemetry
+    from streamfilter.cli.report import render_report
+
+    (tmp_path / "c.toml").write_text(
+        "[privacy]\nb_norm = 4.0\nepsilon = 1.0\ndelta = 1e-6\n[state]\npath = 'state.db'\n"
+    )
+    settings = load_config(tmp_path / "c.toml")
+    params = settings.privacy_params()
+    total = with_telemetry(params.rho, settings.telemetry.rho, params.delta)
+    page = render_report(settings)  # no state yet: the guarantee is data-independent
+    headline = page.split('id="headline">', 1)[1].split("</p>", 1)[0]
+    assert "in total" in headline and "(1, 1e-06)-DP</b>" not in headline
+    assert f"{total['epsilon_total_max']:.4g}"[:4] in headline
+    out = cli("demo", "--users", "300", "--days", "2", "--out", "d", cwd=tmp_path).stdout
+    assert "0.55-zCDP per user in total" in out.splitlines()[1]

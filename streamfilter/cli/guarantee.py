@@ -30,7 +30,7 @@ def cmd_guarantee(args: argparse.Namespace) -> int:
     )
     out["mode"] = settings.mode.kind
     if settings.mode.kind == "central":
-        out.update(_with_telemetry(float(out["rho"]), settings.telemetry.rho, params.delta))
+        out.update(with_telemetry(float(out["rho"]), settings.telemetry.rho, params.delta))
     if settings.mode.kind == "local":
         out["local_variant"] = settings.local.variant
         s2_local = settings.sigma2_local_units()
@@ -62,7 +62,7 @@ def cmd_guarantee(args: argparse.Namespace) -> int:
     return 0
 
 
-def _with_telemetry(rho: float, telemetry_rho: float, delta: float) -> dict[str, float]:
+def with_telemetry(rho: float, telemetry_rho: float, delta: float) -> dict[str, float]:
     """The run's guarantee including the ``[telemetry]`` budget (``budget-stats`` and the
     active-set estimate, each charged to it and refused beyond it): zCDP composes additively
     (Bun & Steinke 2016, Lemma 2.3), so each user's total is at most ``ρ + telemetry.rho``.

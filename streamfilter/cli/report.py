@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from streamfilter import __version__
+from streamfilter.cli.guarantee import with_telemetry
 from streamfilter.config import Settings
 from streamfilter.engine.active_set import ACTIVE_SET_QUERY_ID
 from streamfilter.engine.contract import Release
@@ -541,17 +542,23 @@ def render_report(
             f"(zCDP composition), at most ρ + telemetry.rho = "
             f"{_esc(_fmt(g.rho + settings.telemetry.rho))}.</p>"
         )
+    total = with_telemetry(g.rho, settings.telemetry.rho, params.delta)
+    rho_total, eps_total = total["rho_total_max"], total["epsilon_total_max"]
     guarantee = (
         '<section class="card" id="guarantee"><h3>The guarantee'
         '<span class="tag">data-independent</span></h3>'
-        f"<p>Every user — their whole stream, across all days — is protected by "
-        f"<b>{_esc(_fmt(g.rho))}-zCDP</b> for the entire run, however many queries are asked and "
-        "however they were chosen from earlier releases (individual privacy filter, Feldman &amp; "
-        f"Zrnic Thm 4.5 / Cor 4.7). Equivalently <b>({_esc(_fmt(g.epsilon))}, "
-        f"{_esc(f'{g.delta:g}')})-DP</b> by the tightest sound conversion ({_esc(g.method)}).</p>"
+        f'<p id="headline">Every user — their whole stream, across all days — is protected by '
+        f"<b>{_esc(_fmt(rho_total))}-zCDP in total</b>, i.e. <b>({_esc(_fmt(eps_total))}, "
+        f"{_esc(f'{g.delta:g}')})-DP</b> (CKS conversion), for the entire run, however many "
+        "queries are asked and however they were chosen from earlier releases: the queries' "
+        f"{_esc(_fmt(g.rho))}-zCDP (individual privacy filter, Feldman &amp; Zrnic Thm 4.5 / "
+        f"Cor 4.7; ({_esc(_fmt(g.epsilon))}, {_esc(f'{g.delta:g}')})-DP alone by "
+        f"{_esc(g.method)}) plus at most telemetry.rho = {_esc(_fmt(settings.telemetry.rho))} "
+        "(zCDP composition, Bun &amp; Steinke 2016 Lemma 2.3).</p>"
         '<div class="kv">'
-        f"<div><b>{_esc(_fmt(g.rho))}</b><span>ρ (zCDP, per user)</span></div>"
-        f"<div><b>{_esc(_fmt(g.epsilon))}</b><span>ε at δ = {_esc(f'{g.delta:g}')}</span></div>"
+        f"<div><b>{_esc(_fmt(rho_total))}</b><span>ρ in total (zCDP, per user)</span></div>"
+        f"<div><b>{_esc(_fmt(eps_total))}</b><span>ε in total at δ = {_esc(f'{g.delta:g}')}</span></div>"
+        f"<div><b>{_esc(_fmt(g.rho))}</b><span>ρ of the queries</span></div>"
         f"<div><b>{_esc(_fmt(g.sigma))}</b><span>σ per coordinate</span></div>"
         f"<div><b>±{_esc(_fmt(params.ci95_halfwidth))}</b><span>95% half-width</span></div>"
         f"<div><b>{_esc(_fmt(g.b_norm))}</b><span>B_norm (budget on Σ‖q‖²)</span></div>"
