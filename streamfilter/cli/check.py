@@ -41,10 +41,6 @@ def _paths(settings: Settings) -> list[str]:
     central_file = settings.mode.kind == "central" and src.kind == "file"
     if central_file and src.path is not None and not src.path.is_file():
         problems.append(f"source.path: events file not found: {src.path}")
-    loc = settings.local
-    local_file = settings.mode.kind == "local" and loc.kind == "file"
-    if local_file and loc.path is not None and not loc.path.is_file():
-        problems.append(f"local.path: contributions file not found: {loc.path}")
     for key, path in (
         ("state.path", settings.state.path),
         ("sink.path", settings.sink.path if settings.sink.kind == "file" else None),
@@ -80,6 +76,10 @@ def check(settings: Settings) -> dict[str, object]:
                 except Reject as rej:
                     problems.append(f"{q.path.name}:{n}: {rej.reason}: {rej.detail}")
     rows, warnings = [], []
+    loc = settings.local
+    wire = loc.path if settings.mode.kind == "local" and loc.kind == "file" else None
+    if wire is not None and not wire.is_file():  # devices (or simulate-local) write it
+        warnings.append(f"local.path: contributions file {loc.path} does not exist yet")
     for query in queries:
         cost = query_cost(query, params)
         rows.append({**cost.as_dict(), "kind": query.kind, "coordinates": query.coordinates()})
