@@ -10,7 +10,7 @@ from typing import Any
 from streamfilter.engine.active_set import ActiveSetSpec, ActiveSetTracker
 from streamfilter.engine.affordability import affordability_warning, query_cost
 from streamfilter.engine.contract import Event, Reject, Release, parse_event
-from streamfilter.engine.day import SeededPerRelease
+from streamfilter.engine.day import DayOutcome, SeededPerRelease
 from streamfilter.engine.engine import Engine, RejectedRecord
 from streamfilter.engine.params import PrivacyParams
 from streamfilter.engine.queries import AnyQuery
@@ -65,6 +65,8 @@ class Monitor:
     def add_query(self, query: dict[str, Any] | str | bytes) -> AnyQuery:
         """Register a query (same JSON shape as the query feed); raises ``ValueError`` if invalid."""
         parsed = self._engine.parse_query(query)
+        if self._engine.check_query(parsed):
+            self._registered(parsed)
         if self._engine.register_query(parsed):
             warning = affordability_warning(query_cost(parsed, self.params), self.params)
             if warning is not None:
@@ -89,7 +91,7 @@ class Monitor:
         if last is not None:
             gap = dt.date.fromisoformat(last) + dt.timedelta(days=1)
             while gap.isoformat() < day:
-                self._engine.commit_day(self._engine.prepare_day(DayAccumulator(gap.isoformat())))
+                self._commit(self._engine.prepare_day(DayAccumulator(gap.isoformat())))
                 gap += dt.timedelta(days=1)
         acc = DayAccumulator(day)
         for raw in events:
@@ -102,8 +104,15 @@ class Monitor:
                 continue
             acc.add(event)
         outcome = self._engine.prepare_day(acc)
-        self._engine.commit_day(outcome)
+        self._commit(outcome)
         return outcome.releases
+
+    def _commit(self, outcome: DayOutcome) -> None:
+        """Apply a prepared day (``runtime.notebook.PersistentMonitor`` stores it first)."""
+        self._engine.commit_day(outcome)
+
+    def _registered(self, query: AnyQuery) -> None:
+        """A new query was registered (``PersistentMonitor`` stores it)."""
 
     def __repr__(self) -> str:
         """The settings and the schedule — never a data-dependent count (no number of users)."""
