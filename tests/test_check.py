@@ -67,3 +67,22 @@ def test_monitor_warns_once_per_query(caplog):
         m.add_query({**SPEND, "query_id": "ok", "clip": 0.5, "from_day": "2026-01-01"})
     assert caplog.text.count("query spend: clip² = 2500 exceeds b_norm = 4") == 1
     assert "query ok" not in caplog.text  # 16 full days
+
+
+def test_check_flags_coordinates_no_event_has_with_a_suggestion(tmp_path):
+    """A misspelled feature or a category in the wrong case would be released as noise only."""
+    write_world(tmp_path)
+    typo = {"query_id": "typo", "kind": "sum", "features": ["activ"], "clip": 1.0}
+    case = {
+        "query_id": "case",
+        "kind": "histogram",
+        "feature": "plan",
+        "categories": ["Pro", "team"],
+        "clip": 1.0,
+    }
+    _queries(tmp_path, {**typo, "from_day": "2026-01-01"}, {**case, "from_day": "2026-01-01"})
+    out = json.loads(cli("check", "--config", "streamfilter.toml", "--json", cwd=tmp_path).stdout)
+    noise = [w for w in out["warnings"] if "noise only" in w]
+    assert len(noise) == 2
+    assert "'activ'" in noise[0] and "did you mean 'active'?" in noise[0]
+    assert "'plan=Pro'" in noise[1] and "did you mean 'plan=pro'?" in noise[1]

@@ -4,12 +4,16 @@ Prints, per query of the query file, the cost of one full contribution (``clip²
 days a fresh user can afford (``floor(B_norm/clip²)``), the warnings ``run`` would log at
 registration (``engine.affordability``), and which queries read a common coordinate. Exit 0 when
 everything would run; 2 (configuration error) when a path is missing or a query line would be
-rejected. Reads no events and no state: nothing it prints depends on users' data.
+rejected. Reads no state. With a file source it reads the first ``SCAN_EVENTS`` events locally
+(the operator's own input; nothing is published) only to warn about configured coordinates that
+never appear in them — a misspelled feature or a category in the wrong case would otherwise be
+released as pure noise — with the closest coordinate seen as a suggestion.
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import os
 from pathlib import Path
@@ -21,14 +25,37 @@ from streamfilter.engine.affordability import (
     overlaps,
     query_cost,
 )
-from streamfilter.engine.contract import Reject
+from streamfilter.engine.contract import Reject, parse_event
 from streamfilter.engine.engine import Engine
 from streamfilter.engine.queries import AnyQuery
 from streamfilter.errors import ConfigError
 from streamfilter.privacy.noise import SystemRandomBits
 from streamfilter.runtime.app import check_query_source
 
-__all__ = ["check", "cmd_check"]
+__all__ = ["SCAN_EVENTS", "check", "cmd_check"]
+
+#: events of a file source that ``check`` reads to find coordinates no event has
+SCAN_EVENTS = 200_000
+
+
+def _coordinates_seen(path: Path, limit: int = SCAN_EVENTS) -> set[str] | None:
+    """The coordinates (numeric features ``f``, categories ``f=v``) of the first ``limit`` valid
+    events of a file, or None when it cannot be read."""
+    seen: set[str] = set()
+    try:
+        with open(path, "rb") as fh:
+            for n, line in enumerate(fh):
+                if n >= limit:
+                    break
+                try:
+                    event = parse_event(line)
+                except Reject:
+                    continue
+                for name, value in event.values.items():
+                    seen.add(f"{name}={value}" if isinstance(value, str) else name)
+    except OSError:
+        return None
+    return seen
 
 
 def _paths(settings: Settings) -> list[str]:
@@ -86,6 +113,23 @@ def check(settings: Settings) -> dict[str, object]:
         warning = affordability_warning(cost, params, min_days)
         if warning is not None:
             warnings.append(warning)
+    src = settings.source
+    if settings.mode.kind == "central" and src.kind == "file" and src.path is not None:
+        seen = _coordinates_seen(src.path) if queries and src.path.is_file() else None
+        for query in queries if seen else ():
+            assert seen is not None
+            lower = {c.lower(): c for c in seen}
+            for coord in query.coordinates():
+                if coord in seen:
+                    continue
+                near = lower.get(coord.lower()) or next(
+                    iter(difflib.get_close_matches(coord, sorted(seen), n=1)), None
+                )
+                hint = f" (did you mean {near!r}?)" if near else ""
+                warnings.append(
+                    f"query {query.query_id}: {coord!r} appears in none of the first "
+                    f"{SCAN_EVENTS:,} events of source.path{hint}; its answer would be noise only"
+                )
     shared = [{"queries": [a, b], "coordinates": c} for a, b, c in overlaps(queries)]
     note = None
     if q is None or q.kind != "file":
