@@ -58,3 +58,20 @@ def test_guarantee_states_the_bound(tmp_path):
     )
     text = cli("guarantee", "--config", "c.toml", cwd=tmp_path).stdout
     assert f"accuracy (Corollary 4.7): each answer is within {out['linf_bound_d1']:.6g}" in text
+
+
+def test_the_report_states_the_bound_of_each_query(tmp_path):
+    from streamfilter.cli.report import ReportData, render_report
+    from streamfilter.config import load_config
+
+    (tmp_path / "c.toml").write_text("[privacy]\nb_norm = 4.0\nrho = 0.5\n")
+    m = Monitor(b_norm=4.0, rho=0.5, test_seed=2)
+    m.add_query(HIST)
+    days = ["2026-01-01", "2026-01-02"]
+    for day in days:
+        m.close_day(day, [{"user_id": "u", "day": day, "values": {"plan": "pro"}}])
+    data = ReportData(releases=m.releases, days=days, days_source="test")
+    page = render_report(load_config(tmp_path / "c.toml"), data)
+    bound = m.releases[-1].linf_bound
+    assert 'class="linf"' in page and "(Corollary 4.7)" in page
+    assert f"{bound:.4g}"[:4] in page.split('class="linf"', 1)[1][:80]

@@ -470,7 +470,18 @@ def _query_section(query_id: str, releases: list[Release], days: list[str]) -> s
         f"<table><tr><th>{_esc(last.day)}</th><th>value</th><th>95% half-width</th></tr>"
         f"{rows}</table>"
         f'<p class="note">{len(releases)} releases · σ = {_esc(_fmt(last.sigma))} per '
-        f"coordinate · {_esc(last.mechanism)}</p></section>"
+        f"coordinate · {_esc(last.mechanism)}{_linf_note(last)}</p></section>"
+    )
+
+
+def _linf_note(rel: Release) -> str:
+    """Corollary 4.7's statement, as the release carries it (issue #16 point 7)."""
+    if rel.linf_bound is None or rel.linf_failure_probability is None:
+        return ""
+    return (
+        f' · <span class="linf">every coordinate within ±{_esc(_fmt(rel.linf_bound))} of the '
+        "exact sum over the active set (users whose budget still admits the query), except with "
+        f"probability {_esc(_fmt(rel.linf_failure_probability))} (Corollary 4.7)</span>"
     )
 
 
