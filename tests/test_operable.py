@@ -81,7 +81,7 @@ def test_run_logs_start_up_each_close_and_shutdown_without_secrets(tmp_path):
     assert "INFO streamfilter.run: starting: source file" in err
     assert "B_norm = 3" in err and "metrics off" in err
     assert err.count("INFO streamfilter.daemon: closed day") == 5
-    assert "INFO streamfilter.daemon: stopped: 5 days closed" in err
+    assert "INFO streamfilter.daemon: stopped: 5 days closed, 9 releases published" in err
     assert "hunter2" not in err
 
 
