@@ -17,6 +17,11 @@ __version__ = "0.1.0"
 __all__ = ["Monitor", "Release", "__version__"]
 
 
+def __dir__() -> list[str]:
+    """The lazily loaded names too, so ``dir(streamfilter)`` shows ``Monitor``."""
+    return sorted({*globals(), *__all__})
+
+
 def __getattr__(name: str) -> Any:
     if name == "Monitor":
         from streamfilter.engine.monitor import Monitor

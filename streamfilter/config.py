@@ -8,8 +8,10 @@ problem (``ConfigError``).
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
+import logging
 import os
 import re
 import tomllib
@@ -29,9 +31,18 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from streamfilter.engine.params import PrivacyParams
 from streamfilter.errors import ConfigError
-from streamfilter.privacy.accounting import Mechanism
+from streamfilter.privacy.accounting import Mechanism, calibrate_rho, sigma_for_rho
 
-__all__ = ["ConfigError", "Settings", "config_fingerprint", "load_config", "parse_duration"]
+__all__ = [
+    "ConfigError",
+    "Settings",
+    "config_fingerprint",
+    "load_config",
+    "parse_duration",
+    "plausibility_warnings",
+]
+
+log = logging.getLogger("streamfilter.config")
 
 
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
@@ -62,13 +73,20 @@ class _Section(BaseModel):
 
 
 class PrivacySection(_Section):
-    b_norm: float = Field(4.0, gt=0, allow_inf_nan=False)
+    """The privacy-critical settings: ``b_norm`` and the level (``rho``, or ``epsilon`` with
+    ``delta``) are required, never defaulted; numbers must be TOML numbers (a quoted ``"0.5"`` is
+    refused in the file; environment overrides are text by nature and parsed). ``population``
+    (optional) declares the number of users, for the plausibility warnings of
+    :func:`plausibility_warnings` (δ above 1/n, an error bar wider than a tenth of n)."""
+
+    b_norm: float = Field(gt=0, allow_inf_nan=False)
     rho: float | None = Field(None, gt=0, allow_inf_nan=False)
     epsilon: float | None = Field(None, gt=0, allow_inf_nan=False)
     delta: float | None = Field(None, gt=0, lt=1)
     granularity: float = Field(2.0**-10, gt=0, allow_inf_nan=False)
     exhaustion: Literal["skip", "retire", "clip"] = "skip"
     mechanism: Mechanism = "discrete_gaussian"
+    population: int | None = Field(None, ge=1)
 
     @model_validator(mode="after")
     def _rho_or_epsilon(self) -> PrivacySection:
@@ -119,9 +137,13 @@ class SourceSection(_TopicKeys):
 
 
 class QueriesSection(_TopicKeys):
+    """``min_affordable_days``: a query that a user contributing a full-norm vector every day can
+    afford on fewer days than this is warned about at registration (engine.affordability)."""
+
     kind: Literal["file", "kafka", "policy", "none"] = "file"
     path: Path | None = None
     policy: str | None = Field(None, description="'module:function' for kind = 'policy'")
+    min_affordable_days: int = Field(7, ge=0, le=100_000)
 
     @model_validator(mode="after")
     def _needs(self) -> QueriesSection:
@@ -168,23 +190,41 @@ class ModeSection(_Section):
     kind: Literal["central", "local"] = "central"
 
 
+#: ``[local] path`` when not given: this file beside ``[state] path``
+LOCAL_DEFAULT_FILE = "contributions.jsonl"
+
+
 class LocalSection(_TopicKeys):
     """Local mode: the variant and where the devices' contributions arrive (a file or a topic).
 
     ``central_noise``: devices send exact admitted vectors, the server adds the ``[privacy]``
     noise once. ``local_noise``: each device adds ``N_Z(0, sigma_local²)`` per coordinate (data
-    units) and the server only sums.
+    units) and the server only sums. ``path`` (``kind = "file"``) defaults to
+    ``contributions.jsonl`` beside ``[state] path``.
     """
 
     variant: Literal["central_noise", "local_noise"] = "central_noise"
     sigma_local: float | None = Field(None, gt=0, allow_inf_nan=False)
+    #: or calibrate sigma_local from a per-device target against the server: device_rho, or
+    #: device_epsilon with device_delta (``Settings._local_mode``)
+    device_rho: float | None = Field(None, gt=0, allow_inf_nan=False)
+    device_epsilon: float | None = Field(None, gt=0, allow_inf_nan=False)
+    device_delta: float | None = Field(None, gt=0, lt=1)
     kind: Literal["file", "kafka"] = "file"
     path: Path | None = None
 
     @model_validator(mode="after")
     def _needs(self) -> LocalSection:
-        if self.variant == "local_noise" and self.sigma_local is None:
-            raise ValueError("local.variant = 'local_noise' needs local.sigma_local")
+        targets = [self.sigma_local, self.device_rho, self.device_epsilon]
+        if sum(t is not None for t in targets) > 1:
+            raise ValueError("give one of local.sigma_local, device_rho, device_epsilon")
+        if (self.device_epsilon is None) != (self.device_delta is None):
+            raise ValueError("local.device_epsilon and local.device_delta go together")
+        if self.variant == "local_noise" and all(t is None for t in targets):
+            raise ValueError(
+                "local.variant = 'local_noise' needs local.sigma_local (or a per-device target: "
+                "device_rho, or device_epsilon with device_delta)"
+            )
         if self.kind == "kafka" and not self.topic:
             raise ValueError("local.kind = 'kafka' needs local.topic")
         return self
@@ -293,7 +333,11 @@ class StateSection(_Section):
 
 
 class MetricsSection(_Section):
-    enabled: bool = False
+    """``/metrics``, ``/healthz`` and ``/readyz`` are served by default (``enabled = false`` opts
+    out). When the port is taken and ``enabled`` was not set explicitly, ``run`` warns and goes on
+    without them; an explicit ``enabled = true`` makes it a configuration error (exit 2)."""
+
+    enabled: bool = True
     host: str = "127.0.0.1"
     port: int = Field(9464, ge=0, le=65535)
     trusted_operator_metrics: bool = False
@@ -308,12 +352,16 @@ class TestingSection(_Section):
 class TelemetrySection(_Section):
     """A separate zCDP budget for statistics about the run itself (docs/odometer.md).
 
-    ``rho`` is the total over the state's life; each ``budget-stats`` call costs ``stats_rho``;
-    the opt-in active-set estimate (``active_set = true``) costs ``active_set_rho`` once for
-    ``active_set_horizon`` days; a user whose remaining budget falls below
-    ``active_min_remaining`` (data units²) counts as having left the active set.
+    ``rho`` is the total over the state's life (default: ``rho_fraction`` — 10% — of the query
+    budget ``[privacy] rho``, so the headline total is at most 1.1× the configured level); each
+    ``budget-stats`` call costs ``stats_rho`` (default a fifth of ``rho``); the opt-in active-set
+    estimate (``active_set = true``) costs ``active_set_rho`` (default two fifths of ``rho``) once
+    for ``active_set_horizon`` days; a user whose remaining budget falls below
+    ``active_min_remaining`` (data units²) counts as having left the active set. Defaults are
+    resolved by :func:`load_config` (:func:`_resolve_telemetry`).
     """
 
+    rho_fraction: float = Field(0.1, gt=0, le=1, allow_inf_nan=False)
     rho: float = Field(0.05, gt=0, allow_inf_nan=False)
     stats_rho: float = Field(0.01, gt=0, allow_inf_nan=False)
     active_set: bool = False
@@ -339,7 +387,9 @@ class Settings(BaseSettings):
     privacy: PrivacySection
     window: WindowSection = WindowSection()
     source: SourceSection = SourceSection(kind="synthetic")
-    queries: QueriesSection = QueriesSection(kind="none")
+    #: None: no [queries] section. ``run`` refuses that (a run without queries closes days that
+    #: can never be answered later): running without queries needs an explicit kind = "none"
+    queries: QueriesSection | None = None
     sink: SinkSection = SinkSection(kind="stdout")
     rejects: RejectsSection = RejectsSection()
     state: StateSection = StateSection()
@@ -353,13 +403,28 @@ class Settings(BaseSettings):
     @model_validator(mode="after")
     def _local_mode(self) -> Settings:
         if self.mode.kind == "local":
+            self._calibrate_sigma_local()
             if self.local.kind == "file" and self.local.path is None:
-                raise ValueError("mode.kind = 'local' needs local.path (or local.kind = 'kafka')")
+                # the devices' wire defaults beside the state (like rejects beside the releases)
+                self.local.path = self.state.path.parent / LOCAL_DEFAULT_FILE
             if self.telemetry.active_set:
                 raise ValueError(
                     "telemetry.active_set needs per-user state; it is not available in local mode"
                 )
         return self
+
+    def _calibrate_sigma_local(self) -> None:
+        """``sigma_local`` from a per-device target: each device's messages are
+        ``B/(2·s_l²)``-zCDP against the server (Theorem 4.5 with the device's own noise), so
+        ``σ_local = sqrt(B_norm/(2ρ_device))`` (Corollary 4.7's form); from (ε, δ) the largest ρ
+        the CKS conversion allows (``calibrate_rho``). The lattice rounds ``s_l²`` up, so the
+        device's actual ρ is at most the target."""
+        loc = self.local
+        rho = loc.device_rho
+        if loc.device_epsilon is not None and loc.device_delta is not None:
+            rho, _ = calibrate_rho(loc.device_epsilon, loc.device_delta, "discrete_gaussian")
+        if rho is not None and loc.sigma_local is None:
+            loc.sigma_local = sigma_for_rho(self.privacy.b_norm, rho)
 
     def sigma2_local_units(self) -> int | None:
         """``ceil(sigma_local²/γ²)`` for ``local_noise`` (None otherwise)."""
@@ -403,7 +468,7 @@ class Settings(BaseSettings):
         out: list[tuple[str, _TopicKeys]] = []
         for key in ("source", "queries", "sink", "rejects", "local"):
             section = getattr(self, key)
-            if key == "local" and self.mode.kind != "local":
+            if (key == "local" and self.mode.kind != "local") or section is None:
                 continue
             if section.kind == "kafka":
                 out.append((f"{key}.topic", section))
@@ -414,6 +479,93 @@ class Settings(BaseSettings):
             return self.rejects.path
         base = self.sink.path.parent if self.sink.path is not None else self.state.path.parent
         return base / "rejects.jsonl"
+
+
+#: shares of the telemetry budget its uses get when not configured (the rest stays unspent)
+TELEMETRY_STATS_FIFTHS = 1  # stats_rho = rho / 5
+TELEMETRY_ACTIVE_SET_FIFTHS = 2  # active_set_rho = 2 rho / 5
+
+
+def _resolve_telemetry(settings: Settings, params: PrivacyParams) -> None:
+    """Fill the telemetry amounts the configuration left out: ``rho`` = ``rho_fraction`` × the
+    query ρ, then ``stats_rho`` and ``active_set_rho`` as shares of it. The guarantee is
+    ``ρ + telemetry.rho`` for whatever value this gives (the telemetry ledger refuses every charge
+    beyond it), so plain float arithmetic is sound here."""
+    t = settings.telemetry
+    given = t.model_fields_set
+    values = t.model_dump()
+    rho = t.rho if "rho" in given else t.rho_fraction * params.rho
+    values["rho"] = rho
+    if "stats_rho" not in given:
+        values["stats_rho"] = rho * TELEMETRY_STATS_FIFTHS / 5
+    if "active_set_rho" not in given:
+        values["active_set_rho"] = rho * TELEMETRY_ACTIVE_SET_FIFTHS / 5
+    try:
+        settings.telemetry = TelemetrySection(**values)
+    except ValidationError as exc:
+        raise ConfigError(_format_errors(exc, ("telemetry",))) from None
+
+
+def plausibility_warnings(settings: Settings, params: PrivacyParams) -> list[str]:
+    """Settings that are valid but almost certainly not meant (logged as warnings at load):
+    noise so large the answers are useless (σ ≥ ``IMPLAUSIBLE_SIGMA`` data units, or a 95%
+    half-width above a tenth of the declared population), and δ above 1/n for a declared
+    population n (such a δ allows releasing a random user's data outright)."""
+    out = []
+    n = settings.privacy.population
+    half = params.ci95_halfwidth
+    if params.sigma_released >= IMPLAUSIBLE_SIGMA or (n is not None and half > n / 10):
+        scale = f"the declared population {n:,}" if n is not None else "most populations"
+        out.append(
+            f"[privacy]: σ = {params.sigma_released:.4g} per coordinate (95% ± {half:.4g}) is "
+            f"too large for answers about {scale} to be useful; check b_norm (σ = "
+            "sqrt(b_norm / (2ρ)))"
+        )
+    if n is not None and settings.privacy.delta is not None and settings.privacy.delta > 1 / n:
+        out.append(
+            f"[privacy]: delta is above 1/population (1/{n:,}); a δ that large permits "
+            "publishing some user's data outright — choose δ well below 1/n"
+        )
+    return out
+
+
+#: noise per coordinate (data units) above which the answers are taken as useless
+IMPLAUSIBLE_SIGMA = 1000.0
+
+
+def _check_types(data: dict[str, Any]) -> None:
+    """The privacy section is strictly typed in the file: a number given as text (``rho =
+    "0.5"``) or a boolean is refused, naming the key (pydantic would coerce them)."""
+    sec = data.get("privacy")
+    if not isinstance(sec, dict):
+        return
+    numeric = ("b_norm", "rho", "epsilon", "delta", "granularity", "population")
+    for key in numeric:
+        value = sec.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+            raise ConfigError(
+                f"invalid configuration:\n  privacy.{key}: must be a number, not "
+                f'{type(value).__name__} (write {key} = 0.5, not {key} = "0.5")'
+            )
+
+
+def _suggest(word: str, choices: list[str]) -> str:
+    match = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
+    return f" (did you mean {match[0]!r}?)" if match else ""
+
+
+def _fields_at(loc: tuple[str | int, ...]) -> list[str]:
+    """The keys the model accepts at ``loc`` (for "did you mean")."""
+    model: Any = Settings
+    for part in loc:
+        field = getattr(model, "model_fields", {}).get(part)
+        if field is None:
+            return []
+        model = field.annotation
+        args = [a for a in getattr(model, "__args__", ()) if hasattr(a, "model_fields")]
+        if args:
+            model = args[0]
+    return list(getattr(model, "model_fields", {}))
 
 
 def _without_values(message: str) -> str:
@@ -434,11 +586,17 @@ def _resolve_paths(data: dict[str, Any], base: Path) -> None:
             sec["path"] = str(p if p.is_absolute() else base / p)
 
 
-def _format_errors(exc: ValidationError) -> str:
+def _format_errors(exc: ValidationError, prefix: tuple[str, ...] = ()) -> str:
     lines = []
     for err in exc.errors():
-        key = ".".join(str(p) for p in err["loc"]) or "config"
-        lines.append(f"{key}: {err['msg']}")
+        loc = (*prefix, *err["loc"])
+        key = ".".join(str(p) for p in loc) or "config"
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key" + _suggest(str(loc[-1]), _fields_at(loc[:-1]))
+        elif err["type"] == "missing" and loc[:1] == ("privacy",):
+            msg = "required: the privacy settings are never defaulted"
+        lines.append(f"{key}: {msg}")
     return "invalid configuration:\n  " + "\n  ".join(lines)
 
 
@@ -465,13 +623,20 @@ def load_config(path: str | Path | None = None, **overrides: Any) -> Settings:
     unknown = sorted(k for k in data if k not in Settings.model_fields)
     if unknown:
         # refuse, e.g., pydantic-settings loader options such as `_env_prefix` used as keys
-        raise ConfigError(f"invalid configuration:\n  unknown section(s): {', '.join(unknown)}")
+        hints = "".join(_suggest(k, list(Settings.model_fields)) for k in unknown)
+        raise ConfigError(
+            f"invalid configuration:\n  unknown section(s): {', '.join(unknown)}{hints}"
+        )
+    _check_types(data)
     try:
         settings = Settings(**data)
     except ValidationError as exc:
         raise ConfigError(_format_errors(exc)) from None
-    settings.privacy_params()  # derived checks (lattice, overflow) name [privacy]
+    params = settings.privacy_params()  # derived checks (lattice, overflow) name [privacy]
     settings.sigma2_local_units()  # and [local]
+    _resolve_telemetry(settings, params)
+    for warning in plausibility_warnings(settings, params):
+        log.warning("%s", warning)
     return settings
 
 

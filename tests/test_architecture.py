@@ -60,6 +60,7 @@ RUNTIME_LAYERS: dict[str, int] = {
     "active_set": 2,
     "daemon": 2,
     "budget": 2,
+    "notebook": 2,  # PersistentMonitor: Monitor + the state store (issue #16)
     "app": 3,
 }
 

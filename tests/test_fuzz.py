@@ -549,13 +549,19 @@ def toml_documents(draw):
             keys = draw(st.sets(st.sampled_from(sorted(CONFIG_SCHEMA[section])), max_size=4))
             if section == "privacy" and not keys & {"rho", "epsilon"}:
                 keys.add("rho")
+            if section == "privacy":
+                keys.add("b_norm")  # required (issue #16): without it every document is refused
             for key in sorted(keys):
                 choices = CONFIG_SCHEMA[section][key]
                 value = draw(st.one_of(st.just(choices[0]), st.sampled_from(choices), toml_values))
                 lines.append(f"{key} = {value}")
         return "\n".join(lines) + "\n"
     if draw(st.booleans()):
-        lines += ["[privacy]", f"rho = {draw(st.sampled_from(['0.5', '1', '0', '-1', 'nan']))}"]
+        lines += [
+            "[privacy]",
+            "b_norm = 4.0",
+            f"rho = {draw(st.sampled_from(['0.5', '1', '0', '-1', 'nan']))}",
+        ]
     for _ in range(draw(st.integers(0, 6))):
         lines.append(f"[{draw(toml_sections)}]")
         for _ in range(draw(st.integers(0, 4))):
@@ -580,13 +586,13 @@ def clean_env(monkeypatch):
 )
 @given(st.one_of(toml_documents(), toml_documents(), st.text(max_size=200)))
 @example("")
-@example("[privacy]\nrho = 0.5\n")
-@example("[privacy]\nepsilon = 1.0\ndelta = 1e-6\ngranularity = 3.0\n")
-@example("[privacy]\nrho = 1e-320\n")
+@example("[privacy]\nb_norm = 4.0\nrho = 0.5\n")
+@example("[privacy]\nb_norm = 4.0\nepsilon = 1.0\ndelta = 1e-6\ngranularity = 3.0\n")
+@example("[privacy]\nb_norm = 4.0\nrho = 1e-320\n")
 @example("[privacy]\nb_norm = 1e308\nrho = 0.5\ngranularity = 1e-300\n")
-@example('[privacy]\nrho = 0.5\n[window]\nidle_timeout = "x"\n')
+@example('[privacy]\nb_norm = 4.0\nrho = 0.5\n[window]\nidle_timeout = "x"\n')
 @example("privacy = 3\n")
-@example('[privacy]\nrho = 0.5\n[source]\nkind = "file"\n')
+@example('[privacy]\nb_norm = 4.0\nrho = 0.5\n[source]\nkind = "file"\n')
 def test_load_config_raises_only_config_error(clean_env, text):
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "streamfilter.toml"
@@ -840,7 +846,7 @@ def test_dict_event_with_non_string_feature_name_is_rejected():
 
 def test_config_file_with_invalid_utf8_is_a_config_error(clean_env, tmp_path):
     path = tmp_path / "c.toml"
-    path.write_bytes(b"\xff[privacy]\nrho = 0.5\n")
+    path.write_bytes(b"\xff[privacy]\nb_norm = 4.0\nrho = 0.5\n")
     with pytest.raises(ConfigError):
         load_config(path)
 
@@ -857,7 +863,7 @@ def test_deeply_nested_config_is_a_config_error(clean_env, tmp_path):
 )
 def test_config_keys_cannot_reconfigure_the_settings_loader(clean_env, tmp_path, line):
     path = tmp_path / "c.toml"
-    path.write_text(line + "\n[privacy]\nrho = 0.5\n")
+    path.write_text(line + "\n[privacy]\nb_norm = 4.0\nrho = 0.5\n")
     with pytest.raises(ConfigError):
         load_config(path)
 
@@ -865,6 +871,6 @@ def test_config_keys_cannot_reconfigure_the_settings_loader(clean_env, tmp_path,
 @pytest.mark.parametrize("value", ["inf", '"' + "9" * 400 + 'd"'])
 def test_infinite_duration_is_a_config_error(clean_env, tmp_path, value):
     path = tmp_path / "c.toml"
-    path.write_text(f"[privacy]\nrho = 0.5\n[window]\nallowed_lateness = {value}\n")
+    path.write_text(f"[privacy]\nb_norm = 4.0\nrho = 0.5\n[window]\nallowed_lateness = {value}\n")
     with pytest.raises(ConfigError):
         load_config(path)

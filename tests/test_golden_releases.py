@@ -6,8 +6,15 @@ rearranged into its current rooms, from the inputs and configurations beside the
 policies, rejects, duplicates-free multi-event days, every query kind and the opt-in active-set
 estimate. A change that alters any released byte fails here; a deliberate change of the release
 format must replace these files in the same commit and say why.
+
+Issue #16 added Corollary 4.7's bound to each release (``linf_bound``,
+``linf_failure_probability``): the files were regenerated then, the ones before kept as
+``*.releases.before16.jsonl``, and a test shows that without the two keys every release is the
+old one byte for byte. (``dg_skip_activeset.toml`` states the telemetry amounts it was pinned
+with, since #16 made their defaults fractions of the query ρ.)
 """
 
+import json
 import shutil
 from pathlib import Path
 
@@ -32,6 +39,35 @@ def test_releases_are_byte_identical_to_the_ones_produced_before_the_moves(name,
     )
     produced = (tmp_path / "releases.jsonl").read_bytes()
     assert produced == (GOLDEN / f"{name}.releases.jsonl").read_bytes()
+
+
+#: fields issue #16 added to each release (Corollary 4.7's bound); every other byte is unchanged
+ADDED_BY_16 = ("linf_bound", "linf_failure_probability")
+
+
+@pytest.mark.parametrize("name", RUNS)
+def test_the_noisy_values_did_not_move_when_the_accuracy_statement_was_added(name):
+    """``*.releases.before16.jsonl`` are the files pinned before issue #16 changed the release
+    format: without the added keys, every release is byte for byte the old one (value, sigma,
+    ci95 and the rest); the added bound is Corollary 4.7's for the release's d."""
+    from streamfilter.privacy.accuracy import linf_bound_for_variance
+
+    new = (GOLDEN / f"{name}.releases.jsonl").read_text().splitlines()
+    old = (GOLDEN / f"{name}.releases.before16.jsonl").read_text().splitlines()
+    assert len(new) == len(old)
+    for new_line, old_line in zip(new, old, strict=True):
+        rel = json.loads(new_line)
+        added = {k: rel.pop(k) for k in ADDED_BY_16 if k in rel}
+        assert json.dumps(rel) == old_line
+        if rel["query_id"] == "_active_set":
+            assert added == {}  # the binary-tree estimate states no Corollary 4.7 bound
+            continue
+        assert added["linf_failure_probability"] == 0.05
+        d, mech = len(rel["value"]), rel["mechanism"]
+        variance = rel["sigma"] ** 2  # σ² (continuous) or s²γ² (discrete: σ = sqrt(s²)·γ)
+        assert added["linf_bound"] == pytest.approx(
+            linf_bound_for_variance(variance, d, 0.05, mechanism=mech), rel=1e-12
+        )
 
 
 def test_a_restart_loads_and_checks_the_state_once(tmp_path, monkeypatch):

@@ -345,3 +345,48 @@ def test_local_server_restarts_after_sigkill_with_identical_releases(tmp_path):
         assert crashed.returncode == -signal.SIGKILL, crashed.stderr
         subprocess.run(args, check=True, capture_output=True)
         assert (work / "local-releases.jsonl").read_bytes() == expected, point
+
+
+def test_local_noise_guarantee_matches_the_releases_and_local_path_defaults(tmp_path, capsys):
+    """Issue #16 point 6: ``[local] path`` defaults beside the state; ``guarantee`` for
+    ``local_noise`` states no central σ and the variance each release's σ is built from."""
+    text = config_text(tmp_path, "local").replace(
+        f'[local]\npath = "{tmp_path}/contributions.jsonl"\n',
+        '[local]\nvariant = "local_noise"\nsigma_local = 0.5\n',
+    )
+    assert "local.path" not in text and 'path = "' + str(tmp_path) + "/contrib" not in text
+    cfg = write(tmp_path, "ln.toml", text)
+    assert main(["simulate-local", "--testing", "--config", str(cfg)]) == 0
+    assert (tmp_path / "contributions.jsonl").stat().st_size > 0  # beside local.db
+    releases = [json.loads(x) for x in (tmp_path / "local-releases.jsonl").read_text().splitlines()]
+    assert main(["guarantee", "--json", "--config", str(cfg)]) == 0
+    g = json.loads(capsys.readouterr().out)
+    assert "sigma" not in g and g["release_sigma"] == "sqrt(n_bucket * variance_local)"
+    for r in releases:
+        n_bucket = r["sigma"] ** 2 / g["variance_local"]
+        assert n_bucket == pytest.approx(round(n_bucket), rel=1e-9)
+        assert round(n_bucket) & (round(n_bucket) - 1) == 0  # a power of two
+    assert main(["guarantee", "--config", str(cfg)]) == 0
+    out = capsys.readouterr().out
+    assert "server adds no noise" in out and "  mechanism" not in out
+    assert f"variance {g['variance_local']:.6g}" in out
+
+
+def test_sigma_local_calibrates_from_a_per_device_target(tmp_path, capsys):
+    """Issue #16 point 6: ``device_rho`` (or ``device_epsilon`` + ``device_delta``) gives the
+    σ_local whose per-device guarantee meets the target (the lattice only rounds it safer)."""
+    base = config_text(tmp_path, "local")
+    for target, check in (
+        ("device_rho = 2.0\n", lambda g: 0.999 * 2.0 <= g["rho_local_per_device"] <= 2.0),
+        (
+            "device_epsilon = 4.0\ndevice_delta = 1e-6\n",
+            lambda g: g["epsilon_local_per_device"] <= 4.0 + 1e-9,
+        ),
+    ):
+        text = base.replace("[local]\n", f'[local]\nvariant = "local_noise"\n{target}')
+        cfg = write(tmp_path, "t.toml", text)
+        assert main(["guarantee", "--json", "--config", str(cfg)]) == 0
+        assert check(json.loads(capsys.readouterr().out))
+    text = base.replace("[local]\n", '[local]\nvariant = "local_noise"\ndevice_epsilon = 4.0\n')
+    assert main(["guarantee", "--config", str(write(tmp_path, "u.toml", text))]) == 2
+    assert "device_delta" in capsys.readouterr().err

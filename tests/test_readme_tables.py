@@ -22,7 +22,9 @@ def _exit_codes() -> str:
     classes: dict[int, list[str]] = {}
 
     def walk(cls: type[StreamfilterError]) -> None:
-        # the public hierarchy only: subclasses elsewhere exist only once their module is loaded
+        # the hierarchy of streamfilter/errors.py only: a subclass defined elsewhere (the store's
+        # CorruptRowError) exists only once its module is imported, which made the table depend
+        # on which tests ran first
         if cls is not StreamfilterError and cls.__module__ == "streamfilter.errors":
             classes.setdefault(int(cls.exit_code), []).append(cls.__name__)
         for sub in cls.__subclasses__():

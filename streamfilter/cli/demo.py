@@ -13,6 +13,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+from streamfilter.cli.guarantee import with_telemetry
 from streamfilter.config import load_config
 from streamfilter.runtime.app import build_daemon
 
@@ -44,6 +45,9 @@ path = "releases.jsonl"
 
 [state]
 path = "state.db"
+
+[metrics]
+enabled = false           # a one-shot run: nothing to scrape
 """
 
 
@@ -54,6 +58,7 @@ def run_demo(out_dir: Path, users: int, days: int, p_active: float) -> int:
     settings = load_config(cfg)
     params = settings.privacy_params()
     g = params.guarantee()
+    total = with_telemetry(g.rho, settings.telemetry.rho, params.delta)
     started = time.perf_counter()
     parts = build_daemon(settings, follow=False)
     try:
@@ -70,8 +75,10 @@ def run_demo(out_dir: Path, users: int, days: int, p_active: float) -> int:
     w(
         f"streamfilter demo — {users:,} synthetic users, {days} days, "
         f"~{p_active:.0%} base daily activity\n"
-        f"guarantee: {g.rho:g}-zCDP per user for the whole run (any number of queries); "
-        f"({g.epsilon:.3f}, {g.delta:g})-DP by {g.method}\n"
+        f"guarantee: {total['rho_total_max']:.4g}-zCDP per user in total for the whole run (any "
+        f"number of queries), ({total['epsilon_total_max']:.3f}, {g.delta:g})-DP = queries "
+        f"{g.rho:g} (({g.epsilon:.3f}, {g.delta:g})-DP alone by {g.method}) + telemetry "
+        f"{settings.telemetry.rho:g}\n"
         f"noise: {params.mechanism}, σ = {params.sigma_released:.3f} per coordinate, "
         f"95% half-width ±{params.ci95_halfwidth:.2f}; per-user budget B_norm = {params.b_norm:g}\n"
         f"queries: active (sum), plans (histogram free/pro/team), hours (linear, minutes/60), "

@@ -6,6 +6,7 @@ import argparse
 import json
 
 from streamfilter.config import load_config
+from streamfilter.engine.params import LINF_FAILURE_PROBABILITY
 
 
 def cmd_guarantee(args: argparse.Namespace) -> int:
@@ -22,11 +23,14 @@ def cmd_guarantee(args: argparse.Namespace) -> int:
             "exhaustion": str(params.exhaustion),
             "rho_calibration": params.rho_method,
             "ci95_halfwidth": params.ci95_halfwidth,
+            # Corollary 4.7: one coordinate (d = 1) within this of the active set's exact sum
+            "linf_bound_d1": params.linf_bound(1),
+            "linf_failure_probability": LINF_FAILURE_PROBABILITY,
         }
     )
     out["mode"] = settings.mode.kind
     if settings.mode.kind == "central":
-        out.update(_with_telemetry(float(out["rho"]), settings.telemetry.rho, params.delta))
+        out.update(with_telemetry(float(out["rho"]), settings.telemetry.rho, params.delta))
     if settings.mode.kind == "local":
         out["local_variant"] = settings.local.variant
         s2_local = settings.sigma2_local_units()
@@ -41,6 +45,16 @@ def cmd_guarantee(args: argparse.Namespace) -> int:
             out["rho_local_per_device"] = rho_local
             out["epsilon_local_per_device"] = epsilon_from_rho_cks(rho_local, params.delta)
             out["sigma_local"] = settings.local.sigma_local
+            # what each release reports (engine.local.local_noise_release): the server adds no
+            # noise, so a release's σ is that of the sum of ñ ≥ n devices' noise, ñ = n rounded
+            # up to a power of two: σ = sqrt(ñ · variance_local). No central σ applies.
+            from streamfilter.privacy.noise import discrete_gaussian_variance
+
+            var_units = discrete_gaussian_variance(s2_local)
+            out["variance_local"] = float(var_units) * params.granularity**2
+            out["release_sigma"] = "sqrt(n_bucket * variance_local)"
+            for key in ("sigma", "ci95_halfwidth", "linf_bound_d1", "sigma_calibrated"):
+                out.pop(key, None)
     if args.json:
         print(json.dumps(out, indent=2, sort_keys=True))
     else:
@@ -48,7 +62,7 @@ def cmd_guarantee(args: argparse.Namespace) -> int:
     return 0
 
 
-def _with_telemetry(rho: float, telemetry_rho: float, delta: float) -> dict[str, float]:
+def with_telemetry(rho: float, telemetry_rho: float, delta: float) -> dict[str, float]:
     """The run's guarantee including the ``[telemetry]`` budget (``budget-stats`` and the
     active-set estimate, each charged to it and refused beyond it): zCDP composes additively
     (Bun & Steinke 2016, Lemma 2.3), so each user's total is at most ``ρ + telemetry.rho``.
@@ -69,31 +83,52 @@ def _with_telemetry(rho: float, telemetry_rho: float, delta: float) -> dict[str,
 def _guarantee_text(g: dict[str, object]) -> str:
     eps = g["epsilon_by_method"]
     assert isinstance(eps, dict)
-    lines = [
-        "streamfilter guarantee — per user, over the whole run, for any number of queries",
-        f"  {g['rho']:.6g}-zCDP (Feldman & Zrnic Thm 4.5 / Cor 4.7; effective {g['rho_effective']:.6g})",
-        f"  ({g['epsilon']:.6g}, {g['delta']:.3g})-DP by {g['method']}",
+    lines = ["streamfilter guarantee — per user, over the whole run, for any number of queries"]
+    if "rho_total_max" in g:  # the headline is the TOTAL: the queries and the [telemetry] budget
+        lines.append(
+            f"  TOTAL {g['rho_total_max']:.6g}-zCDP, ({g['epsilon_total_max']:.6g}, "
+            f"{g['delta']:.3g})-DP by cks = queries {g['rho']:.6g} + telemetry "
+            f"{g['rho_telemetry_max']:.6g} (zCDP composition, Bun & Steinke 2016 Lemma 2.3)"
+        )
+    lines += [
+        f"  queries: {g['rho']:.6g}-zCDP (Feldman & Zrnic Thm 4.5 / Cor 4.7; effective "
+        f"{g['rho_effective']:.6g}), ({g['epsilon']:.6g}, {g['delta']:.3g})-DP by {g['method']}",
     ]
     for method, value in sorted(eps.items()):
         lines.append(f"      ε by {method:<6}: {value:.6g}")
+    if "sigma" in g:  # central noise (local_noise: each release states its own σ)
+        lines += [
+            f"  mechanism {g['mechanism']}, σ = {g['sigma']:.6g} per coordinate (95% ± {g['ci95_halfwidth']:.6g})",
+            f"  accuracy (Corollary 4.7): each answer is within {g['linf_bound_d1']:.6g} of the "
+            f"exact sum over the active set (users whose budget still admits the query) in every "
+            f"coordinate, except with probability {g['linf_failure_probability']:g} (d = 1; each "
+            "release states its own for its d)",
+        ]
     lines += [
-        f"  mechanism {g['mechanism']}, σ = {g['sigma']:.6g} per coordinate (95% ± {g['ci95_halfwidth']:.6g})",
         f"  budget Σ‖q‖² ≤ B_norm = {g['b_norm']:g} per user, lattice γ = {g['granularity']!r}, "
         f"exhaustion {g['exhaustion']}",
     ]
     if "rho_total_max" in g:
         lines.append(
-            f"  with the [telemetry] budget (budget-stats, active-set estimate) at most "
-            f"{g['rho_total_max']:.6g}-zCDP, ε = {g['epsilon_total_max']:.6g} "
-            "(ρ + telemetry.rho; zCDP composition, Bun & Steinke 2016 Lemma 2.3)"
+            f"  telemetry (budget-stats, active-set estimate): at most "
+            f"{g['rho_telemetry_max']:.6g}-zCDP over the state's life ([telemetry] rho)"
         )
     if g.get("mode") == "local":
         lines.append(f"  local mode, variant {g['local_variant']}: devices run the filter")
         if "rho_local_per_device" in g:
-            lines[1:3] = [
+            lines[1:2] = [
                 f"  each device's messages: {g['rho_local_per_device']:.6g}-zCDP against the "
                 f"server itself (σ_local = {g['sigma_local']:g}; "
                 f"ε = {g['epsilon_local_per_device']:.6g} at δ = {g['delta']:.3g}, CKS)",
                 "  (the server adds no noise; releases are sums of the devices' noisy messages)",
             ]
+            lines = [
+                x for x in lines if not x.startswith(("  mechanism", "  accuracy", "      ε by"))
+            ]
+            lines.insert(
+                3,
+                f"  noise: each device adds N_Z(0, σ_local²) per coordinate (variance "
+                f"{g['variance_local']:.6g}); a release summing n contributions reports σ = "
+                "sqrt(ñ · variance), ñ = n rounded up to a power of two (n is not published)",
+            )
     return "\n".join(lines)

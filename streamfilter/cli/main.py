@@ -7,6 +7,8 @@ error outside that hierarchy is a bug and exits 1 with its traceback.
 from __future__ import annotations
 
 import argparse
+import datetime as dt
+import json
 import logging
 import sys
 import tempfile
@@ -15,6 +17,7 @@ from pathlib import Path
 
 from streamfilter import __version__
 from streamfilter.cli.budget import add_budget_commands
+from streamfilter.cli.check import cmd_check
 from streamfilter.cli.guarantee import cmd_guarantee
 from streamfilter.cli.run import cmd_run
 from streamfilter.cli.topics import cmd_topics
@@ -58,10 +61,82 @@ def _testing_flag(parser: argparse.ArgumentParser) -> None:
     )
 
 
+#: help for the options several commands share (every option has help text: tests/test_cli_help)
+SHARED_HELP = {
+    "config": "TOML configuration file",
+    "json": "print JSON instead of text",
+}
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+
+def _add_logging_options(parser: argparse.ArgumentParser, *, top: bool) -> None:
+    """``-v``, ``--log-level`` and ``--log-format``, accepted before and after the subcommand
+    (on a subcommand they default to SUPPRESS, so they never overwrite a value given before it)."""
+    kw: dict[str, object] = {} if top else {"default": argparse.SUPPRESS}
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        help="more log output (-v: DEBUG); the default level is INFO",
+        **({"default": 0} if top else kw),
+    )
+    parser.add_argument(
+        "--log-level",
+        type=str.upper,
+        choices=LOG_LEVELS,
+        help="log level (default INFO: start-up, each day close, shutdown)",
+        **({"default": None} if top else kw),
+    )
+    parser.add_argument(
+        "--log-format",
+        choices=("text", "json"),
+        help="text (default) or json: one JSON object per log line",
+        **({"default": "text"} if top else kw),
+    )
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    out = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in dict.fromkeys(action.choices.values()):
+                out += [child, *_subparsers(child)]
+    return out
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: time (UTC, ISO 8601), level, logger, message."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        obj = {
+            "time": dt.datetime.fromtimestamp(record.created, dt.UTC).isoformat(),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        if record.exc_info:
+            obj["exception"] = self.formatException(record.exc_info)
+        return json.dumps(obj)
+
+
+def setup_logging(args: argparse.Namespace) -> None:
+    level = args.log_level or ("DEBUG" if args.verbose else "INFO")
+    handler = logging.StreamHandler(sys.stderr)
+    if args.log_format == "json":
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(level)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="streamfilter", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"streamfilter {__version__}")
-    parser.add_argument("-v", "--verbose", action="store_true", help="log day closes")
+    _add_logging_options(parser, top=True)
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="run the stream processor")
@@ -76,6 +151,14 @@ def build_parser() -> argparse.ArgumentParser:
     gua.add_argument("--config", required=True)
     gua.add_argument("--json", action="store_true")
     gua.set_defaults(func=cmd_guarantee)
+
+    chk = sub.add_parser(
+        "check",
+        help="validate a configuration, its paths and query file; per query: cost, days affordable",
+    )
+    chk.add_argument("--config", required=True)
+    chk.add_argument("--json", action="store_true")
+    chk.set_defaults(func=cmd_check)
 
     add_budget_commands(sub)  # budget, budget-stats (cli/budget.py)
     add_learn_commands(sub)  # learn reproduce | individual (learn/commands.py)
@@ -101,22 +184,26 @@ def build_parser() -> argparse.ArgumentParser:
     sim.set_defaults(func=cmd_simulate_local)
 
     demo = sub.add_parser("demo", help="synthetic sparse-monitoring stream on the embedded default")
-    demo.add_argument("--users", type=int, default=100_000)
-    demo.add_argument("--days", type=int, default=60)
-    demo.add_argument("--p-active", type=float, default=0.1)
+    demo.add_argument("--users", type=int, default=100_000, help="synthetic users (100,000)")
+    demo.add_argument("--days", type=int, default=60, help="days to run (60)")
+    demo.add_argument(
+        "--p-active", type=float, default=0.1, help="base probability a user is active a day (0.1)"
+    )
     demo.add_argument(
         "--out", help="directory for config, state and releases (default: a temp dir)"
     )
     demo.set_defaults(func=cmd_demo)
+    for child in _subparsers(parser):
+        _add_logging_options(child, top=False)
+        for action in child._actions:
+            if action.help is None and action.dest in SHARED_HELP:
+                action.help = SHARED_HELP[action.dest]
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.WARNING,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    setup_logging(args)
     try:
         return int(args.func(args))
     except StreamfilterError as exc:

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from streamfilter import __version__
+from streamfilter.cli.guarantee import with_telemetry
 from streamfilter.config import Settings
 from streamfilter.engine.active_set import ACTIVE_SET_QUERY_ID
 from streamfilter.engine.contract import Release
@@ -469,7 +470,18 @@ def _query_section(query_id: str, releases: list[Release], days: list[str]) -> s
         f"<table><tr><th>{_esc(last.day)}</th><th>value</th><th>95% half-width</th></tr>"
         f"{rows}</table>"
         f'<p class="note">{len(releases)} releases · σ = {_esc(_fmt(last.sigma))} per '
-        f"coordinate · {_esc(last.mechanism)}</p></section>"
+        f"coordinate · {_esc(last.mechanism)}{_linf_note(last)}</p></section>"
+    )
+
+
+def _linf_note(rel: Release) -> str:
+    """Corollary 4.7's statement, as the release carries it (issue #16 point 7)."""
+    if rel.linf_bound is None or rel.linf_failure_probability is None:
+        return ""
+    return (
+        f' · <span class="linf">every coordinate within ±{_esc(_fmt(rel.linf_bound))} of the '
+        "exact sum over the active set (users whose budget still admits the query), except with "
+        f"probability {_esc(_fmt(rel.linf_failure_probability))} (Corollary 4.7)</span>"
     )
 
 
@@ -541,17 +553,23 @@ def render_report(
             f"(zCDP composition), at most ρ + telemetry.rho = "
             f"{_esc(_fmt(g.rho + settings.telemetry.rho))}.</p>"
         )
+    total = with_telemetry(g.rho, settings.telemetry.rho, params.delta)
+    rho_total, eps_total = total["rho_total_max"], total["epsilon_total_max"]
     guarantee = (
         '<section class="card" id="guarantee"><h3>The guarantee'
         '<span class="tag">data-independent</span></h3>'
-        f"<p>Every user — their whole stream, across all days — is protected by "
-        f"<b>{_esc(_fmt(g.rho))}-zCDP</b> for the entire run, however many queries are asked and "
-        "however they were chosen from earlier releases (individual privacy filter, Feldman &amp; "
-        f"Zrnic Thm 4.5 / Cor 4.7). Equivalently <b>({_esc(_fmt(g.epsilon))}, "
-        f"{_esc(f'{g.delta:g}')})-DP</b> by the tightest sound conversion ({_esc(g.method)}).</p>"
+        f'<p id="headline">Every user — their whole stream, across all days — is protected by '
+        f"<b>{_esc(_fmt(rho_total))}-zCDP in total</b>, i.e. <b>({_esc(_fmt(eps_total))}, "
+        f"{_esc(f'{g.delta:g}')})-DP</b> (CKS conversion), for the entire run, however many "
+        "queries are asked and however they were chosen from earlier releases: the queries' "
+        f"{_esc(_fmt(g.rho))}-zCDP (individual privacy filter, Feldman &amp; Zrnic Thm 4.5 / "
+        f"Cor 4.7; ({_esc(_fmt(g.epsilon))}, {_esc(f'{g.delta:g}')})-DP alone by "
+        f"{_esc(g.method)}) plus at most telemetry.rho = {_esc(_fmt(settings.telemetry.rho))} "
+        "(zCDP composition, Bun &amp; Steinke 2016 Lemma 2.3).</p>"
         '<div class="kv">'
-        f"<div><b>{_esc(_fmt(g.rho))}</b><span>ρ (zCDP, per user)</span></div>"
-        f"<div><b>{_esc(_fmt(g.epsilon))}</b><span>ε at δ = {_esc(f'{g.delta:g}')}</span></div>"
+        f"<div><b>{_esc(_fmt(rho_total))}</b><span>ρ in total (zCDP, per user)</span></div>"
+        f"<div><b>{_esc(_fmt(eps_total))}</b><span>ε in total at δ = {_esc(f'{g.delta:g}')}</span></div>"
+        f"<div><b>{_esc(_fmt(g.rho))}</b><span>ρ of the queries</span></div>"
         f"<div><b>{_esc(_fmt(g.sigma))}</b><span>σ per coordinate</span></div>"
         f"<div><b>±{_esc(_fmt(params.ci95_halfwidth))}</b><span>95% half-width</span></div>"
         f"<div><b>{_esc(_fmt(g.b_norm))}</b><span>B_norm (budget on Σ‖q‖²)</span></div>"

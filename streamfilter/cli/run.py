@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import signal
 import sys
 from types import FrameType
@@ -26,10 +27,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_term)
-    from streamfilter.runtime.app import build_daemon
+    from streamfilter.runtime.app import build_daemon, startup_summary
 
     settings = load_config(args.config)
     parts = build_daemon(settings, follow=not args.until_end, allow_test_seed=args.testing)
+    logging.getLogger("streamfilter.run").info("%s", startup_summary(settings, parts))
     daemon_ref.append(parts.daemon)
     if stop_requested.is_set():
         parts.daemon.stop()

@@ -445,22 +445,27 @@ class Release:
     ci95: list[float]
     mechanism: str
     granularity: float
+    #: Corollary 4.7 (Feldman & Zrnic): ‖value − exact sum over the active set‖∞ ≤ linf_bound
+    #: except with probability linf_failure_probability (None: not stated, e.g. _active_set)
+    linf_bound: float | None = None
+    linf_failure_probability: float | None = None
 
     def to_json(self) -> str:
         """The exact bytes that leave the process (key order fixed by the contract)."""
-        return json.dumps(
-            {
-                "day": self.day,
-                "query_id": self.query_id,
-                "labels": self.labels,
-                "value": self.value,
-                "sigma": self.sigma,
-                "ci95": self.ci95,
-                "mechanism": self.mechanism,
-                "granularity": self.granularity,
-            },
-            allow_nan=False,
-        )
+        obj: dict[str, object] = {
+            "day": self.day,
+            "query_id": self.query_id,
+            "labels": self.labels,
+            "value": self.value,
+            "sigma": self.sigma,
+            "ci95": self.ci95,
+            "mechanism": self.mechanism,
+            "granularity": self.granularity,
+        }
+        if self.linf_bound is not None:
+            obj["linf_bound"] = self.linf_bound
+            obj["linf_failure_probability"] = self.linf_failure_probability
+        return json.dumps(obj, allow_nan=False)
 
     @classmethod
     def from_json(cls, text: str | bytes) -> Release:

@@ -18,7 +18,7 @@ import numpy as np
 from streamfilter.engine.active_set import ACTIVE_SET_QUERY_ID, ActiveSetTracker
 from streamfilter.engine.contract import Release
 from streamfilter.engine.ledger import BudgetLedger, KeyedUsers
-from streamfilter.engine.params import PrivacyParams
+from streamfilter.engine.params import LINF_FAILURE_PROBABILITY, PrivacyParams
 from streamfilter.engine.queries import AnyQuery
 from streamfilter.engine.records import DayRecords
 from streamfilter.privacy.individual import filter_contributions, query_vectors
@@ -110,6 +110,8 @@ def noisy_release(
         ci95=[half] * d,
         mechanism=params.mechanism,
         granularity=gamma,
+        linf_bound=params.linf_bound(d),
+        linf_failure_probability=LINF_FAILURE_PROBABILITY,
     )
 
 

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from streamfilter.engine.active_set import ActiveSetTracker
-from streamfilter.engine.contract import Reject, Release, parse_event, parse_query
+from streamfilter.engine.contract import Reject, Release, load_object, parse_event, parse_query
 from streamfilter.engine.day import DayOutcome, close_day
 from streamfilter.engine.ingest import parse_events
 from streamfilter.engine.ledger import BudgetLedger
@@ -93,6 +93,32 @@ class Engine:
             self.queries.register(parse_query(payload), None)
         self.last_closed_day = last_closed_day
         self.history = [Release.from_json(p) for p in releases]
+
+    def next_open_day(self) -> dt.date:
+        """The first day that has not closed (``date.min`` before any day closed: every day is
+        open then)."""
+        if self.last_closed_day is None:
+            return dt.date.min
+        return dt.date.fromisoformat(self.last_closed_day) + dt.timedelta(days=1)
+
+    def parse_query(self, raw: bytes | str | dict[str, Any]) -> AnyQuery:
+        """Validate one query as this run sees it; raise ``Reject``.
+
+        ``"from_day": "next"`` starts a query at the first day that has not closed (instead of
+        a date that may already be closed, which is refused as ``closed_day``): it is stored with
+        that date. Announcing the same ``"next"`` query again later (a policy's standing query, a
+        re-read feed) returns the registered one rather than a conflicting duplicate.
+        """
+        obj = load_object(raw, "query")
+        if obj.get("from_day") != "next":
+            return parse_query(obj)
+        query = parse_query({**obj, "from_day": self.next_open_day().isoformat()})
+        existing = self.queries.get(query.query_id)
+        if existing is not None:
+            as_existing = query.model_copy(update={"from_day": existing.from_day})
+            if as_existing.canonical_json() == existing.canonical_json():
+                return existing
+        return query
 
     def check_query(self, query: AnyQuery) -> bool:
         """Dry run of :meth:`register_query`: True if new, False if already registered.

@@ -40,8 +40,9 @@ from streamfilter.engine.contract import Reject, Release, _parse_day, load_objec
 from streamfilter.engine.day import DayOutcome, ExactDayStats, noisy_release
 from streamfilter.engine.engine import DayInput, Engine, InputRecord
 from streamfilter.engine.ingest import day_ok
-from streamfilter.engine.params import PrivacyParams
+from streamfilter.engine.params import LINF_FAILURE_PROBABILITY, PrivacyParams
 from streamfilter.engine.queries import AnyQuery
+from streamfilter.privacy.accuracy import linf_bound_for_variance
 from streamfilter.privacy.noise import RandomBits, discrete_gaussian_variance
 
 __all__ = [
@@ -204,6 +205,14 @@ def local_noise_release(
         ci95=[half_units * granularity] * d,
         mechanism="local_discrete_gaussian",
         granularity=granularity,
+        # the sum of ñ ≥ n devices' N_Z(0, s_l²) is (ñ·s_l²)-sub-Gaussian: Corollary 4.7's form
+        linf_bound=linf_bound_for_variance(
+            float(n_bound * sigma2_local_units) * granularity**2,
+            d,
+            LINF_FAILURE_PROBABILITY,
+            mechanism="discrete_gaussian",
+        ),
+        linf_failure_probability=LINF_FAILURE_PROBABILITY,
     )
 
 

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import datetime as dt
+import logging
 from collections.abc import Iterable
 from typing import Any
 
 from streamfilter.engine.active_set import ActiveSetSpec, ActiveSetTracker
-from streamfilter.engine.contract import Event, Reject, Release, parse_event, parse_query
-from streamfilter.engine.day import SeededPerRelease
+from streamfilter.engine.affordability import affordability_warning, query_cost
+from streamfilter.engine.contract import Event, Reject, Release, parse_event
+from streamfilter.engine.day import DayOutcome, SeededPerRelease
 from streamfilter.engine.engine import Engine, RejectedRecord
 from streamfilter.engine.params import PrivacyParams
 from streamfilter.engine.queries import AnyQuery
@@ -16,6 +19,8 @@ from streamfilter.privacy.accounting import Guarantee
 from streamfilter.privacy.noise import RandomBits, SystemRandomBits
 
 __all__ = ["Monitor"]
+
+log = logging.getLogger("streamfilter.monitor")
 
 
 class Monitor:
@@ -50,6 +55,7 @@ class Monitor:
             exhaustion=exhaustion,
             mechanism=mechanism,
         )
+        self._test_seed = test_seed
         bits: RandomBits = SystemRandomBits() if test_seed is None else SeededPerRelease(test_seed)
         self._engine = Engine(self.params, bits)
         if active_set is not None:
@@ -58,18 +64,35 @@ class Monitor:
 
     def add_query(self, query: dict[str, Any] | str | bytes) -> AnyQuery:
         """Register a query (same JSON shape as the query feed); raises ``ValueError`` if invalid."""
-        parsed = parse_query(query)
-        self._engine.register_query(parsed)
+        parsed = self._engine.parse_query(query)
+        if self._engine.check_query(parsed):
+            self._registered(parsed)
+        if self._engine.register_query(parsed):
+            warning = affordability_warning(query_cost(parsed, self.params), self.params)
+            if warning is not None:
+                log.warning("%s", warning)
         return parsed
 
     def close_day(
-        self, day: str, events: Iterable[dict[str, Any] | str | bytes | Event]
+        self, day: str | dt.date, events: Iterable[dict[str, Any] | str | bytes | Event]
     ) -> list[Release]:
-        """Close ``day`` with its events and return its releases (in query registration order).
+        """Close ``day`` (an ISO date string or a ``datetime.date``) with its events and return
+        its releases (in query registration order).
 
-        Invalid events, and events of another day, are recorded in :attr:`rejects` and skipped.
+        Days skipped since the last closed day are closed first, without events, as the daemon
+        closes them (releases leave on a data-independent schedule); their releases are in
+        :attr:`releases`. Invalid events, and events of another day, are recorded in
+        :attr:`rejects` and skipped.
         """
+        if isinstance(day, dt.date):
+            day = day.isoformat()
         self._engine.check_day(day)
+        last = self._engine.last_closed_day
+        if last is not None:
+            gap = dt.date.fromisoformat(last) + dt.timedelta(days=1)
+            while gap.isoformat() < day:
+                self._commit(self._engine.prepare_day(DayAccumulator(gap.isoformat())))
+                gap += dt.timedelta(days=1)
         acc = DayAccumulator(day)
         for raw in events:
             try:
@@ -81,8 +104,28 @@ class Monitor:
                 continue
             acc.add(event)
         outcome = self._engine.prepare_day(acc)
-        self._engine.commit_day(outcome)
+        self._commit(outcome)
         return outcome.releases
+
+    def _commit(self, outcome: DayOutcome) -> None:
+        """Apply a prepared day (``runtime.notebook.PersistentMonitor`` stores it first)."""
+        self._engine.commit_day(outcome)
+
+    def _registered(self, query: AnyQuery) -> None:
+        """A new query was registered (``PersistentMonitor`` stores it)."""
+
+    def __repr__(self) -> str:
+        """The settings and the schedule — never a data-dependent count (no number of users)."""
+        p = self.params
+        g = p.guarantee()
+        queries = ", ".join(q.query_id for q in self._engine.queries) or "none"
+        seeded = ", test_seed set: NOT private" if self._test_seed is not None else ""
+        return (
+            f"<Monitor {g.rho:g}-zCDP per user (({g.epsilon:.4g}, {g.delta:g})-DP), "
+            f"b_norm={p.b_norm:g}, {p.mechanism} σ={p.sigma_released:.4g} (95% ±"
+            f"{p.ci95_halfwidth:.4g}), exhaustion={p.exhaustion}, queries: {queries}; last "
+            f"closed day {self._engine.last_closed_day or 'none'}{seeded}>"
+        )
 
     def spent(self, user_id: str) -> float:
         """Budget spent by ``user_id`` in data units (Σ‖q‖² of admitted contributions).

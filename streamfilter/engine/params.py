@@ -18,16 +18,18 @@ from streamfilter.privacy.accounting import (
     guarantee,
     sigma_for_rho,
 )
-from streamfilter.privacy.accuracy import gaussian_halfwidth
+from streamfilter.privacy.accuracy import gaussian_halfwidth, linf_bound_for_variance
 from streamfilter.privacy.individual import Exhaustion
 from streamfilter.privacy.lattice import Lattice
 from streamfilter.privacy.noise import discrete_gaussian_halfwidth
 from streamfilter.privacy.odometer import noise_variance_units, rho_of_units
 from streamfilter.privacy.rounding import float_up
 
-__all__ = ["Mechanism", "PrivacyParams"]
+__all__ = ["LINF_FAILURE_PROBABILITY", "Mechanism", "PrivacyParams"]
 
 DEFAULT_DELTA = 1e-6
+#: the failure probability at which each release states Corollary 4.7's ℓ∞ bound
+LINF_FAILURE_PROBABILITY = 0.05
 
 
 @dataclass(frozen=True)
@@ -140,6 +142,19 @@ class PrivacyParams:
         if self.mechanism == "gaussian":
             return gaussian_halfwidth(self.sigma, 0.95)
         return discrete_gaussian_halfwidth(self.sigma2_units, 0.95) * self.granularity
+
+    @cached_property
+    def noise_scale2(self) -> float:
+        """The noise's variance (continuous) or sub-Gaussian variance proxy ``s²γ²`` (discrete),
+        data units² — what Corollary 4.7's bound is computed from (``linf_bound``)."""
+        if self.mechanism == "gaussian":
+            return self.sigma**2
+        return float(self.sigma2_units) * self.granularity**2
+
+    def linf_bound(self, d: int, beta: float = LINF_FAILURE_PROBABILITY) -> float:
+        """Corollary 4.7: every coordinate of a d-dimensional release is within this of the
+        active set's exact (lattice-rounded) sum, except with probability ``beta``."""
+        return linf_bound_for_variance(self.noise_scale2, d, beta, mechanism=self.mechanism)
 
     def guarantee(self) -> Guarantee:
         return guarantee(

@@ -51,7 +51,11 @@ class QueryBook:
                 "duplicate_query_id", "query_id is already registered with another definition"
             )
         if last_closed_day is not None and query.from_day.isoformat() <= last_closed_day:
-            raise Reject("closed_day", "from_day is a day that is already closed")
+            raise Reject(
+                "closed_day",
+                'from_day is a day that is already closed (use "from_day": "next" to start at '
+                "the first open day)",
+            )
         return True
 
     def register(self, query: AnyQuery, last_closed_day: str | None) -> bool:

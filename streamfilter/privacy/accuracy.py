@@ -16,7 +16,7 @@ import numbers
 
 from streamfilter.privacy.accounting import MECHANISMS, Mechanism
 
-__all__ = ["gaussian_halfwidth", "linf_bound"]
+__all__ = ["gaussian_halfwidth", "linf_bound", "linf_bound_for_variance"]
 
 
 def _real(name: str, value: object) -> float:
@@ -65,6 +65,29 @@ def linf_bound(
     log_term = math.log(events) - math.log(p)
     bound = math.sqrt(b * log_term / r)
     return math.nextafter(bound, math.inf)  # round up: an error bound may only be loosened
+
+
+def linf_bound_for_variance(
+    variance: float, d: int, beta: float, *, mechanism: Mechanism = "gaussian"
+) -> float:
+    """:func:`linf_bound` for the noise actually drawn: ``sqrt(2·v·log(k/β))`` with ``v`` the
+    noise's variance (continuous) or sub-Gaussian variance proxy (the ``s²``·γ² of ``N_Z(0, s²)``
+    on the lattice γZ, or a sum of such), and ``k = d`` (continuous) or ``2d`` (sub-Gaussian,
+    one-sided tails; see :func:`linf_bound`). With ``v = B_norm/(2ρ)`` this is exactly
+    :func:`linf_bound` — Corollary 4.7 of Feldman & Zrnic — and the lattice's upward rounding of
+    ``v`` only loosens it, as it must. Rounded up.
+    """
+    v = _real("variance", variance)
+    if not (math.isfinite(v) and v >= 0.0):
+        raise ValueError(f"variance must be finite and >= 0, got variance={variance!r}")
+    if isinstance(d, bool) or not isinstance(d, numbers.Integral) or d < 1:
+        raise ValueError(f"d must be an integer >= 1, got d={d!r}")
+    p = _real("beta", beta)
+    if not 0.0 < p < 1.0:
+        raise ValueError(f"beta must be in (0, 1), got beta={beta!r}")
+    events = int(d) if mechanism == "gaussian" else 2 * int(d)
+    bound = math.sqrt(2.0 * v * (math.log(events) - math.log(p)))
+    return math.nextafter(bound, math.inf)
 
 
 def gaussian_halfwidth(sigma: float, coverage: float = 0.95) -> float:

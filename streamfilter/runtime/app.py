@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -24,6 +25,8 @@ from streamfilter.runtime.io.synthetic import SyntheticSource
 from streamfilter.runtime.store import StateStore
 from streamfilter.runtime.store.open import open_store
 
+log = logging.getLogger("streamfilter.app")
+
 if TYPE_CHECKING:
     from streamfilter.runtime.io.kafka import TopicSpec
     from streamfilter.runtime.observe.http import MetricsEndpoint
@@ -31,9 +34,11 @@ if TYPE_CHECKING:
 __all__ = [
     "Components",
     "build_daemon",
+    "check_query_source",
     "check_topics",
     "config_fingerprint",
     "event_source",
+    "startup_summary",
     "topic_specs",
 ]
 
@@ -105,8 +110,28 @@ def event_source(settings: Settings, follow: bool = False) -> Source:
     return KafkaSource(s.topic, k.client_config(), k.group_id)
 
 
+def check_query_source(settings: Settings) -> None:
+    """Refuse a run whose queries could silently never arrive (exit 2, before the state opens):
+    no ``[queries]`` section (running without queries is ``kind = "none"``, a decision), or a
+    query file that does not exist — like a missing events file. Days closed without their
+    queries can never be answered later (a query starting on a closed day is refused)."""
+    q = settings.queries
+    if q is None:
+        raise ConfigError(
+            'queries: no [queries] section; name the query source ([queries] kind = "file" '
+            'with path, "kafka" with topic, or "policy"), or write [queries] kind = "none" to '
+            "run without queries (days then close with no releases)"
+        )
+    if q.kind == "file" and (q.path is None or not q.path.is_file()):
+        raise ConfigError(
+            f"queries.path: query file not found: {q.path} (create it, fix the path, or set "
+            '[queries] kind = "none" to run without queries)'
+        )
+
+
 def _feed(settings: Settings) -> QueryFeed:
     q = settings.queries
+    assert q is not None  # check_query_source ran first
     if q.kind == "file":
         assert q.path is not None
         return FileQueryFeed(q.path)
@@ -172,6 +197,7 @@ def build_daemon(
     settings: Settings, *, follow: bool = True, allow_test_seed: bool = False
 ) -> Components:
     params = settings.privacy_params()
+    check_query_source(settings)
     seed = settings.testing.noise_seed
     if seed is not None and not allow_test_seed:
         raise ConfigError(
@@ -229,14 +255,67 @@ def build_daemon(
         poll_interval_s=w.poll_interval,
         observer=metrics.observer if metrics is not None else None,
         state=state,
+        min_affordable_days=settings.queries.min_affordable_days if settings.queries else 7,
     )
     parts = Components(daemon, store, source, sink, reject_sink, metrics)
     if metrics is not None:
-        metrics.observer.restore(daemon.engine.last_closed_day)
+        last = daemon.engine.last_closed_day
+        metrics.observer.restore(
+            last,
+            [r for r in daemon.engine.history if r.day == last],
+            store.size_bytes(),
+        )
         try:
             metrics.start()
         except OSError as exc:
-            parts.close()
             m = settings.metrics
-            raise ConfigError(f"metrics.port: cannot listen on {m.host}:{m.port}: {exc}") from None
+            if "enabled" in m.model_fields_set:  # asked for explicitly: refuse to run without
+                parts.close()
+                raise ConfigError(
+                    f"metrics.port: cannot listen on {m.host}:{m.port}: {exc}"
+                ) from None
+            log.warning(
+                "metrics: cannot listen on %s:%d (%s); running without /metrics, /healthz and "
+                "/readyz — set [metrics] port, or enabled = false to opt out",
+                m.host,
+                m.port,
+                exc.strerror or exc,
+            )
+            parts.metrics = None
     return parts
+
+
+def startup_summary(settings: Settings, parts: Components) -> str:
+    """One line for the start-up log: where input, queries and output are, the privacy level and
+    the state — never a secret (Kafka credentials are not named) nor a data-dependent count."""
+    params = settings.privacy_params()
+    g = params.guarantee()
+    q = settings.queries
+
+    def where(kind: str, path: Path | None, topic: str | None) -> str:
+        if kind == "kafka":
+            return f"kafka topic {topic}"
+        return f"{kind} {path}" if path is not None else kind
+
+    s = settings.source
+    src = where(s.kind, s.path, s.topic)
+    if settings.mode.kind == "local":
+        loc = settings.local
+        src = (
+            f"local-mode contributions ({loc.variant}) from {where(loc.kind, loc.path, loc.topic)}"
+        )
+    queries = (
+        "none" if q is None else where(q.kind, q.path if q.kind != "policy" else None, q.topic)
+    )
+    if q is not None and q.kind == "policy":
+        queries = f"policy {q.policy}"
+    metrics = parts.metrics.server.url + "/metrics" if parts.metrics is not None else "off"
+    return (
+        f"starting: source {src}; queries {queries}; "
+        f"releases {where(settings.sink.kind, settings.sink.path, settings.sink.topic)}; "
+        f"state {settings.state.path} (last closed day "
+        f"{parts.daemon.engine.last_closed_day or 'none'}); privacy {g.rho:g}-zCDP per user "
+        f"(+ telemetry {settings.telemetry.rho:g}), {params.mechanism} σ = "
+        f"{params.sigma_released:.4g}, B_norm = {params.b_norm:g}, exhaustion "
+        f"{params.exhaustion}; metrics {metrics}"
+    )

@@ -32,7 +32,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from operator import attrgetter
 
-from streamfilter.engine.contract import Reject, RejectReason, Release, parse_query
+from streamfilter.engine.affordability import DEFAULT_MIN_DAYS, affordability_warning, query_cost
+from streamfilter.engine.contract import Reject, RejectReason, Release
 from streamfilter.engine.engine import DayInput, Engine
 from streamfilter.runtime.faults import crash_point
 from streamfilter.runtime.io.base import QueryFeed, RecordBatch, Sink, Source, reject_payload
@@ -136,6 +137,7 @@ class Daemon:
         on_day_closed: Callable[[str, list[Release]], None] | None = None,
         observer: DaemonObserver | None = None,
         state: StoredState | None = None,
+        min_affordable_days: int = DEFAULT_MIN_DAYS,
     ) -> None:
         """``state``: what the store holds, loaded (and checked) once by the caller at start-up;
         loaded here when not given."""
@@ -152,6 +154,7 @@ class Daemon:
         self.wall_clock = wall_clock
         self.monotonic = monotonic
         self.on_day_closed = on_day_closed
+        self.min_affordable_days = min_affordable_days
         self.observer = observer or DaemonObserver()
         self.stop_event = threading.Event()
         self.summary = RunSummary()
@@ -192,6 +195,14 @@ class Daemon:
                 raise
             finally:
                 self.observer.stopped()
+                # days and releases only: both follow the data-independent schedule; a count of
+                # records or rejects would differ between neighbouring inputs
+                # (tests/test_side_channels.py compares logs byte for byte)
+                log.info(
+                    "stopped: %d days closed, %d releases published",
+                    self.summary.days_closed,
+                    self.summary.releases_published,
+                )
 
     def _run(self, until_end: bool, through_day: str | None = None) -> RunSummary:
         # a stale state must not publish anything: the sink may already hold later days
@@ -235,11 +246,15 @@ class Daemon:
 
     def _register_query(self, where: str, raw: bytes) -> None:
         try:
-            query = parse_query(raw)
+            query = self.engine.parse_query(raw)
             if self.engine.check_query(query):
                 self.store.add_query(query.canonical_json().encode())
                 self.engine.register_query(query)
                 self.summary.queries_registered += 1
+                cost = query_cost(query, self.engine.params)
+                warning = affordability_warning(cost, self.engine.params, self.min_affordable_days)
+                if warning is not None:
+                    log.warning("%s", warning)
         except Reject as rej:
             self._reject(rej.reason, rej.detail, raw, where)
 

@@ -135,7 +135,10 @@ def test_restored_stale_copy_is_refused_then_the_newest_state_resumes(tmp_path, 
     assert mirror(work)["seq"] == 3
     proc = cli(*RUN, cwd=work, check=False)
     assert proc.returncode == 4, proc.stderr
-    (line,) = proc.stderr.strip().splitlines()
+    # one clear error line, last, after the INFO start-up and shutdown lines (issue #16)
+    *logs, line = proc.stderr.strip().splitlines()
+    assert line.startswith("streamfilter: ") and not any("ERROR" in x for x in logs)
+    assert all(" INFO " in x or " WARNING " in x for x in logs) and "u-" not in "".join(logs)
     assert "is stale" in line and "already holds releases of 2026-01-06" in line
     assert "2026-01-03" in line
     assert release_bytes(work) == published and store_seq(work) == 3

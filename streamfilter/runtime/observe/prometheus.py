@@ -320,10 +320,21 @@ class PrometheusObserver(DaemonObserver):
             return False, "starting"
         return True, "ready"
 
-    def restore(self, last_closed_day: str | None) -> None:
-        """Seed the gauges that describe stored state (called once, after the store loaded)."""
+    def restore(
+        self,
+        last_closed_day: str | None,
+        releases: Sequence[Release] = (),
+        store_bytes: int | None = None,
+    ) -> None:
+        """Seed the gauges that describe stored state (called once, after the store loaded): the
+        last closed day, that day's releases (public, noisy) and the state's size on disk — so a
+        restarted daemon does not read as empty until its next close."""
         if last_closed_day is not None:
             self.last_closed_day.set(_day_start_utc(last_closed_day))
+        if releases:
+            self._export_releases(releases)
+        if store_bytes is not None:
+            self.store_size.set(store_bytes)
 
     # ------------------------------------------------------------------ DaemonObserver
     def started(self) -> None:

@@ -1,0 +1,190 @@
+"""``streamfilter check``: validate a configuration, its paths and its query file before a run.
+
+Prints, per query of the query file, the cost of one full contribution (``clip²``), how many such
+days a fresh user can afford (``floor(B_norm/clip²)``), the warnings ``run`` would log at
+registration (``engine.affordability``), and which queries read a common coordinate. Exit 0 when
+everything would run; 2 (configuration error) when a path is missing or a query line would be
+rejected. Reads no state. With a file source it reads the first ``SCAN_EVENTS`` events locally
+(the operator's own input; nothing is published) only to warn about configured coordinates that
+never appear in them — a misspelled feature or a category in the wrong case would otherwise be
+released as pure noise — with the closest coordinate seen as a suggestion.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import os
+from pathlib import Path
+
+from streamfilter.config import Settings, load_config
+from streamfilter.engine.affordability import (
+    DEFAULT_MIN_DAYS,
+    affordability_warning,
+    overlaps,
+    query_cost,
+)
+from streamfilter.engine.contract import Reject, parse_event
+from streamfilter.engine.engine import Engine
+from streamfilter.engine.queries import AnyQuery
+from streamfilter.errors import ConfigError
+from streamfilter.privacy.noise import SystemRandomBits
+from streamfilter.runtime.app import check_query_source
+
+__all__ = ["SCAN_EVENTS", "check", "cmd_check"]
+
+#: events of a file source that ``check`` reads to find coordinates no event has
+SCAN_EVENTS = 200_000
+
+
+def _coordinates_seen(path: Path, limit: int = SCAN_EVENTS) -> set[str] | None:
+    """The coordinates (numeric features ``f``, categories ``f=v``) of the first ``limit`` valid
+    events of a file, or None when it cannot be read."""
+    seen: set[str] = set()
+    try:
+        with open(path, "rb") as fh:
+            for n, line in enumerate(fh):
+                if n >= limit:
+                    break
+                try:
+                    event = parse_event(line)
+                except Reject:
+                    continue
+                for name, value in event.values.items():
+                    seen.add(f"{name}={value}" if isinstance(value, str) else name)
+    except OSError:
+        return None
+    return seen
+
+
+def _paths(settings: Settings) -> list[str]:
+    problems = []
+    try:
+        check_query_source(settings)
+    except ConfigError as exc:
+        problems.append(str(exc))
+    src = settings.source
+    central_file = settings.mode.kind == "central" and src.kind == "file"
+    if central_file and src.path is not None and not src.path.is_file():
+        problems.append(f"source.path: events file not found: {src.path}")
+    for key, path in (
+        ("state.path", settings.state.path),
+        ("sink.path", settings.sink.path if settings.sink.kind == "file" else None),
+    ):
+        if path is None:
+            continue
+        parent = Path(path).parent
+        while not parent.exists() and parent != parent.parent:
+            parent = parent.parent  # run creates missing directories under a writable one
+        if not os.access(parent, os.W_OK):
+            problems.append(f"{key}: directory {parent} is not writable")
+    return problems
+
+
+def check(settings: Settings) -> dict[str, object]:
+    """The check's findings as a dict (``problems`` empty = the configuration would run)."""
+    params = settings.privacy_params()
+    problems = _paths(settings)
+    q = settings.queries
+    min_days = q.min_affordable_days if q is not None else DEFAULT_MIN_DAYS
+    engine = Engine(params, SystemRandomBits())
+    queries: list[AnyQuery] = []
+    if q is not None and q.kind == "file" and q.path is not None and q.path.is_file():
+        with open(q.path, "rb") as fh:
+            for n, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                try:
+                    query = engine.parse_query(line)
+                    engine.check_query(query)
+                    engine.register_query(query)
+                    queries.append(query)
+                except Reject as rej:
+                    problems.append(f"{q.path.name}:{n}: {rej.reason}: {rej.detail}")
+    rows, warnings = [], []
+    loc = settings.local
+    wire = loc.path if settings.mode.kind == "local" and loc.kind == "file" else None
+    if wire is not None and not wire.is_file():  # devices (or simulate-local) write it
+        warnings.append(f"local.path: contributions file {loc.path} does not exist yet")
+    for query in queries:
+        cost = query_cost(query, params)
+        rows.append({**cost.as_dict(), "kind": query.kind, "coordinates": query.coordinates()})
+        warning = affordability_warning(cost, params, min_days)
+        if warning is not None:
+            warnings.append(warning)
+    src = settings.source
+    if settings.mode.kind == "central" and src.kind == "file" and src.path is not None:
+        seen = _coordinates_seen(src.path) if queries and src.path.is_file() else None
+        for query in queries if seen else ():
+            assert seen is not None
+            lower = {c.lower(): c for c in seen}
+            for coord in query.coordinates():
+                if coord in seen:
+                    continue
+                near = lower.get(coord.lower()) or next(
+                    iter(difflib.get_close_matches(coord, sorted(seen), n=1)), None
+                )
+                hint = f" (did you mean {near!r}?)" if near else ""
+                warnings.append(
+                    f"query {query.query_id}: {coord!r} appears in none of the first "
+                    f"{SCAN_EVENTS:,} events of source.path{hint}; its answer would be noise only"
+                )
+    shared = [{"queries": [a, b], "coordinates": c} for a, b, c in overlaps(queries)]
+    note = None
+    if q is None or q.kind != "file":
+        kind = "none" if q is None else q.kind
+        note = f"queries come from {kind}: they are checked when registered (run logs warnings)"
+    g = params.guarantee()
+    return {
+        "problems": problems,
+        "warnings": warnings,
+        "queries": rows,
+        "overlaps": shared,
+        "note": note,
+        "b_norm": params.b_norm,
+        "rho": g.rho,
+        "sigma": params.sigma_released,
+        "min_affordable_days": min_days,
+    }
+
+
+def _text(out: dict[str, object]) -> str:
+    lines = [
+        f"streamfilter check — b_norm = {out['b_norm']:g}, ρ = {out['rho']:.6g}, "
+        f"σ = {out['sigma']:.6g} per coordinate"
+    ]
+    rows = out["queries"]
+    assert isinstance(rows, list)
+    if rows:
+        lines.append(f"  {'query':<20} {'kind':<10} {'clip':>8} {'clip² (cost)':>13} {'days':>7}")
+        for r in rows:
+            lines.append(
+                f"  {r['query_id']:<20} {r['kind']:<10} {r['clip']:>8g} "
+                f"{r['cost_full_contribution']:>13g} {r['full_days_affordable']:>7}"
+            )
+        lines.append("  (days: full-norm contributions a fresh user can afford, B_norm / clip²)")
+    for key, label in (("overlaps", "overlap"), ("warnings", "WARNING"), ("problems", "ERROR")):
+        items = out[key]
+        assert isinstance(items, list)
+        for item in items:
+            if key == "overlaps":
+                a, b = item["queries"]
+                item = f"{a} and {b} read {', '.join(item['coordinates'])} (a user pays both)"
+            lines.append(f"  {label}: {item}")
+    if out["note"]:
+        lines.append(f"  note: {out['note']}")
+    problems = out["problems"]
+    assert isinstance(problems, list)
+    lines.append("  OK: the configuration would run" if not problems else "  NOT OK")
+    return "\n".join(lines)
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    out = check(load_config(args.config))
+    print(json.dumps(out, indent=2) if args.json else _text(out))
+    problems = out["problems"]
+    assert isinstance(problems, list)
+    if problems:
+        raise ConfigError(f"check found {len(problems)} problem(s): {problems[0]}")
+    return 0
