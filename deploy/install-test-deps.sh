@@ -1,9 +1,17 @@
 #!/usr/bin/env bash
 # Debian packages the test suite needs: promtool + the Prometheus server (package
-# "prometheus") and headless Chromium (package "chromium"). Idempotent: does nothing when both
-# are already installed. Run as root (CI images) or through sudo.
+# "prometheus"), headless Chromium (package "chromium"), kcat (a librdkafka client: the Kafka
+# tests produce every compression codec with it and read the releases the way README.md shows)
+# and openssl (the TLS test broker's self-signed CA; keytool comes with the JDK the broker
+# needs anyway). Idempotent: does nothing when all are already installed. Run as root (CI
+# images) or through sudo.
 set -euo pipefail
-if command -v promtool >/dev/null && command -v prometheus >/dev/null && command -v chromium >/dev/null; then
+need=()
+command -v promtool >/dev/null && command -v prometheus >/dev/null || need+=(prometheus)
+command -v chromium >/dev/null || need+=(chromium)
+command -v kcat >/dev/null || need+=(kcat)
+command -v openssl >/dev/null || need+=(openssl)
+if [ "${#need[@]}" -eq 0 ]; then
   exit 0
 fi
 SUDO=""
@@ -12,5 +20,6 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update
-$SUDO apt-get install -y --no-install-recommends prometheus chromium
-command -v promtool && command -v prometheus && command -v chromium
+$SUDO apt-get install -y --no-install-recommends "${need[@]}"
+command -v promtool && command -v prometheus && command -v chromium && command -v kcat \
+  && command -v openssl
