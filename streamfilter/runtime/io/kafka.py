@@ -26,6 +26,7 @@ from kafka.structs import OffsetAndMetadata
 
 from streamfilter.errors import PublishError
 from streamfilter.runtime.io.base import QueryFeed, RecordBatch, Sink, Source, SourceRecord
+from streamfilter.runtime.io.kafka_codecs import Undecodable, poll_decodable
 
 __all__ = [
     "KafkaQueryFeed",
@@ -77,9 +78,17 @@ class _AssignedConsumer:
         for label, tp in self.by_label.items():
             self.consumer.seek(tp, max(offsets.get(label, 0), beginning[tp]))
 
+    def poll_raw(
+        self, max_records: int, timeout_ms: int
+    ) -> tuple[dict[TopicPartition, list[Any]], list[Undecodable]]:
+        """``consumer.poll``, stepping over records the client cannot decode (returned apart)."""
+        return poll_decodable(self.consumer, max_records, timeout_ms)
+
     def poll(self, max_records: int, timeout_ms: int) -> list[tuple[str, int, bytes]]:
-        batches = self.consumer.poll(timeout_ms=timeout_ms, max_records=max_records)
-        out = []
+        """Records as (partition, offset, value); an undecodable one has the value ``b""``
+        (refused by whoever parses it)."""
+        batches, undecodable = self.poll_raw(max_records, timeout_ms)
+        out = [(_label(u.tp), u.offset, b"") for u in undecodable]
         for tp, records in sorted(batches.items(), key=lambda kv: kv[0].partition):
             label = _label(tp)
             for rec in records:
@@ -121,8 +130,11 @@ class KafkaSource(Source):
     def poll_batches(self, max_records: int) -> list[RecordBatch]:
         """One batch per partition that returned records, in partition order. (Two C-level
         passes over kafka-python's records; this runs for every input record.)"""
-        polled = self._c.consumer.poll(timeout_ms=self._poll_timeout_ms, max_records=max_records)
-        out: list[RecordBatch] = []
+        polled, undecodable = self._c.poll_raw(max_records, self._poll_timeout_ms)
+        out: list[RecordBatch] = [
+            RecordBatch(_label(u.tp), [u.offset], [b""], u.offset + 1, undecodable=u.detail)
+            for u in undecodable
+        ]
         for tp, records in sorted(polled.items(), key=lambda kv: kv[0].partition):
             if not records:
                 continue
