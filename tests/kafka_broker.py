@@ -403,10 +403,19 @@ def create_topic(
     return name
 
 
-def read_topic(bootstrap: str, topic: str, timeout: float = 30.0) -> list[Any]:
+def read_topic(
+    bootstrap: str,
+    topic: str,
+    timeout: float = 30.0,
+    *,
+    isolation_level: str = "read_committed",
+    client: dict[str, Any] | None = None,
+) -> list[Any]:
     """Every record in ``topic`` up to its current end offsets, ordered by (partition, offset).
 
-    Uses a group-less consumer (no offsets are committed). Returns kafka-python
+    Uses a group-less consumer (no offsets are committed) that reads committed records only, as
+    release readers do (``isolation_level="read_uncommitted"`` also returns aborted ones);
+    ``client``: extra kafka-python settings (security). Returns kafka-python
     ``ConsumerRecord``s; raises ``TimeoutError`` if the end is not reached in time.
     """
     from kafka import KafkaConsumer, TopicPartition
@@ -418,6 +427,8 @@ def read_topic(bootstrap: str, topic: str, timeout: float = 30.0) -> list[Any]:
         enable_auto_commit=False,
         auto_offset_reset="earliest",
         request_timeout_ms=int(min(timeout, 30) * 1000) + 1000,
+        isolation_level=isolation_level,
+        **(client or {}),
     )
     try:
         deadline = time.monotonic() + timeout

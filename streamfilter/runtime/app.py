@@ -146,10 +146,12 @@ def _sink(settings: Settings, kind: str, path: Path, topic: str | None, dedupe: 
         return FileSink(path, dedupe_releases=dedupe)
     if kind == "stdout":
         return StdoutSink()
-    from streamfilter.runtime.io.kafka import KafkaSink
+    from streamfilter.runtime.io.kafka import KafkaSink, release_transactional_id
 
     assert topic is not None
-    return KafkaSink(topic, settings.kafka.client_config())
+    # the releases sink (dedupe) publishes in transactions under the topic's own id; rejects not
+    txn_id = release_transactional_id(topic) if dedupe else None
+    return KafkaSink(topic, settings.kafka.client_config(), transactional_id=txn_id)
 
 
 def topic_specs(settings: Settings) -> list[TopicSpec]:

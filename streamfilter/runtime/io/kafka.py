@@ -4,27 +4,35 @@ Topics: events (key ``user_id``), queries, releases (key ``day/query_id``, value
 rejects (``reason`` + ``raw``). The daemon is a single writer (one SQLite state): it assigns
 itself every partition of the events topic and seeks to the offsets stored in the state store;
 the consumer group's committed offsets only *mirror* those (so lag tools work) and are never read
-back. Releases go out through an idempotent producer with ``acks=all``; a release is marked sent
-in the store only after the broker acknowledged it, and a restart republishes the stored bytes,
-so the releases topic holds exactly one distinct value per key (possibly repeated: readers dedupe
-on the key).
+back. Releases go out in Kafka transactions under the releases topic's own transactional id
+(``release_transactional_id``): a second instance fences the first, and only then compares the
+topic with its state. A release is marked sent in the store only after its transaction
+committed, and a restart republishes the stored bytes, so the releases topic holds exactly one
+distinct value per key for ``read_committed`` readers (possibly repeated: readers dedupe on the
+key). Codec handling: ``kafka_codecs``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any
 
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import NewTopic
-from kafka.errors import KafkaError, TopicAlreadyExistsError
+from kafka.errors import (
+    InvalidProducerEpochError,
+    KafkaError,
+    ProducerFencedError,
+    TopicAlreadyExistsError,
+)
 from kafka.structs import OffsetAndMetadata
 
-from streamfilter.errors import PublishError
+from streamfilter.errors import PublisherFencedError, PublishError
 from streamfilter.runtime.io.base import QueryFeed, RecordBatch, Sink, Source, SourceRecord
 from streamfilter.runtime.io.kafka_codecs import Undecodable, poll_decodable
 
@@ -35,6 +43,7 @@ __all__ = [
     "TopicSpec",
     "create_topics",
     "missing_topics",
+    "release_transactional_id",
 ]
 
 log = logging.getLogger("streamfilter.kafka")
@@ -206,18 +215,47 @@ class KafkaQueryFeed(QueryFeed):
         self._c.close()
 
 
+def release_transactional_id(topic: str) -> str:
+    """The transactional id of the releases topic ``topic``: one publisher per topic, whatever
+    state it runs from (docs/kafka.md, "Fenced publishing"; its ACL is on this name)."""
+    return f"streamfilter-releases-{topic}"
+
+
+_FENCED = (ProducerFencedError, InvalidProducerEpochError)
+
+
 class KafkaSink(Sink):
-    """Idempotent producer, ``acks=all``; ``flush`` returns once the broker acknowledged all."""
+    """Producer with ``acks=all``; ``flush`` returns once the broker acknowledged everything.
+
+    With ``transactional_id`` (the releases sink) everything published between two flushes is
+    one Kafka transaction, committed by ``flush``: a day's releases become visible to
+    ``read_committed`` readers at once. The constructor calls ``init_transactions``, which
+    fences every earlier producer with the same id (their open transaction is aborted, their
+    next send or commit fails): so :meth:`last_published_day`, asked after construction, reads
+    a topic no other instance can still write to. A fenced sink raises
+    :class:`PublisherFencedError`. Without ``transactional_id`` (rejects) it is an idempotent
+    producer.
+    """
 
     def __init__(
-        self, topic: str, client: dict[str, Any], delivery_timeout_s: float = 300.0
+        self,
+        topic: str,
+        client: dict[str, Any],
+        delivery_timeout_s: float = 300.0,
+        transactional_id: str | None = None,
     ) -> None:
         self.topic = topic
         self._client = client
         self._held_through: tuple[str | None] | None = None
         self._timeout_s = delivery_timeout_s
+        self._transactional_id = transactional_id
+        self._in_transaction = False
+        extra: dict[str, Any] = {}
+        if transactional_id is not None:
+            extra = {"transactional_id": transactional_id, "transaction_timeout_ms": 60_000}
         self._producer = KafkaProducer(
             **client,
+            **extra,
             acks="all",
             enable_idempotence=True,
             linger_ms=5,
@@ -227,30 +265,62 @@ class KafkaSink(Sink):
             max_block_ms=int(delivery_timeout_s * 1000),
         )
         self._pending: list[Any] = []
+        if transactional_id is not None:
+            try:
+                with self._fencing():
+                    self._producer.init_transactions()
+            except BaseException:
+                self._producer.close(timeout=0)
+                raise
+
+    @contextlib.contextmanager
+    def _fencing(self) -> Iterator[None]:
+        try:
+            yield
+        except _FENCED as exc:
+            raise PublisherFencedError(
+                f"another streamfilter instance started publishing to kafka topic {self.topic!r} "
+                f"(transactional id {self._transactional_id!r}) and fenced this one "
+                f"({type(exc).__name__})"
+            ) from None
 
     def publish(self, key: str, payload: bytes) -> None:
-        self._pending.append(self._producer.send(self.topic, key=key.encode(), value=payload))
+        with self._fencing():
+            if self._transactional_id is not None and not self._in_transaction:
+                self._producer.begin_transaction()
+                self._in_transaction = True
+            self._pending.append(self._producer.send(self.topic, key=key.encode(), value=payload))
 
     def flush(self) -> None:
         deadline = time.monotonic() + self._timeout_s
-        self._producer.flush(timeout=self._timeout_s)
-        for future in self._pending:
-            future.get(timeout=max(1.0, deadline - time.monotonic()))  # raises KafkaError
-        self._pending.clear()
+        with self._fencing():
+            self._producer.flush(timeout=self._timeout_s)
+            for future in self._pending:
+                future.get(timeout=max(1.0, deadline - time.monotonic()))  # raises KafkaError
+            self._pending.clear()
+            if self._in_transaction:
+                self._producer.commit_transaction()
+                self._in_transaction = False
 
     def last_published_day(self) -> str | None:
-        """The latest day among the releases the topic held when first asked.
+        """The latest day among the (committed) releases the topic held when first asked.
 
         Releases are published in day order with key ``day/query_id``, so each partition's last
-        record carries that partition's latest day; the stale-state check (``runtime.store``)
-        compares their maximum with the state's last closed day. Reads one record per partition.
+        records carry that partition's latest day; the stale-state check (``runtime.store``)
+        compares their maximum with the state's last closed day. Reads the tail of each
+        partition (``read_committed``: transaction markers and aborted releases are skipped).
         """
         if self._held_through is None:
             self._held_through = (self._read_last_day(),)
         return self._held_through[0]
 
     def _read_last_day(self) -> str | None:
-        consumer = KafkaConsumer(**self._client, group_id=None, enable_auto_commit=False)
+        consumer = KafkaConsumer(
+            **self._client,
+            group_id=None,
+            enable_auto_commit=False,
+            isolation_level="read_committed",
+        )
         try:
             parts = consumer.partitions_for_topic(self.topic) or set()
             tps = [TopicPartition(self.topic, p) for p in sorted(parts)]
@@ -259,26 +329,45 @@ class KafkaSink(Sink):
             consumer.assign(tps)
             ends = consumer.end_offsets(tps)
             starts = consumer.beginning_offsets(tps)
-            wanted = {tp for tp in tps if ends[tp] > starts[tp]}
-            for tp in wanted:
-                consumer.seek(tp, ends[tp] - 1)
             latest: str | None = None
-            deadline = time.monotonic() + 30.0
-            while wanted and time.monotonic() < deadline:
-                for tp, records in consumer.poll(timeout_ms=500).items():
-                    for rec in records:
-                        if rec.offset == ends[tp] - 1:
-                            wanted.discard(tp)
-                            day = (rec.key or b"").decode("utf-8", "replace").split("/", 1)[0]
-                            latest = max(latest or day, day)
-            if wanted:
-                raise PublishError(
-                    f"could not read the last release of kafka topic {self.topic!r} to check that "
-                    "the state is not a stale copy; refusing to start"
-                )
+            for tp in tps:
+                back, day = 64, None  # the tail holds a commit marker per transaction
+                while ends[tp] > starts[tp]:
+                    start = max(starts[tp], ends[tp] - back)
+                    day = self._last_day_from(consumer, tp, start, ends[tp])
+                    if day == "":
+                        raise PublishError(
+                            f"could not read the last release of kafka topic {self.topic!r} to "
+                            "check that the state is not a stale copy; refusing to start"
+                        )
+                    if day is not None or start == starts[tp]:
+                        break
+                    back *= 8
+                if day is not None:
+                    latest = max(latest or day, day)
             return latest
         finally:
             consumer.close()
+
+    @staticmethod
+    def _last_day_from(
+        consumer: KafkaConsumer, tp: TopicPartition, start: int, end: int
+    ) -> str | None:
+        """The latest day among the committed records of ``tp`` from ``start`` to its end
+        (``None`` if there are none there, ``""`` if the end could not be reached)."""
+        consumer.pause(*consumer.assignment())
+        consumer.resume(tp)
+        consumer.seek(tp, start)
+        latest: str | None = None
+        deadline = time.monotonic() + 30.0
+        while consumer.position(tp) < end:
+            if time.monotonic() > deadline:
+                return ""
+            for records in consumer.poll(timeout_ms=500).values():
+                for rec in records:
+                    day = (rec.key or b"").decode("utf-8", "replace").split("/", 1)[0]
+                    latest = max(latest or day, day)
+        return latest
 
     def close(self) -> None:
         try:
