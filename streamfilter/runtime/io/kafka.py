@@ -25,16 +25,19 @@ from typing import Any
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import NewTopic
 from kafka.errors import (
+    AuthorizationError,
     InvalidProducerEpochError,
     KafkaError,
     ProducerFencedError,
     TopicAlreadyExistsError,
+    TopicAuthorizationFailedError,
 )
 from kafka.structs import OffsetAndMetadata
 
-from streamfilter.errors import PublisherFencedError, PublishError
+from streamfilter.errors import KafkaAccessError, PublisherFencedError, PublishError
 from streamfilter.runtime.io.base import QueryFeed, RecordBatch, Sink, Source, SourceRecord
 from streamfilter.runtime.io.kafka_codecs import Undecodable, poll_decodable
+from streamfilter.runtime.io.kafka_errors import kafka_access
 
 __all__ = [
     "KafkaQueryFeed",
@@ -311,7 +314,9 @@ class KafkaSink(Sink):
         partition (``read_committed``: transaction markers and aborted releases are skipped).
         """
         if self._held_through is None:
-            self._held_through = (self._read_last_day(),)
+            role = "sink.topic, READ for the stale-state check"
+            with kafka_access(self._client, topic=self.topic, role=role):
+                self._held_through = (self._read_last_day(),)
         return self._held_through[0]
 
     def _read_last_day(self) -> str | None:
@@ -324,8 +329,12 @@ class KafkaSink(Sink):
         try:
             parts = consumer.partitions_for_topic(self.topic) or set()
             tps = [TopicPartition(self.topic, p) for p in sorted(parts)]
-            if not tps:
-                return None
+            if not tps:  # it exists (checked at start): the user may not read it
+                raise KafkaAccessError(
+                    f"kafka topic {self.topic!r} (sink.topic) cannot be read by this user: grant "
+                    "READ on it — every start reads its last releases to check that the state is "
+                    "not a stale copy (docs/kafka.md, ACLs)"
+                )
             consumer.assign(tps)
             ends = consumer.end_offsets(tps)
             starts = consumer.beginning_offsets(tps)
@@ -381,12 +390,33 @@ def _admin(client: dict[str, Any]) -> KafkaAdminClient:
 
 
 def missing_topics(client: dict[str, Any], specs: Iterable[TopicSpec]) -> list[TopicSpec]:
-    admin = _admin(client)
-    try:
-        existing = set(admin.list_topics())
-    finally:
-        admin.close()
-    return [s for s in specs if s.name not in existing]
+    """The topics of ``specs`` the admin client can see are missing. A topic the user may not
+    describe is not listed by the broker: it raises ``KafkaAccessError`` naming it (Kafka
+    answers "not authorized" for a topic the user has no rights on, whether it exists or not)."""
+    specs = list(specs)
+    with kafka_access(client):
+        admin = _admin(client)
+        try:
+            existing = set(admin.list_topics())
+            unseen = [s for s in specs if s.name not in existing]
+            if not unseen:
+                return []
+            described = admin.describe_topics([s.name for s in unseen])
+            denied = {
+                d["name"]
+                for d in described
+                if d.get("error_code") == TopicAuthorizationFailedError.errno
+            }
+            for spec in unseen:
+                if spec.name in denied:
+                    from streamfilter.runtime.io.kafka_errors import explain
+
+                    raise explain(
+                        TopicAuthorizationFailedError(), client, topic=spec.name, role=spec.role
+                    )
+        finally:
+            admin.close()
+    return unseen
 
 
 def create_topics(client: dict[str, Any], specs: Iterable[TopicSpec]) -> list[str]:
@@ -395,20 +425,27 @@ def create_topics(client: dict[str, Any], specs: Iterable[TopicSpec]) -> list[st
     todo = missing_topics(client, specs)
     if not todo:
         return []
-    admin = _admin(client)
-    created = []
-    try:
-        for spec in todo:
-            try:
-                admin.create_topics(
-                    [NewTopic(spec.name, spec.partitions, spec.replication_factor)],
-                    timeout_ms=30_000,
-                )
-                created.append(spec.name)
-            except TopicAlreadyExistsError:
-                pass
-    except KafkaError as exc:
-        raise RuntimeError(f"could not create kafka topics: {exc}") from exc
-    finally:
-        admin.close()
+    created: list[str] = []
+    with kafka_access(client):
+        admin = _admin(client)
+        try:
+            _create(admin, todo, created)
+        except KafkaError as exc:
+            if isinstance(exc, AuthorizationError):
+                raise
+            raise KafkaAccessError(f"could not create kafka topics: {exc}") from None
+        finally:
+            admin.close()
     return created
+
+
+def _create(admin: KafkaAdminClient, todo: list[TopicSpec], created: list[str]) -> None:
+    for spec in todo:
+        try:
+            admin.create_topics(
+                [NewTopic(spec.name, spec.partitions, spec.replication_factor)],
+                timeout_ms=30_000,
+            )
+            created.append(spec.name)
+        except TopicAlreadyExistsError:
+            pass
