@@ -275,3 +275,31 @@ def _delete(admin, entry):
             )
         ]
     )
+
+
+@pytest.mark.timeout(120)
+def test_simulate_local_over_kafka_fails_with_one_clear_line(kafka_secured, tmp_path):
+    from tests.test_local_mode import config_text as local_config
+
+    broker = kafka_secured
+    topic = unique_topic("contributions")
+    kafka = {
+        "bootstrap_servers": broker.bootstrap,
+        "group_id": topic,
+        "security_protocol": "SASL_SSL",
+        "sasl_mechanism": "SCRAM-SHA-512",
+        "sasl_plain_username": "admin",
+        "sasl_plain_password": "not-the-password",
+        "ssl_cafile": str(broker.tls_dir / "ca.crt"),
+    }
+    text = (
+        local_config(tmp_path, "local").replace(
+            "[local]\n", f'[local]\nkind = "kafka"\ntopic = "{topic}"\n'
+        )
+        + "[kafka]\n"
+        + "".join(f"{k} = {json.dumps(v)}\n" for k, v in kafka.items())
+    )
+    (tmp_path / "local.toml").write_text(text)
+    started = time.monotonic()
+    proc = cli(["simulate-local", "--testing", "--config", "local.toml"], cwd=tmp_path, check=False)
+    assert_one_clear_line(proc, started, "kafka.sasl_plain_password")
