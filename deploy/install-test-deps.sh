@@ -1,12 +1,19 @@
 #!/usr/bin/env bash
 # Debian packages the test suite needs: promtool + the Prometheus server (package
-# "prometheus"), headless Chromium (package "chromium") and the PostgreSQL server (package
-# "postgresql", for deploy/postgres/pg-up.sh). Idempotent: does nothing when all are already
-# installed. Run as root (CI images) or through sudo.
+# "prometheus"), headless Chromium (package "chromium"), the PostgreSQL server (package
+# "postgresql", for deploy/postgres/pg-up.sh), kcat (a librdkafka client: the Kafka tests produce
+# every compression codec with it and read the releases the way README.md shows) and openssl (the
+# TLS test broker's self-signed CA; keytool comes with the JDK the broker needs anyway).
+# Idempotent: does nothing when all are already installed. Run as root (CI images) or through sudo.
 set -euo pipefail
 have_postgres() { ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; }
-if command -v promtool >/dev/null && command -v prometheus >/dev/null && command -v chromium >/dev/null \
-    && have_postgres; then
+need=()
+command -v promtool >/dev/null && command -v prometheus >/dev/null || need+=(prometheus)
+command -v chromium >/dev/null || need+=(chromium)
+have_postgres || need+=(postgresql)
+command -v kcat >/dev/null || need+=(kcat)
+command -v openssl >/dev/null || need+=(openssl)
+if [ "${#need[@]}" -eq 0 ]; then
   exit 0
 fi
 SUDO=""
@@ -15,5 +22,6 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update
-$SUDO apt-get install -y --no-install-recommends prometheus chromium postgresql
-command -v promtool && command -v prometheus && command -v chromium && have_postgres
+$SUDO apt-get install -y --no-install-recommends "${need[@]}"
+command -v promtool && command -v prometheus && command -v chromium && have_postgres \
+  && command -v kcat && command -v openssl

@@ -231,19 +231,40 @@ class LocalSection(_TopicKeys):
 
 
 class KafkaSection(_Section):
-    """Client settings; security keys are passed through to kafka-python unchanged."""
+    """Client settings; security keys are passed through to kafka-python unchanged.
+
+    ``sasl_mechanism``: PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512 (username + password). OAUTHBEARER
+    and GSSAPI are not supported (they need a token provider or a Kerberos setup that these
+    settings do not describe). A SASL protocol needs a mechanism and a username and password;
+    the ``ssl_*`` files must exist (docs/kafka.md, "Security settings")."""
 
     bootstrap_servers: str = "127.0.0.1:9092"
     client_id: str = "streamfilter"
     group_id: str = "streamfilter"
     security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
-    sasl_mechanism: str | None = None
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
     sasl_plain_username: str | None = None
     sasl_plain_password: SecretStr | None = None
     ssl_cafile: str | None = None
     ssl_certfile: str | None = None
     ssl_keyfile: str | None = None
     ssl_password: SecretStr | None = None
+
+    @model_validator(mode="after")
+    def _security_complete(self) -> KafkaSection:
+        if self.security_protocol.startswith("SASL_"):
+            for key in ("sasl_mechanism", "sasl_plain_username", "sasl_plain_password"):
+                if getattr(self, key) is None:
+                    raise ValueError(
+                        f"kafka.security_protocol = {self.security_protocol!r} needs kafka.{key}"
+                    )
+        for key in ("ssl_cafile", "ssl_certfile", "ssl_keyfile"):
+            path = getattr(self, key)
+            if path is not None and not Path(path).is_file():
+                raise ValueError(f"kafka.{key}: no such file: {path}")
+        if (self.ssl_certfile is None) != (self.ssl_keyfile is None):
+            raise ValueError("kafka.ssl_certfile and kafka.ssl_keyfile go together")
+        return self
 
     def client_config(self) -> dict[str, Any]:
         """kafka-python keyword arguments (secrets unmasked only here)."""

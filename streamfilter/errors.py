@@ -17,7 +17,9 @@ __all__ = [
     "EXIT_CODES",
     "ConfigError",
     "ExitCode",
+    "KafkaAccessError",
     "PublishError",
+    "PublisherFencedError",
     "StaleStoreError",
     "StoreError",
     "StoreLockedError",
@@ -35,6 +37,8 @@ class ExitCode(IntEnum):
     STATE_IN_USE = 3  # another process owns the state (its lock is held)
     FAIL_CLOSED = 4  # the state or the release sink failed: nothing past the last commit released
     TELEMETRY_BUDGET = 5  # the telemetry budget would be exceeded: nothing was released
+    KAFKA_ACCESS = 6  # Kafka refused us: TLS, SASL, or a missing ACL (the message names the fix)
+    FENCED = 7  # another instance took over the releases topic: this one stopped publishing
 
 
 class StreamfilterError(Exception):
@@ -79,6 +83,26 @@ class PublishError(StreamfilterError, RuntimeError):
     consequence = "failing closed, the unsent releases stay in the state's outbox"
 
 
+class PublisherFencedError(PublishError):
+    """Another streamfilter instance initialised the releases topic's transactional id after
+    this one: the broker fenced this one, which cannot publish anything more (docs/kafka.md,
+    "Fenced publishing"). Restarting it would fence the other in turn: a supervisor must not."""
+
+    exit_code = ExitCode.FENCED
+    consequence = (
+        "this instance stopped; its unsent releases stay in its state's outbox — run one "
+        "instance per releases topic"
+    )
+
+
+class KafkaAccessError(StreamfilterError, RuntimeError):
+    """Kafka cannot be used with these settings: the TLS handshake or SASL authentication
+    failed, or an ACL is missing. The message names the cause and the config key or the ACL to
+    fix (docs/kafka.md lists the ACLs each command needs); nothing was released."""
+
+    exit_code = ExitCode.KAFKA_ACCESS
+
+
 class TelemetryBudgetError(StreamfilterError, ValueError):
     """A telemetry charge was refused: it would exceed the telemetry budget (nothing written)."""
 
@@ -94,4 +118,8 @@ EXIT_CODES: dict[int, str] = {
     ExitCode.FAIL_CLOSED: "state store or release sink failure (stale, damaged, read-only, disk "
     "full, sink unreadable): failing closed, nothing released past the last committed day",
     ExitCode.TELEMETRY_BUDGET: "the telemetry budget would be exceeded: nothing was released",
+    ExitCode.KAFKA_ACCESS: "Kafka refused access (TLS certificate or host name, key password, "
+    "SASL credentials or mechanism, missing ACL): the message names the key or ACL to fix",
+    ExitCode.FENCED: "another instance took over publishing to the releases topic (Kafka "
+    "transactions): this one was fenced and stopped; do not restart it automatically",
 }

@@ -73,6 +73,9 @@ STOP_TIMEOUT_S = 30  # SIGTERM -> SIGKILL bound inside kafka-down.sh
 
 log = logging.getLogger(__name__)
 
+#: SCRAM users a sasl_ssl broker is formatted with (deploy/kafka/kafka-up.sh)
+SASL_PASSWORDS = {"admin": "admin-secret", "app": "app-secret"}
+
 
 class KafkaUnavailable(RuntimeError):
     """A prerequisite of the test broker (java, mvn or the cached jars) is missing."""
@@ -120,10 +123,30 @@ class KafkaBroker:
     port: int
     controller_port: int
     host: str = HOST
+    security: str = "plaintext"  # or "sasl_ssl" (KAFKA_SECURITY of kafka-up.sh)
 
     @property
     def bootstrap(self) -> str:
-        return f"{self.host}:{self.port}"
+        host = "localhost" if self.security == "sasl_ssl" else self.host
+        return f"{host}:{self.port}"
+
+    @property
+    def tls_dir(self) -> Path:
+        """sasl_ssl: ca.crt, client.crt, client.key (+ client.key.password), made by kafka-up.sh."""
+        return self.run_dir / "tls"
+
+    def client(self, user: str = "admin", mechanism: str = "SCRAM-SHA-512") -> dict[str, Any]:
+        """kafka-python settings for ``user`` (sasl_ssl: admin is a super user; app has the
+        rights ACLs give it). Empty for a plaintext broker."""
+        if self.security != "sasl_ssl":
+            return {}
+        return {
+            "security_protocol": "SASL_SSL",
+            "sasl_mechanism": mechanism,
+            "sasl_plain_username": user,
+            "sasl_plain_password": SASL_PASSWORDS[user],
+            "ssl_cafile": str(self.tls_dir / "ca.crt"),
+        }
 
     @property
     def run_dir(self) -> Path:
@@ -140,6 +163,7 @@ class KafkaBroker:
         env.setdefault("KAFKA_START_TIMEOUT", str(START_TIMEOUT_S))
         env.setdefault("KAFKA_STOP_TIMEOUT", str(STOP_TIMEOUT_S))
         env.pop("KAFKA_KEEP_DATA", None)  # only the explicit keep_data arguments count
+        env["KAFKA_SECURITY"] = self.security
         return env
 
     def _run(self, script: Path, args: list[str], timeout: float) -> subprocess.CompletedProcess:
@@ -273,14 +297,14 @@ def free_port_pair() -> tuple[int, int]:
     raise KafkaBrokerError("could not find two consecutive free TCP ports on 127.0.0.1")
 
 
-def start_broker() -> KafkaBroker:
+def start_broker(security: str = "plaintext") -> KafkaBroker:
     """Start a new broker on free ports (skip/fail if unavailable) and register it."""
     if shutil.which("bash") is None:
         skip_or_fail("bash is not available to run deploy/kafka/kafka-up.sh")
     last_error: KafkaBrokerError | None = None
     for _ in range(3):  # retry if another process took the ports in the meantime
         port, controller_port = free_port_pair()
-        broker = KafkaBroker(port, controller_port)
+        broker = KafkaBroker(port, controller_port, security=security)
         unavailable = ""
         try:
             broker.start()
@@ -330,6 +354,24 @@ def kafka_bootstrap(request: pytest.FixtureRequest) -> Iterator[str]:
         release_broker(broker, keep_logs=request.session.testsfailed > 0)
 
 
+@pytest.fixture(scope="session")
+def kafka_secured(request: pytest.FixtureRequest) -> Iterator[KafkaBroker]:
+    """One secured broker for the session: SASL_SSL on ``localhost:<port>`` with a CA made by
+    kafka-up.sh, SCRAM-SHA-512/256 and PLAIN users ``admin`` (super user) and ``app`` (rights
+    only from ACLs), ACLs enforced. ``broker.client(user)`` gives the client settings.
+    ``KAFKA_SECURED_PORT`` names one already started with ``KAFKA_SECURITY=sasl_ssl
+    deploy/kafka/kafka-up.sh`` (used as is, never stopped here)."""
+    port = os.environ.get("KAFKA_SECURED_PORT", "").strip()
+    if port:
+        yield KafkaBroker(int(port), int(port) + 1, security="sasl_ssl")
+        return
+    broker = start_broker(security="sasl_ssl")
+    try:
+        yield broker
+    finally:
+        release_broker(broker, keep_logs=request.session.testsfailed > 0)
+
+
 @pytest.fixture
 def kafka_private_broker(request: pytest.FixtureRequest) -> Iterator[KafkaBroker]:
     """A broker of this test's own, which the test may stop and restart."""
@@ -342,6 +384,11 @@ def kafka_private_broker(request: pytest.FixtureRequest) -> Iterator[KafkaBroker
 
 # ------------------------------------------------------------------------------------------
 # Client helpers (kafka-python)
+
+
+def admin_client(bootstrap: str, **config: Any):
+    """A kafka-python admin client (``config``: security settings, e.g. ``broker.client()``)."""
+    return _admin(bootstrap, **config)
 
 
 def _admin(bootstrap: str, **config: Any):
@@ -383,9 +430,10 @@ def create_topic(
     replication_factor: int = 1,
     configs: dict[str, str] | None = None,
     timeout: float = 30.0,
+    client: dict[str, Any] | None = None,
 ) -> str:
     """Create ``name`` and wait until every partition has a leader; returns ``name``."""
-    admin = _admin(bootstrap, request_timeout_ms=int(timeout * 1000))
+    admin = _admin(bootstrap, request_timeout_ms=int(timeout * 1000), **(client or {}))
     try:
         admin.create_topics(
             {
@@ -403,10 +451,19 @@ def create_topic(
     return name
 
 
-def read_topic(bootstrap: str, topic: str, timeout: float = 30.0) -> list[Any]:
+def read_topic(
+    bootstrap: str,
+    topic: str,
+    timeout: float = 30.0,
+    *,
+    isolation_level: str = "read_committed",
+    client: dict[str, Any] | None = None,
+) -> list[Any]:
     """Every record in ``topic`` up to its current end offsets, ordered by (partition, offset).
 
-    Uses a group-less consumer (no offsets are committed). Returns kafka-python
+    Uses a group-less consumer (no offsets are committed) that reads committed records only, as
+    release readers do (``isolation_level="read_uncommitted"`` also returns aborted ones);
+    ``client``: extra kafka-python settings (security). Returns kafka-python
     ``ConsumerRecord``s; raises ``TimeoutError`` if the end is not reached in time.
     """
     from kafka import KafkaConsumer, TopicPartition
@@ -418,6 +475,8 @@ def read_topic(bootstrap: str, topic: str, timeout: float = 30.0) -> list[Any]:
         enable_auto_commit=False,
         auto_offset_reset="earliest",
         request_timeout_ms=int(min(timeout, 30) * 1000) + 1000,
+        isolation_level=isolation_level,
+        **(client or {}),
     )
     try:
         deadline = time.monotonic() + timeout

@@ -12,6 +12,9 @@
 #   KAFKA_PYTHON           python with kafka-python for the readiness probe (only this one is
 #                          tried when set; e.g. KAFKA_PYTHON=none forces the log-based check)
 #                          default: <repo>/.venv/bin/python, then python3, if one imports kafka
+#   KAFKA_SECURITY         "plaintext", or "sasl_ssl": TLS (a CA made by kafka-up.sh), SASL
+#                          (SCRAM-SHA-512/256, PLAIN) and ACLs; the bootstrap address is then
+#                          localhost:PORT (the certificate's name)           default plaintext
 #   JAVA, MVN              java / mvn executables                     default: from PATH
 #
 # Layout (both directories are gitignored):
@@ -36,7 +39,12 @@ if ! [[ "$KAFKA_CONTROLLER_PORT" =~ ^[0-9]+$ ]] || ((KAFKA_CONTROLLER_PORT < 1 |
     echo "kafka: error: KAFKA_CONTROLLER_PORT must be a port number different from KAFKA_PORT, got '$KAFKA_CONTROLLER_PORT'" >&2
     exit 2
 fi
-KAFKA_BOOTSTRAP_ADDR="$KAFKA_HOST:$KAFKA_PORT"
+KAFKA_SECURITY="${KAFKA_SECURITY:-plaintext}"
+case "$KAFKA_SECURITY" in
+    plaintext) KAFKA_BOOTSTRAP_ADDR="$KAFKA_HOST:$KAFKA_PORT" ;;
+    sasl_ssl) KAFKA_BOOTSTRAP_ADDR="localhost:$KAFKA_PORT" ;;
+    *) echo "kafka: error: KAFKA_SECURITY must be plaintext or sasl_ssl, got '$KAFKA_SECURITY'" >&2; exit 2 ;;
+esac
 
 KAFKA_LIB_DIR="$KAFKA_HOME_DIR/.cache/lib"
 KAFKA_RUN_DIR="$KAFKA_HOME_DIR/.run/$KAFKA_PORT"

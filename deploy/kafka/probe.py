@@ -1,6 +1,7 @@
 """Readiness probe for kafka-up.sh: one Metadata request via kafka-python.
 
-Usage: python probe.py HOST:PORT
+Usage: python probe.py HOST:PORT [CLIENT_JSON]
+(CLIENT_JSON: a file of extra kafka-python settings, e.g. SASL_SSL for KAFKA_SECURITY=sasl_ssl)
 Exit status: 0 = the broker answered with at least one registered broker (prints the cluster
 id), 1 = not (yet) serving, 2 = kafka-python is not importable in this interpreter.
 """
@@ -11,6 +12,12 @@ import sys
 
 def main() -> int:
     bootstrap = sys.argv[1]
+    extra = {}
+    if len(sys.argv) > 2:
+        import json
+
+        with open(sys.argv[2]) as f:
+            extra = json.load(f)
     try:
         from kafka import KafkaAdminClient
     except ImportError:
@@ -23,6 +30,7 @@ def main() -> int:
             request_timeout_ms=5000,
             bootstrap_timeout_ms=3000,
             reconnect_backoff_max_ms=500,
+            **extra,
         )
     except Exception:
         return 1

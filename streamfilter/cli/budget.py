@@ -89,7 +89,11 @@ def cmd_budget_stats(args: argparse.Namespace) -> int:
         ) from None
     if not all(0.0 < q < 1.0 for q in qs):
         raise ConfigError(f"--quantiles: each must be in (0, 1), got {args.quantiles!r}")
-    result = budget_stats(load_config(args.config), quantiles=qs)  # TelemetryBudgetError: exit 5
+    from streamfilter.runtime.app import kafka_errors_explained
+
+    settings = load_config(args.config)
+    with kafka_errors_explained(settings):  # Kafka TLS/SASL/ACL failures: one line, exit 6
+        result = budget_stats(settings, quantiles=qs)  # TelemetryBudgetError: exit 5
     print(json.dumps(result, indent=2) if args.json else _stats_text(result))
     return 0
 

@@ -40,8 +40,11 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_simulate_local(args: argparse.Namespace) -> int:
     from streamfilter.cli.simulate import simulate_local, write_summary
+    from streamfilter.runtime.app import kafka_errors_explained
 
-    summary = simulate_local(load_config(args.config), allow_test_seed=args.testing)
+    settings = load_config(args.config)
+    with kafka_errors_explained(settings):  # Kafka TLS/SASL/ACL failures: one line, exit 6
+        summary = simulate_local(settings, allow_test_seed=args.testing)
     print(write_summary(summary), file=sys.stderr)
     return 0
 

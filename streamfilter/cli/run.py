@@ -27,17 +27,18 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_term)
-    from streamfilter.runtime.app import build_daemon, startup_summary
+    from streamfilter.runtime.app import build_daemon, kafka_errors_explained, startup_summary
 
     settings = load_config(args.config)
-    parts = build_daemon(settings, follow=not args.until_end, allow_test_seed=args.testing)
-    logging.getLogger("streamfilter.run").info("%s", startup_summary(settings, parts))
-    daemon_ref.append(parts.daemon)
-    if stop_requested.is_set():
-        parts.daemon.stop()
-    try:
-        summary = parts.daemon.run(until_end=args.until_end)
-    finally:
-        parts.close()
+    with kafka_errors_explained(settings):
+        parts = build_daemon(settings, follow=not args.until_end, allow_test_seed=args.testing)
+        logging.getLogger("streamfilter.run").info("%s", startup_summary(settings, parts))
+        daemon_ref.append(parts.daemon)
+        if stop_requested.is_set():
+            parts.daemon.stop()
+        try:
+            summary = parts.daemon.run(until_end=args.until_end)
+        finally:
+            parts.close()
     print(json.dumps({"summary": summary.as_dict()}), file=sys.stderr)
     return 0

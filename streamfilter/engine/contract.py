@@ -72,6 +72,7 @@ class RejectReason(StrEnum):
     INVALID_NUMBER = "invalid_number"
     INVALID_EVENT_ID = "invalid_event_id"
     OVERSIZED = "oversized"
+    UNDECODABLE_BATCH = "undecodable_batch"
     LATE = "late"
     WRONG_DAY = "wrong_day"
     # queries
@@ -102,6 +103,8 @@ REJECT_REASON_MEANING: dict[RejectReason, str] = {
     RejectReason.INVALID_NUMBER: "a value is NaN, infinite or beyond ±1e12",
     RejectReason.INVALID_EVENT_ID: "event_id is not a string of 1 to 256 characters",
     RejectReason.OVERSIZED: "the record exceeds its size limit (an event: 64 KiB)",
+    RejectReason.UNDECODABLE_BATCH: "Kafka: the client cannot decode the record's batch (corrupt, "
+    "or compressed with a codec it lacks); the raw bytes are not available",
     RejectReason.LATE: "the event's day is already closed",
     RejectReason.WRONG_DAY: "Python API: an event of another day passed to close_day",
     RejectReason.UNKNOWN_QUERY_KIND: "kind is not sum, histogram or linear",

@@ -38,6 +38,7 @@ __all__ = [
     "check_topics",
     "config_fingerprint",
     "event_source",
+    "kafka_errors_explained",
     "startup_summary",
     "topic_specs",
 ]
@@ -74,10 +75,13 @@ def _contributions_source(settings: Settings, follow: bool) -> Source:
         assert loc.path is not None
         return FileSource(loc.path, follow=follow)
     from streamfilter.runtime.io.kafka import KafkaSource
+    from streamfilter.runtime.io.kafka_errors import check_group_access, kafka_access
 
     assert loc.topic is not None
     k = settings.kafka
-    return KafkaSource(loc.topic, k.client_config(), k.group_id)
+    check_group_access(k.client_config(), k.group_id, loc.topic)
+    with kafka_access(k.client_config(), topic=loc.topic, role="local.topic", group=k.group_id):
+        return KafkaSource(loc.topic, k.client_config(), k.group_id)
 
 
 def _engine(
@@ -104,10 +108,13 @@ def event_source(settings: Settings, follow: bool = False) -> Source:
         g = s.synthetic
         return SyntheticSource(g.users, g.days, g.start_day, g.p_active, g.seed)
     from streamfilter.runtime.io.kafka import KafkaSource
+    from streamfilter.runtime.io.kafka_errors import check_group_access, kafka_access
 
     assert s.topic is not None
     k = settings.kafka
-    return KafkaSource(s.topic, k.client_config(), k.group_id)
+    check_group_access(k.client_config(), k.group_id, s.topic)
+    with kafka_access(k.client_config(), topic=s.topic, role="source.topic", group=k.group_id):
+        return KafkaSource(s.topic, k.client_config(), k.group_id)
 
 
 def check_query_source(settings: Settings) -> None:
@@ -144,9 +151,12 @@ def _feed(settings: Settings) -> QueryFeed:
     if q.kind == "none":
         return NoQueryFeed()
     from streamfilter.runtime.io.kafka import KafkaQueryFeed
+    from streamfilter.runtime.io.kafka_errors import kafka_access
 
     assert q.topic is not None
-    return KafkaQueryFeed(q.topic, settings.kafka.client_config())
+    client = settings.kafka.client_config()
+    with kafka_access(client, topic=q.topic, role="queries.topic"):
+        return KafkaQueryFeed(q.topic, client)
 
 
 def _sink(settings: Settings, kind: str, path: Path, topic: str | None, dedupe: bool) -> Sink:
@@ -154,10 +164,16 @@ def _sink(settings: Settings, kind: str, path: Path, topic: str | None, dedupe: 
         return FileSink(path, dedupe_releases=dedupe)
     if kind == "stdout":
         return StdoutSink()
-    from streamfilter.runtime.io.kafka import KafkaSink
+    from streamfilter.runtime.io.kafka import KafkaSink, release_transactional_id
+    from streamfilter.runtime.io.kafka_errors import kafka_access
 
     assert topic is not None
-    return KafkaSink(topic, settings.kafka.client_config())
+    # the releases sink (dedupe) publishes in transactions under the topic's own id; rejects not
+    txn_id = release_transactional_id(topic) if dedupe else None
+    client = settings.kafka.client_config()
+    role = "sink.topic" if dedupe else "rejects.topic"
+    with kafka_access(client, topic=topic, role=role):
+        return KafkaSink(topic, client, transactional_id=txn_id)
 
 
 def topic_specs(settings: Settings) -> list[TopicSpec]:
@@ -172,6 +188,17 @@ def topic_specs(settings: Settings) -> list[TopicSpec]:
     ]
 
 
+def kafka_errors_explained(settings: Settings) -> contextlib.AbstractContextManager[None]:
+    """Around a command's work: Kafka TLS/SASL failures and authorization errors become one
+    clear line (``KafkaAccessError``); nothing when the configuration does not use Kafka."""
+    if not topic_specs(settings):
+        return contextlib.nullcontext()
+    from streamfilter.runtime.io.kafka_errors import kafka_access
+
+    k = settings.kafka
+    return kafka_access(k.client_config(), group=k.group_id)
+
+
 def check_topics(settings: Settings) -> None:
     """Refuse to start when a configured topic is missing, naming it and its key."""
     specs = topic_specs(settings)
@@ -181,7 +208,9 @@ def check_topics(settings: Settings) -> None:
 
     try:
         missing = missing_topics(settings.kafka.client_config(), specs)
-    except Exception as exc:  # any client failure: report the broker
+    except StreamfilterError:  # TLS, SASL, ACL: the cause and the key or ACL to fix
+        raise
+    except Exception as exc:  # any other client failure: report the broker
         raise ConfigError(
             f"cannot reach kafka at {settings.kafka.bootstrap_servers}: {type(exc).__name__}: {exc}"
         ) from None

@@ -275,6 +275,9 @@ class Daemon:
         if not values:
             return
         partition, offsets = batch.partition, batch.offsets
+        if batch.undecodable:
+            self._reject_undecodable(batch)
+            return
         parsed = self.engine.parse_records(values)
         self.summary.records_read += len(values)
         self._last_seen[partition] = self.monotonic()
@@ -316,6 +319,15 @@ class Daemon:
                 duplicates += 1
         self.summary.events_accepted += accepted
         self.summary.events_duplicate += duplicates
+
+    def _reject_undecodable(self, batch: RecordBatch) -> None:
+        """Records the source could not decode: each is a reject, and the run goes on."""
+        self.summary.records_read += len(batch.offsets)
+        self._read_offset[batch.partition] = batch.next_offset
+        for offset in batch.offsets:
+            self._reject_record(
+                batch.partition, offset, b"", RejectReason.UNDECODABLE_BATCH, batch.undecodable
+            )
 
     def _day_input(self, day: str, partition: str, offset: int) -> DayInput:
         """The open ``day``'s buffer, about to receive records of ``partition`` from ``offset``

@@ -48,12 +48,17 @@ class SourceRecord(msgspec.Struct, frozen=True, gc=False):
 
 class RecordBatch(msgspec.Struct, frozen=True):
     """Consecutive records of one partition as columns: record ``i`` starts at ``offsets[i]``
-    and has value ``values[i]``; ``next_offset`` is where the record after the last one starts."""
+    and has value ``values[i]``; ``next_offset`` is where the record after the last one starts.
+
+    ``undecodable`` (non-empty: why) marks records the source could not decode (e.g. a Kafka
+    batch compressed with a codec the client lacks): their values are empty and the daemon
+    rejects each one as ``undecodable_batch`` instead of parsing it."""
 
     partition: str
     offsets: list[int]
     values: list[bytes]
     next_offset: int
+    undecodable: str = ""
 
 
 def group_records(records: list[SourceRecord]) -> list[RecordBatch]:

@@ -4,28 +4,41 @@ Topics: events (key ``user_id``), queries, releases (key ``day/query_id``, value
 rejects (``reason`` + ``raw``). The daemon is a single writer (one SQLite state): it assigns
 itself every partition of the events topic and seeks to the offsets stored in the state store;
 the consumer group's committed offsets only *mirror* those (so lag tools work) and are never read
-back. Releases go out through an idempotent producer with ``acks=all``; a release is marked sent
-in the store only after the broker acknowledged it, and a restart republishes the stored bytes,
-so the releases topic holds exactly one distinct value per key (possibly repeated: readers dedupe
-on the key).
+back. Releases go out in Kafka transactions under the releases topic's own transactional id
+(``release_transactional_id``): a second instance fences the first, and only then compares the
+topic with its state. A release is marked sent in the store only after its transaction
+committed, and a restart republishes the stored bytes, so the releases topic holds exactly one
+distinct value per key for ``read_committed`` readers (possibly repeated: readers dedupe on the
+key). Codec handling: ``kafka_codecs``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any
 
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import NewTopic
-from kafka.errors import KafkaError, KafkaTimeoutError, TopicAlreadyExistsError
+from kafka.errors import (
+    AuthorizationError,
+    InvalidProducerEpochError,
+    KafkaError,
+    KafkaTimeoutError,
+    ProducerFencedError,
+    TopicAlreadyExistsError,
+    TopicAuthorizationFailedError,
+)
 from kafka.structs import OffsetAndMetadata
 
-from streamfilter.errors import PublishError
+from streamfilter.errors import KafkaAccessError, PublisherFencedError, PublishError
 from streamfilter.runtime.io.base import QueryFeed, RecordBatch, Sink, Source, SourceRecord
+from streamfilter.runtime.io.kafka_codecs import Undecodable, poll_decodable
+from streamfilter.runtime.io.kafka_errors import kafka_access
 
 __all__ = [
     "KafkaQueryFeed",
@@ -34,6 +47,7 @@ __all__ = [
     "TopicSpec",
     "create_topics",
     "missing_topics",
+    "release_transactional_id",
 ]
 
 log = logging.getLogger("streamfilter.kafka")
@@ -77,9 +91,17 @@ class _AssignedConsumer:
         for label, tp in self.by_label.items():
             self.consumer.seek(tp, max(offsets.get(label, 0), beginning[tp]))
 
+    def poll_raw(
+        self, max_records: int, timeout_ms: int
+    ) -> tuple[dict[TopicPartition, list[Any]], list[Undecodable]]:
+        """``consumer.poll``, stepping over records the client cannot decode (returned apart)."""
+        return poll_decodable(self.consumer, max_records, timeout_ms)
+
     def poll(self, max_records: int, timeout_ms: int) -> list[tuple[str, int, bytes]]:
-        batches = self.consumer.poll(timeout_ms=timeout_ms, max_records=max_records)
-        out = []
+        """Records as (partition, offset, value); an undecodable one has the value ``b""``
+        (refused by whoever parses it)."""
+        batches, undecodable = self.poll_raw(max_records, timeout_ms)
+        out = [(_label(u.tp), u.offset, b"") for u in undecodable]
         for tp, records in sorted(batches.items(), key=lambda kv: kv[0].partition):
             label = _label(tp)
             for rec in records:
@@ -121,8 +143,11 @@ class KafkaSource(Source):
     def poll_batches(self, max_records: int) -> list[RecordBatch]:
         """One batch per partition that returned records, in partition order. (Two C-level
         passes over kafka-python's records; this runs for every input record.)"""
-        polled = self._c.consumer.poll(timeout_ms=self._poll_timeout_ms, max_records=max_records)
-        out: list[RecordBatch] = []
+        polled, undecodable = self._c.poll_raw(max_records, self._poll_timeout_ms)
+        out: list[RecordBatch] = [
+            RecordBatch(_label(u.tp), [u.offset], [b""], u.offset + 1, undecodable=u.detail)
+            for u in undecodable
+        ]
         for tp, records in sorted(polled.items(), key=lambda kv: kv[0].partition):
             if not records:
                 continue
@@ -215,18 +240,47 @@ class KafkaQueryFeed(QueryFeed):
         self._c.close()
 
 
+def release_transactional_id(topic: str) -> str:
+    """The transactional id of the releases topic ``topic``: one publisher per topic, whatever
+    state it runs from (docs/kafka.md, "Fenced publishing"; its ACL is on this name)."""
+    return f"streamfilter-releases-{topic}"
+
+
+_FENCED = (ProducerFencedError, InvalidProducerEpochError)
+
+
 class KafkaSink(Sink):
-    """Idempotent producer, ``acks=all``; ``flush`` returns once the broker acknowledged all."""
+    """Producer with ``acks=all``; ``flush`` returns once the broker acknowledged everything.
+
+    With ``transactional_id`` (the releases sink) everything published between two flushes is
+    one Kafka transaction, committed by ``flush``: a day's releases become visible to
+    ``read_committed`` readers at once. The constructor calls ``init_transactions``, which
+    fences every earlier producer with the same id (their open transaction is aborted, their
+    next send or commit fails): so :meth:`last_published_day`, asked after construction, reads
+    a topic no other instance can still write to. A fenced sink raises
+    :class:`PublisherFencedError`. Without ``transactional_id`` (rejects) it is an idempotent
+    producer.
+    """
 
     def __init__(
-        self, topic: str, client: dict[str, Any], delivery_timeout_s: float = 300.0
+        self,
+        topic: str,
+        client: dict[str, Any],
+        delivery_timeout_s: float = 300.0,
+        transactional_id: str | None = None,
     ) -> None:
         self.topic = topic
         self._client = client
         self._held_through: tuple[str | None] | None = None
         self._timeout_s = delivery_timeout_s
+        self._transactional_id = transactional_id
+        self._in_transaction = False
+        extra: dict[str, Any] = {}
+        if transactional_id is not None:
+            extra = {"transactional_id": transactional_id, "transaction_timeout_ms": 60_000}
         self._producer = KafkaProducer(
             **client,
+            **extra,
             acks="all",
             enable_idempotence=True,
             linger_ms=5,
@@ -236,58 +290,115 @@ class KafkaSink(Sink):
             max_block_ms=int(delivery_timeout_s * 1000),
         )
         self._pending: list[Any] = []
+        if transactional_id is not None:
+            try:
+                with self._fencing():
+                    self._producer.init_transactions()
+            except BaseException:
+                self._producer.close(timeout=0)
+                raise
+
+    @contextlib.contextmanager
+    def _fencing(self) -> Iterator[None]:
+        try:
+            yield
+        except _FENCED as exc:
+            raise PublisherFencedError(
+                f"another streamfilter instance started publishing to kafka topic {self.topic!r} "
+                f"(transactional id {self._transactional_id!r}) and fenced this one "
+                f"({type(exc).__name__})"
+            ) from None
 
     def publish(self, key: str, payload: bytes) -> None:
-        self._pending.append(self._producer.send(self.topic, key=key.encode(), value=payload))
+        with self._fencing():
+            if self._transactional_id is not None and not self._in_transaction:
+                self._producer.begin_transaction()
+                self._in_transaction = True
+            self._pending.append(self._producer.send(self.topic, key=key.encode(), value=payload))
 
     def flush(self) -> None:
         deadline = time.monotonic() + self._timeout_s
-        self._producer.flush(timeout=self._timeout_s)
-        for future in self._pending:
-            future.get(timeout=max(1.0, deadline - time.monotonic()))  # raises KafkaError
-        self._pending.clear()
+        with self._fencing():
+            self._producer.flush(timeout=self._timeout_s)
+            for future in self._pending:
+                future.get(timeout=max(1.0, deadline - time.monotonic()))  # raises KafkaError
+            self._pending.clear()
+            if self._in_transaction:
+                self._producer.commit_transaction()
+                self._in_transaction = False
 
     def last_published_day(self) -> str | None:
-        """The latest day among the releases the topic held when first asked.
+        """The latest day among the (committed) releases the topic held when first asked.
 
         Releases are published in day order with key ``day/query_id``, so each partition's last
-        record carries that partition's latest day; the stale-state check (``runtime.store``)
-        compares their maximum with the state's last closed day. Reads one record per partition.
+        records carry that partition's latest day; the stale-state check (``runtime.store``)
+        compares their maximum with the state's last closed day. Reads the tail of each
+        partition (``read_committed``: transaction markers and aborted releases are skipped).
         """
         if self._held_through is None:
-            self._held_through = (self._read_last_day(),)
+            role = "sink.topic, READ for the stale-state check"
+            with kafka_access(self._client, topic=self.topic, role=role):
+                self._held_through = (self._read_last_day(),)
         return self._held_through[0]
 
     def _read_last_day(self) -> str | None:
-        consumer = KafkaConsumer(**self._client, group_id=None, enable_auto_commit=False)
+        consumer = KafkaConsumer(
+            **self._client,
+            group_id=None,
+            enable_auto_commit=False,
+            isolation_level="read_committed",
+        )
         try:
             parts = consumer.partitions_for_topic(self.topic) or set()
             tps = [TopicPartition(self.topic, p) for p in sorted(parts)]
-            if not tps:
-                return None
+            if not tps:  # it exists (checked at start): the user may not read it
+                raise KafkaAccessError(
+                    f"kafka topic {self.topic!r} (sink.topic) cannot be read by this user: grant "
+                    "READ on it — every start reads its last releases to check that the state is "
+                    "not a stale copy (docs/kafka.md, ACLs)"
+                )
             consumer.assign(tps)
             ends = consumer.end_offsets(tps)
             starts = consumer.beginning_offsets(tps)
-            wanted = {tp for tp in tps if ends[tp] > starts[tp]}
-            for tp in wanted:
-                consumer.seek(tp, ends[tp] - 1)
             latest: str | None = None
-            deadline = time.monotonic() + 30.0
-            while wanted and time.monotonic() < deadline:
-                for tp, records in consumer.poll(timeout_ms=500).items():
-                    for rec in records:
-                        if rec.offset == ends[tp] - 1:
-                            wanted.discard(tp)
-                            day = (rec.key or b"").decode("utf-8", "replace").split("/", 1)[0]
-                            latest = max(latest or day, day)
-            if wanted:
-                raise PublishError(
-                    f"could not read the last release of kafka topic {self.topic!r} to check that "
-                    "the state is not a stale copy; refusing to start"
-                )
+            for tp in tps:
+                back, day = 64, None  # the tail holds a commit marker per transaction
+                while ends[tp] > starts[tp]:
+                    start = max(starts[tp], ends[tp] - back)
+                    day = self._last_day_from(consumer, tp, start, ends[tp])
+                    if day == "":
+                        raise PublishError(
+                            f"could not read the last release of kafka topic {self.topic!r} to "
+                            "check that the state is not a stale copy; refusing to start"
+                        )
+                    if day is not None or start == starts[tp]:
+                        break
+                    back *= 8
+                if day is not None:
+                    latest = max(latest or day, day)
             return latest
         finally:
             consumer.close()
+
+    @staticmethod
+    def _last_day_from(
+        consumer: KafkaConsumer, tp: TopicPartition, start: int, end: int
+    ) -> str | None:
+        """The latest day among the committed records of ``tp`` from ``start`` to its end
+        (``None`` if there are none there, ``""`` if the end could not be reached)."""
+        consumer.pause(*consumer.assignment())
+        consumer.resume(tp)
+        consumer.seek(tp, start)
+        latest: str | None = None
+        deadline = time.monotonic() + 30.0
+        while consumer.position(tp) < end:
+            if time.monotonic() > deadline:
+                return ""
+            for records in consumer.poll(timeout_ms=500).values():
+                for rec in records:
+                    day = (rec.key or b"").decode("utf-8", "replace").split("/", 1)[0]
+                    latest = max(latest or day, day)
+        return latest
 
     def close(self) -> None:
         try:
@@ -301,12 +412,33 @@ def _admin(client: dict[str, Any]) -> KafkaAdminClient:
 
 
 def missing_topics(client: dict[str, Any], specs: Iterable[TopicSpec]) -> list[TopicSpec]:
-    admin = _admin(client)
-    try:
-        existing = set(admin.list_topics())
-    finally:
-        admin.close()
-    return [s for s in specs if s.name not in existing]
+    """The topics of ``specs`` the admin client can see are missing. A topic the user may not
+    describe is not listed by the broker: it raises ``KafkaAccessError`` naming it (Kafka
+    answers "not authorized" for a topic the user has no rights on, whether it exists or not)."""
+    specs = list(specs)
+    with kafka_access(client):
+        admin = _admin(client)
+        try:
+            existing = set(admin.list_topics())
+            unseen = [s for s in specs if s.name not in existing]
+            if not unseen:
+                return []
+            described = admin.describe_topics([s.name for s in unseen])
+            denied = {
+                d["name"]
+                for d in described
+                if d.get("error_code") == TopicAuthorizationFailedError.errno
+            }
+            for spec in unseen:
+                if spec.name in denied:
+                    from streamfilter.runtime.io.kafka_errors import explain
+
+                    raise explain(
+                        TopicAuthorizationFailedError(), client, topic=spec.name, role=spec.role
+                    )
+        finally:
+            admin.close()
+    return unseen
 
 
 def create_topics(client: dict[str, Any], specs: Iterable[TopicSpec]) -> list[str]:
@@ -315,20 +447,27 @@ def create_topics(client: dict[str, Any], specs: Iterable[TopicSpec]) -> list[st
     todo = missing_topics(client, specs)
     if not todo:
         return []
-    admin = _admin(client)
-    created = []
-    try:
-        for spec in todo:
-            try:
-                admin.create_topics(
-                    [NewTopic(spec.name, spec.partitions, spec.replication_factor)],
-                    timeout_ms=30_000,
-                )
-                created.append(spec.name)
-            except TopicAlreadyExistsError:
-                pass
-    except KafkaError as exc:
-        raise RuntimeError(f"could not create kafka topics: {exc}") from exc
-    finally:
-        admin.close()
+    created: list[str] = []
+    with kafka_access(client):
+        admin = _admin(client)
+        try:
+            _create(admin, todo, created)
+        except KafkaError as exc:
+            if isinstance(exc, AuthorizationError):
+                raise
+            raise KafkaAccessError(f"could not create kafka topics: {exc}") from None
+        finally:
+            admin.close()
     return created
+
+
+def _create(admin: KafkaAdminClient, todo: list[TopicSpec], created: list[str]) -> None:
+    for spec in todo:
+        try:
+            admin.create_topics(
+                [NewTopic(spec.name, spec.partitions, spec.replication_factor)],
+                timeout_ms=30_000,
+            )
+            created.append(spec.name)
+        except TopicAlreadyExistsError:
+            pass
