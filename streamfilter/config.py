@@ -76,11 +76,18 @@ class PrivacySection(_Section):
 
 
 class WindowSection(_Section):
+    """``future_slack``: an event whose day begins more than this after now (UTC) is rejected as
+    ``future`` (a clock ahead of ours, a typo such as 2099): it must not hold days open or pin
+    the resume position, and ``--until-end`` never closes a day later than today."""
+
     allowed_lateness: Seconds = 7200.0
     idle_timeout: Seconds = 600.0
     poll_interval: Seconds = 0.5
+    future_slack: Seconds = 86400.0
 
-    @field_validator("allowed_lateness", "idle_timeout", "poll_interval", mode="before")
+    @field_validator(
+        "allowed_lateness", "idle_timeout", "poll_interval", "future_slack", mode="before"
+    )
     @classmethod
     def _duration(cls, v: Any) -> float:
         return parse_duration(v)

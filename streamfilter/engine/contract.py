@@ -73,6 +73,7 @@ class RejectReason(StrEnum):
     INVALID_EVENT_ID = "invalid_event_id"
     OVERSIZED = "oversized"
     LATE = "late"
+    FUTURE = "future"
     WRONG_DAY = "wrong_day"
     # queries
     UNKNOWN_QUERY_KIND = "unknown_query_kind"
@@ -103,6 +104,7 @@ REJECT_REASON_MEANING: dict[RejectReason, str] = {
     RejectReason.INVALID_EVENT_ID: "event_id is not a string of 1 to 256 characters",
     RejectReason.OVERSIZED: "the record exceeds its size limit (an event: 64 KiB)",
     RejectReason.LATE: "the event's day is already closed",
+    RejectReason.FUTURE: "the event's day is after today (UTC) plus [window] future_slack",
     RejectReason.WRONG_DAY: "Python API: an event of another day passed to close_day",
     RejectReason.UNKNOWN_QUERY_KIND: "kind is not sum, histogram or linear",
     RejectReason.INVALID_QUERY: "a query field is missing, malformed or out of range",

@@ -242,6 +242,7 @@ def build_daemon(
         allowed_lateness_s=w.allowed_lateness,
         idle_timeout_s=w.idle_timeout,
         poll_interval_s=w.poll_interval,
+        future_slack_s=w.future_slack,
         observer=metrics.observer if metrics is not None else None,
     )
     daemon.engine.active_set = active_set

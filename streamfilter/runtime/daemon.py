@@ -130,6 +130,7 @@ class Daemon:
         idle_timeout_s: float = 600.0,
         poll_interval_s: float = 0.5,
         batch_size: int = 50_000,
+        future_slack_s: float | None = None,
         wall_clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
         on_day_closed: Callable[[str, list[Release]], None] | None = None,
@@ -145,6 +146,7 @@ class Daemon:
         self.idle_timeout_s = idle_timeout_s
         self.poll_interval_s = poll_interval_s
         self.batch_size = batch_size
+        self.future_slack_s = future_slack_s
         self.wall_clock = wall_clock
         self.monotonic = monotonic
         self.on_day_closed = on_day_closed
@@ -212,7 +214,10 @@ class Daemon:
             records = [] if at_end else self.source.poll_batches(self.batch_size)
             self._ingest_batches(records)
             if until_end and not records and (at_end or self.source.at_end()):
-                last = max(filter(None, (self._last_open_day(), through_day)), default=None)
+                last_open = self._last_open_day()
+                if last_open is not None and self.future_slack_s is not None:
+                    last_open = min(last_open, self._today())  # never close a day to come
+                last = max(filter(None, (last_open, through_day)), default=None)
                 self._close_through(last)
                 break
             if not until_end:
@@ -227,6 +232,16 @@ class Daemon:
         self.stop_event.set()
 
     # ------------------------------------------------------------------ input
+    def _today(self) -> str:
+        return dt.datetime.fromtimestamp(self.wall_clock(), dt.UTC).date().isoformat()
+
+    def _horizon(self) -> str | None:
+        """The latest event day accepted now (``None``: no horizon): today (UTC) + the slack."""
+        if self.future_slack_s is None:
+            return None
+        moment = dt.datetime.fromtimestamp(self.wall_clock() + self.future_slack_s, dt.UTC)
+        return moment.date().isoformat()
+
     def _reject(self, reason: RejectReason, detail: str, raw: bytes, where: str) -> None:
         self.summary.rejects[reason] += 1
         self.observer.rejected(reason)
@@ -258,6 +273,8 @@ class Daemon:
         open day in one pass when every record is valid and of one open day (the usual batch);
         otherwise per record: reject it (with its reason, or ``late``; silently when replayed)
         or add it to its open day (looked up when the day changes from one record to the next).
+        An event dated after the horizon (today + ``future_slack_s``) is rejected as ``future``
+        before it touches any day: it moves no watermark and no resume position.
         """
         values = batch.values
         if not values:
@@ -268,9 +285,14 @@ class Daemon:
         self._last_seen[partition] = self.monotonic()
         self.observer.records_read(partition, len(values))
         self._read_offset[partition] = batch.next_offset
+        horizon = self._horizon()
         if not any(issubclass(t, Reject) for t in set(map(type, parsed))):
             days = set(map(_DAY, parsed))
-            if len(days) == 1 and not self.engine.is_closed(day := days.pop()):
+            if (
+                len(days) == 1
+                and not self.engine.is_closed(day := days.pop())
+                and (horizon is None or day <= horizon)
+            ):
                 accepted = sum(map(self._day_input(day, partition, offsets[0]).add, parsed))
                 self.summary.events_accepted += accepted
                 self.summary.events_duplicate += len(parsed) - accepted
@@ -291,6 +313,15 @@ class Daemon:
                         values[i],
                         RejectReason.LATE,
                         "event day is already closed",
+                    )
+                    continue
+                if horizon is not None and day > horizon:
+                    self._reject_record(
+                        partition,
+                        offsets[i],
+                        values[i],
+                        RejectReason.FUTURE,
+                        "event day is after today (UTC) plus the future slack",
                     )
                     continue
                 current = day
