@@ -31,11 +31,25 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from operator import attrgetter
+from typing import Any
 
-from streamfilter.engine.contract import Reject, RejectReason, Release, parse_query
+from streamfilter.engine.contract import (
+    MAX_EVENT_BYTES,
+    Reject,
+    RejectReason,
+    Release,
+    parse_query,
+)
 from streamfilter.engine.monitor import DayInput, Engine
 from streamfilter.runtime.faults import crash_point
-from streamfilter.runtime.io.base import QueryFeed, RecordBatch, Sink, Source, reject_payload
+from streamfilter.runtime.io.base import (
+    DEFAULT_REJECT_RAW_BYTES,
+    QueryFeed,
+    RecordBatch,
+    Sink,
+    Source,
+    reject_payload,
+)
 from streamfilter.runtime.observe.observer import DaemonObserver
 from streamfilter.runtime.store import (
     DayCommit,
@@ -45,7 +59,7 @@ from streamfilter.runtime.store import (
     check_sink_not_ahead,
 )
 
-__all__ = ["Daemon", "RunSummary", "collector_for_run"]
+__all__ = ["Daemon", "InputLimits", "RunSummary", "collector_for_run"]
 
 log = logging.getLogger("streamfilter.daemon")
 DAY = dt.timedelta(days=1)
@@ -65,6 +79,7 @@ class RunSummary:
     days_closed: int = 0
     releases_published: int = 0
     replayed_skipped: int = 0
+    rejects_dropped: int = 0
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -77,6 +92,19 @@ class RunSummary:
             "days_closed": self.days_closed,
             "releases_published": self.releases_published,
         }
+
+
+@dataclass(frozen=True)
+class InputLimits:
+    """What one input record may make the daemon hold (``[limits]``, ``[rejects]``); over a
+    limit the record is rejected with its reason before anything is built for it."""
+
+    max_event_bytes: int = MAX_EVENT_BYTES
+    max_query_bytes: int = 1 << 20
+    max_query_memory_bytes: int = 2 << 30
+    expected_users: int = 100_000
+    max_live_queries: int = 1000
+    max_reject_raw_bytes: int = DEFAULT_REJECT_RAW_BYTES
 
 
 #: allocations between two young-generation collections during a run (CPython's default: 700)
@@ -131,6 +159,7 @@ class Daemon:
         poll_interval_s: float = 0.5,
         batch_size: int = 50_000,
         future_slack_s: float | None = None,
+        limits: InputLimits | None = None,
         wall_clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
         on_day_closed: Callable[[str, list[Release]], None] | None = None,
@@ -147,6 +176,7 @@ class Daemon:
         self.poll_interval_s = poll_interval_s
         self.batch_size = batch_size
         self.future_slack_s = future_slack_s
+        self.limits = limits or InputLimits()
         self.wall_clock = wall_clock
         self.monotonic = monotonic
         self.on_day_closed = on_day_closed
@@ -243,9 +273,23 @@ class Daemon:
         return moment.date().isoformat()
 
     def _reject(self, reason: RejectReason, detail: str, raw: bytes, where: str) -> None:
+        """Count the reject and hand it (bounded: ``max_reject_raw_bytes``) to the reject sink.
+        A reject the sink still refuses is counted, logged once and skipped: the run goes on."""
         self.summary.rejects[reason] += 1
         self.observer.rejected(reason)
-        self.reject_sink.publish(where, reject_payload(reason, detail, raw, where))
+        payload = reject_payload(reason, detail, raw, where, self.limits.max_reject_raw_bytes)
+        try:
+            self.reject_sink.publish(where, payload)
+        except Exception as exc:  # the reject is lost, the record was refused all the same
+            self.summary.rejects_dropped += 1
+            self.observer.reject_dropped()
+            if self.summary.rejects_dropped == 1:
+                log.error(
+                    "the reject sink refused a reject record (%s at %s); skipped, and later ones "
+                    "are counted in streamfilter_rejects_dropped_total",
+                    type(exc).__name__,
+                    where,
+                )
 
     def _poll_queries(self) -> None:
         for where, raw in self.feed.poll():
@@ -253,13 +297,43 @@ class Daemon:
 
     def _register_query(self, where: str, raw: bytes) -> None:
         try:
+            if len(raw) > self.limits.max_query_bytes:
+                raise Reject(
+                    RejectReason.OVERSIZED,
+                    f"a query exceeds [limits] max_query_bytes ({self.limits.max_query_bytes})",
+                )
             query = parse_query(raw)
             if self.engine.check_query(query):
+                self._check_query_limits(query)
                 self.store.add_query(query.canonical_json().encode())
                 self.engine.register_query(query)
                 self.summary.queries_registered += 1
         except Reject as rej:
             self._reject(rej.reason, rej.detail, raw, where)
+
+    def _check_query_limits(self, query: Any) -> None:
+        """Refuse a new query whose per-day matrices would exceed ``max_query_memory_bytes``
+        at ``expected_users``, or one more than ``max_live_queries`` that still run."""
+        lim = self.limits
+        k, d = len(query.coordinates()), len(query.labels())
+        need = 8 * (lim.expected_users * (k + d) + k * d)
+        if need > lim.max_query_memory_bytes:
+            raise Reject(
+                RejectReason.QUERY_TOO_LARGE,
+                f"{k} coordinates × {d} outputs at {lim.expected_users} expected users need "
+                f"about {need >> 20} MiB, over [limits] max_query_memory_bytes",
+            )
+        last = self.engine.last_closed_day
+        live = sum(
+            1
+            for q in self.engine.queries
+            if q.until_day is None or last is None or q.until_day.isoformat() > last
+        )
+        if live >= lim.max_live_queries:
+            raise Reject(
+                RejectReason.TOO_MANY_QUERIES,
+                f"[limits] max_live_queries ({lim.max_live_queries}) queries still run",
+            )
 
     def _ingest(self, partition: str, offset: int, next_offset: int, raw: bytes) -> None:
         self._ingest_batches([RecordBatch(partition, [offset], [raw], next_offset)])
@@ -281,6 +355,10 @@ class Daemon:
             return
         partition, offsets = batch.partition, batch.offsets
         parsed = self.engine.parse_records(values)
+        limit = self.limits.max_event_bytes
+        if limit < MAX_EVENT_BYTES and max(map(len, values)) > limit:
+            too_big = Reject(RejectReason.OVERSIZED, f"event exceeds {limit} bytes")
+            parsed = [too_big if len(v) > limit else p for p, v in zip(parsed, values, strict=True)]
         self.summary.records_read += len(values)
         self._last_seen[partition] = self.monotonic()
         self.observer.records_read(partition, len(values))

@@ -25,6 +25,9 @@ class DaemonObserver:
     def rejected(self, reason: str) -> None:
         """One record refused with ``reason`` (before any accounting)."""
 
+    def reject_dropped(self) -> None:
+        """The reject sink refused a reject record; it was skipped."""
+
     def day_closed(
         self,
         day: str,

@@ -19,6 +19,7 @@ metric                                                 type     meaning
 =====================================================  =======  ===================================
 ``streamfilter_records_consumed_total{partition}``     counter  input records read (incl. rejects)
 ``streamfilter_rejects_total{reason}``                 counter  records refused, by reason code
+``streamfilter_rejects_dropped_total``                 counter  reject records the sink refused
 ``streamfilter_day_closes_total``                      counter  days committed
 ``streamfilter_releases_published_total``              counter  releases acknowledged by the sink
 ``streamfilter_day_close_seconds``                     histo.   prepare + commit of one day
@@ -169,6 +170,11 @@ class PrometheusObserver(DaemonObserver):
         )
         for reason in sorted(REJECT_REASONS | {"other"}):
             self.rejects.labels(reason)  # every reason exists from the start: rate() works
+        self.rejects_dropped = Counter(
+            "streamfilter_rejects_dropped_total",
+            "Reject records the reject sink refused (skipped; the records were refused anyway).",
+            registry=r,
+        )
         self.days_closed = Counter(
             "streamfilter_day_closes_total", "Days committed to the state store.", registry=r
         )
@@ -335,6 +341,9 @@ class PrometheusObserver(DaemonObserver):
 
     def rejected(self, reason: str) -> None:
         self.rejects.labels(reason if reason in REJECT_REASONS else "other").inc()
+
+    def reject_dropped(self) -> None:
+        self.rejects_dropped.inc()
 
     def day_closed(
         self,
