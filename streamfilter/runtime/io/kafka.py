@@ -21,7 +21,7 @@ from typing import Any
 
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import NewTopic
-from kafka.errors import KafkaError, TopicAlreadyExistsError
+from kafka.errors import KafkaError, KafkaTimeoutError, TopicAlreadyExistsError
 from kafka.structs import OffsetAndMetadata
 
 from streamfilter.errors import PublishError
@@ -189,6 +189,23 @@ class KafkaQueryFeed(QueryFeed):
 
     def poll(self) -> list[tuple[str, bytes]]:
         return [(f"{label}:{offset}", value) for label, offset, value in self._c.poll(10_000, 0)]
+
+    def poll_all(self, timeout_s: float = 60.0) -> list[tuple[str, bytes]]:
+        """Every query up to the end offsets captured now (a day is about to close): one fetch
+        returns only part of a backlog, and a query left unread would be refused as
+        ``closed_day`` after the close. Raises ``KafkaTimeoutError`` when the end is not reached
+        within ``timeout_s`` (the daemon retries; the day does not close without them)."""
+        consumer, tps = self._c.consumer, self._c.tps
+        ends = consumer.end_offsets(tps)
+        out: list[tuple[str, bytes]] = []
+        deadline = time.monotonic() + timeout_s
+        while any(consumer.position(tp) < ends[tp] for tp in tps):
+            if time.monotonic() > deadline:
+                raise KafkaTimeoutError(f"reading kafka topic {self._c.topic!r} to its end")
+            out.extend(
+                (f"{label}:{offset}", value) for label, offset, value in self._c.poll(10_000, 200)
+            )
+        return out
 
     def close(self) -> None:
         self._c.close()
