@@ -214,6 +214,23 @@ class Daemon:
         self.source.seek(offsets)
         for p in self.source.partitions():
             self._read_offset[p] = offsets.get(p, 0)
+        self.observer.partitions(len(self._read_offset), [])
+
+    def _note_new_partitions(self) -> None:
+        """Partitions the source added while running (read from their beginning): each holds
+        every open day until it has passed it or been idle for ``idle_timeout`` from now."""
+        new = [p for p in self.source.partitions() if p not in self._read_offset]
+        if not new:
+            return
+        for p in new:
+            self._read_offset[p] = 0
+            self._last_seen[p] = self.monotonic()
+        log.warning(
+            "input grew to %d partitions (%s added): open days wait for them",
+            len(self._read_offset),
+            ", ".join(new),
+        )
+        self.observer.partitions(len(self._read_offset), new)
 
     # ------------------------------------------------------------------ main loop
     def run(self, until_end: bool = False, through_day: str | None = None) -> RunSummary:
@@ -242,14 +259,16 @@ class Daemon:
             # at the end of the input already: no poll (a Kafka poll would wait its timeout)
             at_end = until_end and self.source.at_end()
             records = [] if at_end else self.source.poll_batches(self.batch_size)
+            self._note_new_partitions()
             self._ingest_batches(records)
             if until_end and not records and (at_end or self.source.at_end()):
                 last_open = self._last_open_day()
                 if last_open is not None and self.future_slack_s is not None:
                     last_open = min(last_open, self._today())  # never close a day to come
                 last = max(filter(None, (last_open, through_day)), default=None)
-                self._close_through(last)
-                break
+                if self._close_through(last):
+                    break
+                continue
             if not until_end:
                 self._close_ready()
             if not records:
@@ -482,14 +501,32 @@ class Daemon:
         last = max(self._last_seen.values(), default=self._started)
         return self.wall_clock() - (self.monotonic() - last)
 
-    def _close_through(self, last: str | None) -> None:
-        if last is not None:
-            for where, raw in self.feed.poll_all():
-                self._register_query(where, raw)
+    def _partitions_unchanged(self) -> bool:
+        """Ask the source for fresh partition metadata before days close: False (close
+        nothing now) when partitions were added — they are read first — or when the source
+        cannot tell (a broker outage: an unknown partition may hold the day's events)."""
+        try:
+            added = self.source.refresh_partitions(fresh=True)
+        except Exception as exc:
+            log.warning("could not refresh the input's partitions (%s); days wait", exc)
+            return False
+        self._note_new_partitions()
+        return not added
+
+    def _close_through(self, last: str | None) -> bool:
+        """Close every open day through ``last``; False if it must wait (see
+        :meth:`_partitions_unchanged`)."""
+        if last is None:
+            return True
+        if not self._partitions_unchanged():
+            return False
+        for where, raw in self.feed.poll_all():
+            self._register_query(where, raw)
         day = self._first_open_day()
         while day is not None and last is not None and day <= last and not self.stop_event.is_set():
             self._close_day(day)
             day = _next_day(day)
+        return True
 
     def announce(self, day: str) -> list[str]:
         """Register every query known for ``day`` now (feed and policy, as at the day's close)

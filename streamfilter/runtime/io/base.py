@@ -105,6 +105,12 @@ class Source(abc.ABC):
         """Records behind the end per partition, for sources that know it."""
         return {}
 
+    def refresh_partitions(self, fresh: bool = True) -> list[str]:
+        """Partitions added to the input since the last call (read from their beginning from
+        now on); raises when the source cannot tell (then no day may close). ``fresh``: ask the
+        source's authority now rather than a cached view. Default: a fixed set, never grows."""
+        return []
+
     def caught_up(self, partition: str) -> bool:
         """False while ``partition`` is known to hold unread records (an idle partition must
         be caught up before it stops holding the watermark back)."""

@@ -25,6 +25,9 @@ class DaemonObserver:
     def rejected(self, reason: str) -> None:
         """One record refused with ``reason`` (before any accounting)."""
 
+    def partitions(self, count: int, added: list[str]) -> None:
+        """The input has ``count`` partitions; ``added`` were added while running."""
+
     def reject_dropped(self) -> None:
         """The reject sink refused a reject record; it was skipped."""
 

@@ -21,6 +21,8 @@ metric                                                 type     meaning
 ``streamfilter_rejects_total{reason}``                 counter  records refused, by reason code
 ``streamfilter_rejects_dropped_total``                 counter  reject records the sink refused
 ``streamfilter_day_closes_total``                      counter  days committed
+``streamfilter_source_partitions``                     gauge    input partitions read
+``streamfilter_source_partitions_added_total``         counter  partitions added while running
 ``streamfilter_releases_published_total``              counter  releases acknowledged by the sink
 ``streamfilter_day_close_seconds``                     histo.   prepare + commit of one day
 ``streamfilter_release_lag_seconds``                   gauge    end of last closed day (UTC) →
@@ -173,6 +175,16 @@ class PrometheusObserver(DaemonObserver):
         self.rejects_dropped = Counter(
             "streamfilter_rejects_dropped_total",
             "Reject records the reject sink refused (skipped; the records were refused anyway).",
+            registry=r,
+        )
+        self.source_partitions = Gauge(
+            "streamfilter_source_partitions",
+            "Input partitions the daemon reads (added partitions included once seen).",
+            registry=r,
+        )
+        self.partitions_added = Counter(
+            "streamfilter_source_partitions_added_total",
+            "Input partitions added while the daemon ran (read from their beginning).",
             registry=r,
         )
         self.days_closed = Counter(
@@ -344,6 +356,10 @@ class PrometheusObserver(DaemonObserver):
 
     def reject_dropped(self) -> None:
         self.rejects_dropped.inc()
+
+    def partitions(self, count: int, added: list[str]) -> None:
+        self.source_partitions.set(count)
+        self.partitions_added.inc(len(added))
 
     def day_closed(
         self,
