@@ -108,8 +108,13 @@ class _TopicKeys(_Section):
 
 
 class SourceSection(_TopicKeys):
+    """``on_retention_gap``: what to do when a partition's records after the stored position
+    were deleted before they were read: ``fail`` (exit 4, naming the partition and the number
+    of records) or ``skip`` (start at the partition's beginning; logged and counted)."""
+
     kind: Literal["file", "synthetic", "kafka"] = "file"
     path: Path | None = None
+    on_retention_gap: Literal["fail", "skip"] = "fail"
     synthetic: SyntheticSection = SyntheticSection()
 
     @model_validator(mode="after")

@@ -18,6 +18,7 @@ __all__ = [
     "ConfigError",
     "ExitCode",
     "PublishError",
+    "RetentionGapError",
     "StaleStoreError",
     "StoreError",
     "StoreLockedError",
@@ -77,6 +78,17 @@ class PublishError(StreamfilterError, RuntimeError):
 
     exit_code = ExitCode.FAIL_CLOSED
     consequence = "failing closed, the unsent releases stay in the state's outbox"
+
+
+class RetentionGapError(StreamfilterError, RuntimeError):
+    """Records between the stored input position and a partition's beginning were deleted
+    (retention, ``delete_records``) before they were read: starting would skip them silently."""
+
+    exit_code = ExitCode.FAIL_CLOSED
+    consequence = (
+        "nothing was read or released; to accept the loss set [source] on_retention_gap = "
+        '"skip" (the skipped count is logged and exported)'
+    )
 
 
 class TelemetryBudgetError(StreamfilterError, ValueError):

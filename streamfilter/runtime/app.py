@@ -243,6 +243,7 @@ def build_daemon(
         idle_timeout_s=w.idle_timeout,
         poll_interval_s=w.poll_interval,
         future_slack_s=w.future_slack,
+        on_retention_gap=settings.source.on_retention_gap,
         limits=InputLimits(
             max_event_bytes=lim.max_event_bytes,
             max_query_bytes=lim.max_query_bytes,

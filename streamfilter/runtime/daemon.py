@@ -41,6 +41,7 @@ from streamfilter.engine.contract import (
     parse_query,
 )
 from streamfilter.engine.monitor import DayInput, Engine
+from streamfilter.errors import RetentionGapError
 from streamfilter.runtime.faults import crash_point
 from streamfilter.runtime.io.base import (
     DEFAULT_REJECT_RAW_BYTES,
@@ -160,6 +161,7 @@ class Daemon:
         batch_size: int = 50_000,
         future_slack_s: float | None = None,
         limits: InputLimits | None = None,
+        on_retention_gap: str = "fail",
         wall_clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
         on_day_closed: Callable[[str, list[Release]], None] | None = None,
@@ -177,6 +179,7 @@ class Daemon:
         self.batch_size = batch_size
         self.future_slack_s = future_slack_s
         self.limits = limits or InputLimits()
+        self.on_retention_gap = on_retention_gap
         self.wall_clock = wall_clock
         self.monotonic = monotonic
         self.on_day_closed = on_day_closed
@@ -212,9 +215,26 @@ class Daemon:
         offsets = {p: pos.resume_offset for p, pos in state.positions.items()}
         self._high = {p: pos.high_offset for p, pos in state.positions.items()}
         self.source.seek(offsets)
+        self._check_retention_gaps(self.source.retention_gaps())
         for p in self.source.partitions():
             self._read_offset[p] = offsets.get(p, 0)
         self.observer.partitions(len(self._read_offset), [])
+
+    def _check_retention_gaps(self, gaps: dict[str, int]) -> None:
+        """Records deleted before they were read are never skipped silently: fail (exit 4)
+        unless ``on_retention_gap == "skip"``, then log and count them."""
+        gaps = {p: n for p, n in gaps.items() if n > 0}
+        if not gaps:
+            return
+        named = ", ".join(f"{p}: {n} records" for p, n in sorted(gaps.items()))
+        if self.on_retention_gap != "skip":
+            raise RetentionGapError(
+                f"input records after the stored position were deleted before they were read "
+                f"(retention or delete_records) — {named}"
+            )
+        for p, n in gaps.items():
+            self.observer.offsets_skipped(p, n)
+        log.error("skipping input records deleted before they were read — %s", named)
 
     def _note_new_partitions(self) -> None:
         """Partitions the source added while running (read from their beginning): each holds

@@ -105,6 +105,11 @@ class Source(abc.ABC):
         """Records behind the end per partition, for sources that know it."""
         return {}
 
+    def retention_gaps(self) -> dict[str, int]:
+        """Per partition, the records between the offset the last :meth:`seek` asked for and
+        the partition's beginning (deleted before they were read). Default: none."""
+        return {}
+
     def refresh_partitions(self, fresh: bool = True) -> list[str]:
         """Partitions added to the input since the last call (read from their beginning from
         now on); raises when the source cannot tell (then no day may close). ``fresh``: ask the

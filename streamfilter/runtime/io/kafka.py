@@ -80,10 +80,17 @@ class _AssignedConsumer:
         self.consumer.assign(self.tps)
         self.by_label = {_label(tp): tp for tp in self.tps}
 
-    def seek(self, offsets: dict[str, int]) -> None:
+    def seek(self, offsets: dict[str, int]) -> dict[str, int]:
+        """Resume at ``offsets`` (at the beginning where none or an earlier one is stored);
+        return the records skipped per partition: stored offset → beginning (a gap)."""
         beginning = self.consumer.beginning_offsets(self.tps)
+        gaps = {}
         for label, tp in self.by_label.items():
+            stored = offsets.get(label)
+            if stored is not None and stored < beginning[tp]:
+                gaps[label] = beginning[tp] - stored
             self.consumer.seek(tp, max(offsets.get(label, 0), beginning[tp]))
+        return gaps
 
     def poll(self, max_records: int, timeout_ms: int) -> list[tuple[str, int, bytes]]:
         batches = self.consumer.poll(timeout_ms=timeout_ms, max_records=max_records)
@@ -141,7 +148,10 @@ class KafkaSource(Source):
         return list(self._c.by_label)
 
     def seek(self, offsets: dict[str, int]) -> None:
-        self._c.seek(offsets)
+        self._gaps = self._c.seek(offsets)
+
+    def retention_gaps(self) -> dict[str, int]:
+        return dict(getattr(self, "_gaps", {}))
 
     def poll(self, max_records: int) -> list[SourceRecord]:
         return [

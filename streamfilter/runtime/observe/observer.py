@@ -28,6 +28,9 @@ class DaemonObserver:
     def partitions(self, count: int, added: list[str]) -> None:
         """The input has ``count`` partitions; ``added`` were added while running."""
 
+    def offsets_skipped(self, partition: str, count: int) -> None:
+        """``count`` records of ``partition`` were deleted before they were read (skipped)."""
+
     def reject_dropped(self) -> None:
         """The reject sink refused a reject record; it was skipped."""
 

@@ -22,6 +22,7 @@ metric                                                 type     meaning
 ``streamfilter_rejects_dropped_total``                 counter  reject records the sink refused
 ``streamfilter_day_closes_total``                      counter  days committed
 ``streamfilter_source_partitions``                     gauge    input partitions read
+``streamfilter_source_offsets_skipped_total{partition}`` counter records deleted before read
 ``streamfilter_source_partitions_added_total``         counter  partitions added while running
 ``streamfilter_releases_published_total``              counter  releases acknowledged by the sink
 ``streamfilter_day_close_seconds``                     histo.   prepare + commit of one day
@@ -185,6 +186,13 @@ class PrometheusObserver(DaemonObserver):
         self.partitions_added = Counter(
             "streamfilter_source_partitions_added_total",
             "Input partitions added while the daemon ran (read from their beginning).",
+            registry=r,
+        )
+        self.offsets_skipped_total = Counter(
+            "streamfilter_source_offsets_skipped_total",
+            "Input records deleted before they were read and skipped ([source] "
+            "on_retention_gap = skip).",
+            ["partition"],
             registry=r,
         )
         self.days_closed = Counter(
@@ -356,6 +364,9 @@ class PrometheusObserver(DaemonObserver):
 
     def reject_dropped(self) -> None:
         self.rejects_dropped.inc()
+
+    def offsets_skipped(self, partition: str, count: int) -> None:
+        self.offsets_skipped_total.labels(_label(partition)).inc(count)
 
     def partitions(self, count: int, added: list[str]) -> None:
         self.source_partitions.set(count)
