@@ -98,11 +98,18 @@ class PrivacySection(_Section):
 
 
 class WindowSection(_Section):
+    """``future_slack``: an event whose day begins more than this after now (UTC) is rejected as
+    ``future`` (a clock ahead of ours, a typo such as 2099): it must not hold days open or pin
+    the resume position, and ``--until-end`` never closes a day later than today."""
+
     allowed_lateness: Seconds = 7200.0
     idle_timeout: Seconds = 600.0
     poll_interval: Seconds = 0.5
+    future_slack: Seconds = 86400.0
 
-    @field_validator("allowed_lateness", "idle_timeout", "poll_interval", mode="before")
+    @field_validator(
+        "allowed_lateness", "idle_timeout", "poll_interval", "future_slack", mode="before"
+    )
     @classmethod
     def _duration(cls, v: Any) -> float:
         return parse_duration(v)
@@ -123,8 +130,13 @@ class _TopicKeys(_Section):
 
 
 class SourceSection(_TopicKeys):
+    """``on_retention_gap``: what to do when a partition's records after the stored position
+    were deleted before they were read: ``fail`` (exit 4, naming the partition and the number
+    of records) or ``skip`` (start at the partition's beginning; logged and counted)."""
+
     kind: Literal["file", "synthetic", "kafka"] = "file"
     path: Path | None = None
+    on_retention_gap: Literal["fail", "skip"] = "fail"
     synthetic: SyntheticSection = SyntheticSection()
 
     @model_validator(mode="after")
@@ -173,14 +185,36 @@ class SinkSection(_TopicKeys):
 
 
 class RejectsSection(_TopicKeys):
+    """``max_raw_bytes``: a reject record quotes at most this many bytes of the refused record,
+    with its original length and SHA-256 when cut (a reject stays within the sink's limits)."""
+
     kind: Literal["file", "stdout", "kafka"] = "file"
     path: Path | None = None  # default: rejects.jsonl beside the releases
+    max_raw_bytes: int = Field(4096, ge=0, le=131_072)
 
     @model_validator(mode="after")
     def _needs(self) -> RejectsSection:
         if self.kind == "kafka" and not self.topic:
             raise ValueError("rejects.kind = 'kafka' needs rejects.topic")
         return self
+
+
+class LimitsSection(_Section):
+    """What one input record may make the daemon hold; over a limit the record is rejected with
+    a reason before anything is allocated for it (docs/design.md §3.4).
+
+    ``max_event_bytes``: an event's size (``oversized``; at most the contract's 64 KiB).
+    ``max_query_bytes``: a query's JSON size (``oversized``). ``max_query_memory_bytes``: a
+    query's per-day matrices, estimated as ``expected_users × (coordinates + d) × 8`` bytes plus
+    its weights (``query_too_large``). ``max_live_queries``: queries that still run
+    (``too_many_queries``).
+    """
+
+    max_event_bytes: int = Field(65_536, ge=64, le=65_536)
+    max_query_bytes: int = Field(1 << 20, ge=256, le=64 << 20)
+    max_query_memory_bytes: int = Field(2 << 30, ge=1 << 20)
+    expected_users: int = Field(100_000, ge=1, le=1_000_000_000)
+    max_live_queries: int = Field(1000, ge=1, le=1_000_000)
 
 
 class ModeSection(_Section):
@@ -418,6 +452,7 @@ class Settings(BaseSettings):
     metrics: MetricsSection = MetricsSection()
     testing: TestingSection = TestingSection()
     telemetry: TelemetrySection = TelemetrySection()
+    limits: LimitsSection = LimitsSection()
     mode: ModeSection = ModeSection()
     local: LocalSection = LocalSection()
 

@@ -20,6 +20,7 @@ __all__ = [
     "KafkaAccessError",
     "PublishError",
     "PublisherFencedError",
+    "RetentionGapError",
     "StaleStoreError",
     "StoreError",
     "StoreLockedError",
@@ -101,6 +102,17 @@ class KafkaAccessError(StreamfilterError, RuntimeError):
     fix (docs/kafka.md lists the ACLs each command needs); nothing was released."""
 
     exit_code = ExitCode.KAFKA_ACCESS
+
+
+class RetentionGapError(StreamfilterError, RuntimeError):
+    """Records between the stored input position and a partition's beginning were deleted
+    (retention, ``delete_records``) before they were read: starting would skip them silently."""
+
+    exit_code = ExitCode.FAIL_CLOSED
+    consequence = (
+        "nothing was read or released; to accept the loss set [source] on_retention_gap = "
+        '"skip" (the skipped count is logged and exported)'
+    )
 
 
 class TelemetryBudgetError(StreamfilterError, ValueError):

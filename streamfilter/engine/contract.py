@@ -74,12 +74,15 @@ class RejectReason(StrEnum):
     OVERSIZED = "oversized"
     UNDECODABLE_BATCH = "undecodable_batch"
     LATE = "late"
+    FUTURE = "future"
     WRONG_DAY = "wrong_day"
     # queries
     UNKNOWN_QUERY_KIND = "unknown_query_kind"
     INVALID_QUERY = "invalid_query"
     DUPLICATE_QUERY_ID = "duplicate_query_id"
     CLOSED_DAY = "closed_day"
+    QUERY_TOO_LARGE = "query_too_large"
+    TOO_MANY_QUERIES = "too_many_queries"
     # local mode: contributions sent by devices
     INVALID_QUERY_ID = "invalid_query_id"
     INVALID_NONCE = "invalid_nonce"
@@ -102,15 +105,20 @@ REJECT_REASON_MEANING: dict[RejectReason, str] = {
     RejectReason.INVALID_VALUES: "values is not an object of feature → number or string, or too large",
     RejectReason.INVALID_NUMBER: "a value is NaN, infinite or beyond ±1e12",
     RejectReason.INVALID_EVENT_ID: "event_id is not a string of 1 to 256 characters",
-    RejectReason.OVERSIZED: "the record exceeds its size limit (an event: 64 KiB)",
+    RejectReason.OVERSIZED: "the record exceeds its size limit ([limits] max_event_bytes, "
+    "max_query_bytes)",
     RejectReason.UNDECODABLE_BATCH: "Kafka: the client cannot decode the record's batch (corrupt, "
     "or compressed with a codec it lacks); the raw bytes are not available",
     RejectReason.LATE: "the event's day is already closed",
+    RejectReason.FUTURE: "the event's day is after today (UTC) plus [window] future_slack",
     RejectReason.WRONG_DAY: "Python API: an event of another day passed to close_day",
     RejectReason.UNKNOWN_QUERY_KIND: "kind is not sum, histogram or linear",
     RejectReason.INVALID_QUERY: "a query field is missing, malformed or out of range",
     RejectReason.DUPLICATE_QUERY_ID: "query_id already registered with another definition",
     RejectReason.CLOSED_DAY: "the query starts on a day that is already closed",
+    RejectReason.QUERY_TOO_LARGE: "the query's dimension × [limits] expected_users needs more "
+    "memory than [limits] max_query_memory_bytes",
+    RejectReason.TOO_MANY_QUERIES: "[limits] max_live_queries queries still run",
     RejectReason.INVALID_QUERY_ID: "local mode: the contribution names no valid query id",
     RejectReason.INVALID_NONCE: "local mode: the contribution's nonce is malformed",
     RejectReason.INVALID_UNITS: "local mode: the contribution's integer vector is malformed",

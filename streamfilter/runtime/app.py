@@ -17,7 +17,7 @@ from streamfilter.engine.params import PrivacyParams
 from streamfilter.errors import ConfigError, StreamfilterError
 from streamfilter.privacy.noise import RandomBits, SystemRandomBits
 from streamfilter.runtime.active_set import load_active_set
-from streamfilter.runtime.daemon import Daemon
+from streamfilter.runtime.daemon import Daemon, InputLimits
 from streamfilter.runtime.io.base import NoQueryFeed, QueryFeed, Sink, Source
 from streamfilter.runtime.io.files import FileQueryFeed, FileSink, FileSource, StdoutSink
 from streamfilter.runtime.io.policy import PolicyFeed
@@ -271,7 +271,7 @@ def build_daemon(
         from streamfilter.runtime.observe.http import metrics_endpoint
 
         metrics = metrics_endpoint(settings, params)
-    w = settings.window
+    w, lim = settings.window, settings.limits
     daemon = Daemon(
         _engine(settings, params, bits, active_set),
         store,
@@ -282,6 +282,16 @@ def build_daemon(
         allowed_lateness_s=w.allowed_lateness,
         idle_timeout_s=w.idle_timeout,
         poll_interval_s=w.poll_interval,
+        future_slack_s=w.future_slack,
+        on_retention_gap=settings.source.on_retention_gap,
+        limits=InputLimits(
+            max_event_bytes=lim.max_event_bytes,
+            max_query_bytes=lim.max_query_bytes,
+            max_query_memory_bytes=lim.max_query_memory_bytes,
+            expected_users=lim.expected_users,
+            max_live_queries=lim.max_live_queries,
+            max_reject_raw_bytes=settings.rejects.max_raw_bytes,
+        ),
         observer=metrics.observer if metrics is not None else None,
         state=state,
         min_affordable_days=settings.queries.min_affordable_days if settings.queries else 7,

@@ -31,12 +31,21 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from operator import attrgetter
+from typing import Any
 
 from streamfilter.engine.affordability import DEFAULT_MIN_DAYS, affordability_warning, query_cost
-from streamfilter.engine.contract import Reject, RejectReason, Release
+from streamfilter.engine.contract import MAX_EVENT_BYTES, Reject, RejectReason, Release
 from streamfilter.engine.engine import DayInput, Engine
+from streamfilter.errors import RetentionGapError
 from streamfilter.runtime.faults import crash_point
-from streamfilter.runtime.io.base import QueryFeed, RecordBatch, Sink, Source, reject_payload
+from streamfilter.runtime.io.base import (
+    DEFAULT_REJECT_RAW_BYTES,
+    QueryFeed,
+    RecordBatch,
+    Sink,
+    Source,
+    reject_payload,
+)
 from streamfilter.runtime.observe.observer import DaemonObserver
 from streamfilter.runtime.store import (
     DayCommit,
@@ -47,7 +56,7 @@ from streamfilter.runtime.store import (
     check_sink_not_ahead,
 )
 
-__all__ = ["Daemon", "RunSummary", "collector_for_run"]
+__all__ = ["Daemon", "InputLimits", "RunSummary", "collector_for_run"]
 
 log = logging.getLogger("streamfilter.daemon")
 DAY = dt.timedelta(days=1)
@@ -67,6 +76,7 @@ class RunSummary:
     days_closed: int = 0
     releases_published: int = 0
     replayed_skipped: int = 0
+    rejects_dropped: int = 0
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -79,6 +89,19 @@ class RunSummary:
             "days_closed": self.days_closed,
             "releases_published": self.releases_published,
         }
+
+
+@dataclass(frozen=True)
+class InputLimits:
+    """What one input record may make the daemon hold (``[limits]``, ``[rejects]``); over a
+    limit the record is rejected with its reason before anything is built for it."""
+
+    max_event_bytes: int = MAX_EVENT_BYTES
+    max_query_bytes: int = 1 << 20
+    max_query_memory_bytes: int = 2 << 30
+    expected_users: int = 100_000
+    max_live_queries: int = 1000
+    max_reject_raw_bytes: int = DEFAULT_REJECT_RAW_BYTES
 
 
 #: allocations between two young-generation collections during a run (CPython's default: 700)
@@ -132,6 +155,9 @@ class Daemon:
         idle_timeout_s: float = 600.0,
         poll_interval_s: float = 0.5,
         batch_size: int = 50_000,
+        future_slack_s: float | None = None,
+        limits: InputLimits | None = None,
+        on_retention_gap: str = "fail",
         wall_clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
         on_day_closed: Callable[[str, list[Release]], None] | None = None,
@@ -151,6 +177,9 @@ class Daemon:
         self.idle_timeout_s = idle_timeout_s
         self.poll_interval_s = poll_interval_s
         self.batch_size = batch_size
+        self.future_slack_s = future_slack_s
+        self.limits = limits or InputLimits()
+        self.on_retention_gap = on_retention_gap
         self.wall_clock = wall_clock
         self.monotonic = monotonic
         self.on_day_closed = on_day_closed
@@ -180,8 +209,42 @@ class Daemon:
         offsets = {p: pos.resume_offset for p, pos in state.positions.items()}
         self._high = {p: pos.high_offset for p, pos in state.positions.items()}
         self.source.seek(offsets)
+        self._check_retention_gaps(self.source.retention_gaps())
         for p in self.source.partitions():
             self._read_offset[p] = offsets.get(p, 0)
+        self.observer.partitions(len(self._read_offset), [])
+
+    def _check_retention_gaps(self, gaps: dict[str, int]) -> None:
+        """Records deleted before they were read are never skipped silently: fail (exit 4)
+        unless ``on_retention_gap == "skip"``, then log and count them."""
+        gaps = {p: n for p, n in gaps.items() if n > 0}
+        if not gaps:
+            return
+        named = ", ".join(f"{p}: {n} records" for p, n in sorted(gaps.items()))
+        if self.on_retention_gap != "skip":
+            raise RetentionGapError(
+                f"input records after the stored position were deleted before they were read "
+                f"(retention or delete_records) — {named}"
+            )
+        for p, n in gaps.items():
+            self.observer.offsets_skipped(p, n)
+        log.error("skipping input records deleted before they were read — %s", named)
+
+    def _note_new_partitions(self) -> None:
+        """Partitions the source added while running (read from their beginning): each holds
+        every open day until it has passed it or been idle for ``idle_timeout`` from now."""
+        new = [p for p in self.source.partitions() if p not in self._read_offset]
+        if not new:
+            return
+        for p in new:
+            self._read_offset[p] = 0
+            self._last_seen[p] = self.monotonic()
+        log.warning(
+            "input grew to %d partitions (%s added): open days wait for them",
+            len(self._read_offset),
+            ", ".join(new),
+        )
+        self.observer.partitions(len(self._read_offset), new)
 
     # ------------------------------------------------------------------ main loop
     def run(self, until_end: bool = False, through_day: str | None = None) -> RunSummary:
@@ -218,11 +281,16 @@ class Daemon:
             # at the end of the input already: no poll (a Kafka poll would wait its timeout)
             at_end = until_end and self.source.at_end()
             records = [] if at_end else self.source.poll_batches(self.batch_size)
+            self._note_new_partitions()
             self._ingest_batches(records)
             if until_end and not records and (at_end or self.source.at_end()):
-                last = max(filter(None, (self._last_open_day(), through_day)), default=None)
-                self._close_through(last)
-                break
+                last_open = self._last_open_day()
+                if last_open is not None and self.future_slack_s is not None:
+                    last_open = min(last_open, self._today())  # never close a day to come
+                last = max(filter(None, (last_open, through_day)), default=None)
+                if self._close_through(last):
+                    break
+                continue
             if not until_end:
                 self._close_ready()
             if not records:
@@ -235,10 +303,34 @@ class Daemon:
         self.stop_event.set()
 
     # ------------------------------------------------------------------ input
+    def _today(self) -> str:
+        return dt.datetime.fromtimestamp(self.wall_clock(), dt.UTC).date().isoformat()
+
+    def _horizon(self) -> str | None:
+        """The latest event day accepted now (``None``: no horizon): today (UTC) + the slack."""
+        if self.future_slack_s is None:
+            return None
+        moment = dt.datetime.fromtimestamp(self.wall_clock() + self.future_slack_s, dt.UTC)
+        return moment.date().isoformat()
+
     def _reject(self, reason: RejectReason, detail: str, raw: bytes, where: str) -> None:
+        """Count the reject and hand it (bounded: ``max_reject_raw_bytes``) to the reject sink.
+        A reject the sink still refuses is counted, logged once and skipped: the run goes on."""
         self.summary.rejects[reason] += 1
         self.observer.rejected(reason)
-        self.reject_sink.publish(where, reject_payload(reason, detail, raw, where))
+        payload = reject_payload(reason, detail, raw, where, self.limits.max_reject_raw_bytes)
+        try:
+            self.reject_sink.publish(where, payload)
+        except Exception as exc:  # the reject is lost, the record was refused all the same
+            self.summary.rejects_dropped += 1
+            self.observer.reject_dropped()
+            if self.summary.rejects_dropped == 1:
+                log.error(
+                    "the reject sink refused a reject record (%s at %s); skipped, and later ones "
+                    "are counted in streamfilter_rejects_dropped_total",
+                    type(exc).__name__,
+                    where,
+                )
 
     def _poll_queries(self) -> None:
         for where, raw in self.feed.poll():
@@ -246,8 +338,14 @@ class Daemon:
 
     def _register_query(self, where: str, raw: bytes) -> None:
         try:
+            if len(raw) > self.limits.max_query_bytes:
+                raise Reject(
+                    RejectReason.OVERSIZED,
+                    f"a query exceeds [limits] max_query_bytes ({self.limits.max_query_bytes})",
+                )
             query = self.engine.parse_query(raw)
             if self.engine.check_query(query):
+                self._check_query_limits(query)
                 self.store.add_query(query.canonical_json().encode())
                 self.engine.register_query(query)
                 self.summary.queries_registered += 1
@@ -257,6 +355,30 @@ class Daemon:
                     log.warning("%s", warning)
         except Reject as rej:
             self._reject(rej.reason, rej.detail, raw, where)
+
+    def _check_query_limits(self, query: Any) -> None:
+        """Refuse a new query whose per-day matrices would exceed ``max_query_memory_bytes``
+        at ``expected_users``, or one more than ``max_live_queries`` that still run."""
+        lim = self.limits
+        k, d = len(query.coordinates()), len(query.labels())
+        need = 8 * (lim.expected_users * (k + d) + k * d)
+        if need > lim.max_query_memory_bytes:
+            raise Reject(
+                RejectReason.QUERY_TOO_LARGE,
+                f"{k} coordinates × {d} outputs at {lim.expected_users} expected users need "
+                f"about {need >> 20} MiB, over [limits] max_query_memory_bytes",
+            )
+        last = self.engine.last_closed_day
+        live = sum(
+            1
+            for q in self.engine.queries
+            if q.until_day is None or last is None or q.until_day.isoformat() > last
+        )
+        if live >= lim.max_live_queries:
+            raise Reject(
+                RejectReason.TOO_MANY_QUERIES,
+                f"[limits] max_live_queries ({lim.max_live_queries}) queries still run",
+            )
 
     def _ingest(self, partition: str, offset: int, next_offset: int, raw: bytes) -> None:
         self._ingest_batches([RecordBatch(partition, [offset], [raw], next_offset)])
@@ -270,6 +392,8 @@ class Daemon:
         open day in one pass when every record is valid and of one open day (the usual batch);
         otherwise per record: reject it (with its reason, or ``late``; silently when replayed)
         or add it to its open day (looked up when the day changes from one record to the next).
+        An event dated after the horizon (today + ``future_slack_s``) is rejected as ``future``
+        before it touches any day: it moves no watermark and no resume position.
         """
         values = batch.values
         if not values:
@@ -279,13 +403,22 @@ class Daemon:
             self._reject_undecodable(batch)
             return
         parsed = self.engine.parse_records(values)
+        limit = self.limits.max_event_bytes
+        if limit < MAX_EVENT_BYTES and max(map(len, values)) > limit:
+            too_big = Reject(RejectReason.OVERSIZED, f"event exceeds {limit} bytes")
+            parsed = [too_big if len(v) > limit else p for p, v in zip(parsed, values, strict=True)]
         self.summary.records_read += len(values)
         self._last_seen[partition] = self.monotonic()
         self.observer.records_read(partition, len(values))
         self._read_offset[partition] = batch.next_offset
+        horizon = self._horizon()
         if not any(issubclass(t, Reject) for t in set(map(type, parsed))):
             days = set(map(_DAY, parsed))
-            if len(days) == 1 and not self.engine.is_closed(day := days.pop()):
+            if (
+                len(days) == 1
+                and not self.engine.is_closed(day := days.pop())
+                and (horizon is None or day <= horizon)
+            ):
                 acc = self._day_input(day, partition, offsets[0])
                 add_many = getattr(acc, "add_many", None)  # a batch as columns (events)
                 accepted = add_many(parsed) if add_many else sum(map(acc.add, parsed))
@@ -308,6 +441,15 @@ class Daemon:
                         values[i],
                         RejectReason.LATE,
                         "event day is already closed",
+                    )
+                    continue
+                if horizon is not None and day > horizon:
+                    self._reject_record(
+                        partition,
+                        offsets[i],
+                        values[i],
+                        RejectReason.FUTURE,
+                        "event day is after today (UTC) plus the future slack",
                     )
                     continue
                 current = day
@@ -399,14 +541,32 @@ class Daemon:
         last = max(self._last_seen.values(), default=self._started)
         return self.wall_clock() - (self.monotonic() - last)
 
-    def _close_through(self, last: str | None) -> None:
-        if last is not None:
-            for where, raw in self.feed.poll_all():
-                self._register_query(where, raw)
+    def _partitions_unchanged(self) -> bool:
+        """Ask the source for fresh partition metadata before days close: False (close
+        nothing now) when partitions were added — they are read first — or when the source
+        cannot tell (a broker outage: an unknown partition may hold the day's events)."""
+        try:
+            added = self.source.refresh_partitions(fresh=True)
+        except Exception as exc:
+            log.warning("could not refresh the input's partitions (%s); days wait", exc)
+            return False
+        self._note_new_partitions()
+        return not added
+
+    def _close_through(self, last: str | None) -> bool:
+        """Close every open day through ``last``; False if it must wait (see
+        :meth:`_partitions_unchanged`)."""
+        if last is None:
+            return True
+        if not self._partitions_unchanged():
+            return False
+        for where, raw in self.feed.poll_all():
+            self._register_query(where, raw)
         day = self._first_open_day()
         while day is not None and last is not None and day <= last and not self.stop_event.is_set():
             self._close_day(day)
             day = _next_day(day)
+        return True
 
     def announce(self, day: str) -> list[str]:
         """Register every query known for ``day`` now (feed and policy, as at the day's close)

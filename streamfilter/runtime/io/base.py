@@ -114,6 +114,17 @@ class Source(abc.ABC):
         """Records behind the end per partition, for sources that know it."""
         return {}
 
+    def retention_gaps(self) -> dict[str, int]:
+        """Per partition, the records between the offset the last :meth:`seek` asked for and
+        the partition's beginning (deleted before they were read). Default: none."""
+        return {}
+
+    def refresh_partitions(self, fresh: bool = True) -> list[str]:
+        """Partitions added to the input since the last call (read from their beginning from
+        now on); raises when the source cannot tell (then no day may close). ``fresh``: ask the
+        source's authority now rather than a cached view. Default: a fixed set, never grows."""
+        return []
+
     def caught_up(self, partition: str) -> bool:
         """False while ``partition`` is known to hold unread records (an idle partition must
         be caught up before it stops holding the watermark back)."""
@@ -139,16 +150,35 @@ class Sink(abc.ABC):
         pass
 
 
-def reject_payload(reason: str, detail: str, raw: bytes, source: str) -> bytes:
+#: how much of a refused record a reject record quotes by default (``[rejects] max_raw_bytes``)
+DEFAULT_REJECT_RAW_BYTES = 4096
+
+
+def reject_payload(
+    reason: str, detail: str, raw: bytes, source: str, max_raw_bytes: int | None = None
+) -> bytes:
     """One reject record: the reason, a value-free detail, and the raw bytes (as text when they
-    are UTF-8, else ``raw_b64``)."""
-    record: dict[str, str] = {"reason": reason, "detail": detail, "source": source}
+    are UTF-8, else ``raw_b64``).
+
+    A record longer than ``max_raw_bytes`` is quoted up to that many bytes (its text cut at a
+    character boundary) and the record adds ``raw_bytes`` (the original length) and
+    ``raw_sha256`` (of all the original bytes): a reject stays bounded — at most about
+    ``6 × max_raw_bytes`` bytes once JSON escapes control characters — so that no input can make
+    a reject the sink refuses (a 5 MB message, a line of control bytes)."""
+    record: dict[str, str | int] = {"reason": reason, "detail": detail, "source": source}
+    head = raw if max_raw_bytes is None or len(raw) <= max_raw_bytes else raw[:max_raw_bytes]
     try:
-        record["raw"] = raw.decode("utf-8")
+        raw.decode("utf-8")
+        record["raw"] = head.decode("utf-8", "ignore")  # drops only a cut last character
     except UnicodeDecodeError:
         import base64
 
-        record["raw_b64"] = base64.b64encode(raw).decode("ascii")
+        record["raw_b64"] = base64.b64encode(head).decode("ascii")
+    if len(head) < len(raw):
+        import hashlib
+
+        record["raw_bytes"] = len(raw)
+        record["raw_sha256"] = hashlib.sha256(raw).hexdigest()
     return json.dumps(record, ensure_ascii=False).encode("utf-8")
 
 

@@ -69,7 +69,13 @@ def _label(tp: TopicPartition) -> str:
 class _AssignedConsumer:
     """A consumer that owns every partition of one topic (manual assignment, no rebalances)."""
 
-    def __init__(self, topic: str, client: dict[str, Any], group_id: str | None) -> None:
+    def __init__(
+        self,
+        topic: str,
+        client: dict[str, Any],
+        group_id: str | None,
+        metadata_max_age_ms: int = 300_000,
+    ) -> None:
         self.topic = topic
         self.consumer = KafkaConsumer(
             **client,
@@ -77,6 +83,7 @@ class _AssignedConsumer:
             enable_auto_commit=False,
             auto_offset_reset="earliest",
             isolation_level="read_committed",
+            metadata_max_age_ms=metadata_max_age_ms,
         )
         parts = self.consumer.partitions_for_topic(topic)
         if not parts:
@@ -86,10 +93,17 @@ class _AssignedConsumer:
         self.consumer.assign(self.tps)
         self.by_label = {_label(tp): tp for tp in self.tps}
 
-    def seek(self, offsets: dict[str, int]) -> None:
+    def seek(self, offsets: dict[str, int]) -> dict[str, int]:
+        """Resume at ``offsets`` (at the beginning where none or an earlier one is stored);
+        return the records skipped per partition: stored offset → beginning (a gap)."""
         beginning = self.consumer.beginning_offsets(self.tps)
+        gaps = {}
         for label, tp in self.by_label.items():
+            stored = offsets.get(label)
+            if stored is not None and stored < beginning[tp]:
+                gaps[label] = beginning[tp] - stored
             self.consumer.seek(tp, max(offsets.get(label, 0), beginning[tp]))
+        return gaps
 
     def poll_raw(
         self, max_records: int, timeout_ms: int
@@ -111,17 +125,41 @@ class _AssignedConsumer:
     def positions(self) -> dict[str, int]:
         return {label: self.consumer.position(tp) for label, tp in self.by_label.items()}
 
+    def add_new_partitions(self, fresh_metadata: bool) -> list[TopicPartition]:
+        """Assign the topic's partitions added since the last look (from their beginning) and
+        return them; ``fresh_metadata`` asks the broker first (else the cached metadata, at most
+        ``metadata_max_age_ms`` old). Raises ``KafkaError`` when the broker cannot answer."""
+        if fresh_metadata:
+            self.consumer.topics()  # one Metadata request
+        parts = self.consumer.partitions_for_topic(self.topic)
+        new = [TopicPartition(self.topic, p) for p in sorted(parts) if p >= len(self.tps)]
+        if new:
+            self.tps = [*self.tps, *new]
+            self.consumer.assign(self.tps)  # kept partitions keep their positions
+            self.consumer.seek_to_beginning(*new)
+            self.by_label.update((_label(tp), tp) for tp in new)
+        return new
+
     def close(self) -> None:
         self.consumer.close(autocommit=False)
 
 
 class KafkaSource(Source):
-    """Events from every partition of ``topic``; offsets are Kafka offsets."""
+    """Events from every partition of ``topic``; offsets are Kafka offsets.
+
+    Partitions follow the topic: the cached metadata (refreshed every
+    ``metadata_refresh_s``) is checked at every poll and fresh metadata is asked for before
+    days close (:meth:`refresh_partitions`); an added partition is read from its beginning."""
 
     def __init__(
-        self, topic: str, client: dict[str, Any], group_id: str, poll_timeout_ms: int = 500
+        self,
+        topic: str,
+        client: dict[str, Any],
+        group_id: str,
+        poll_timeout_ms: int = 500,
+        metadata_refresh_s: float = 5.0,
     ) -> None:
-        self._c = _AssignedConsumer(topic, client, group_id)
+        self._c = _AssignedConsumer(topic, client, group_id, int(metadata_refresh_s * 1000))
         self._poll_timeout_ms = poll_timeout_ms
         self._end_at_start = self._c.consumer.end_offsets(self._c.tps)
         self._ends = dict(self._end_at_start)
@@ -131,7 +169,10 @@ class KafkaSource(Source):
         return list(self._c.by_label)
 
     def seek(self, offsets: dict[str, int]) -> None:
-        self._c.seek(offsets)
+        self._gaps = self._c.seek(offsets)
+
+    def retention_gaps(self) -> dict[str, int]:
+        return dict(getattr(self, "_gaps", {}))
 
     def poll(self, max_records: int) -> list[SourceRecord]:
         return [
@@ -140,9 +181,25 @@ class KafkaSource(Source):
             for offset, value in zip(b.offsets, b.values, strict=True)
         ]
 
+    def refresh_partitions(self, fresh: bool = True) -> list[str]:
+        new = self._c.add_new_partitions(fresh)
+        if new:
+            ends = self._c.consumer.end_offsets(new)
+            self._end_at_start.update(ends)
+            self._ends.update(ends)
+            log.warning(
+                "kafka topic %r grew to %d partitions; reading %s from the beginning",
+                self._c.topic,
+                len(self._c.tps),
+                ", ".join(map(_label, new)),
+            )
+        return [_label(tp) for tp in new]
+
     def poll_batches(self, max_records: int) -> list[RecordBatch]:
         """One batch per partition that returned records, in partition order. (Two C-level
         passes over kafka-python's records; this runs for every input record.)"""
+        with contextlib.suppress(KafkaError):  # cached metadata: no request
+            self.refresh_partitions(fresh=False)
         polled, undecodable = self._c.poll_raw(max_records, self._poll_timeout_ms)
         out: list[RecordBatch] = [
             RecordBatch(_label(u.tp), [u.offset], [b""], u.offset + 1, undecodable=u.detail)
@@ -217,8 +274,10 @@ class KafkaQueryFeed(QueryFeed):
         return self._records(0)
 
     def poll_all(self) -> list[tuple[str, bytes]]:
-        """Everything up to the end offsets as of this call (one poll may return before its
-        fetch did); raises ``KafkaTimeoutError`` when they are not reached in time."""
+        """Every query up to the end offsets captured now (a day is about to close): one fetch
+        returns only part of a backlog, and a query left unread would be refused as
+        ``closed_day`` after the close. Raises ``KafkaTimeoutError`` when the end is not reached
+        within ``read_timeout_s`` (the daemon retries; the day does not close without them)."""
         consumer, tps = self._c.consumer, self._c.tps
         deadline = time.monotonic() + self._read_timeout_s
         ends = consumer.end_offsets(tps, timeout_ms=int(self._read_timeout_s * 1000))

@@ -25,6 +25,15 @@ class DaemonObserver:
     def rejected(self, reason: str) -> None:
         """One record refused with ``reason`` (before any accounting)."""
 
+    def partitions(self, count: int, added: list[str]) -> None:
+        """The input has ``count`` partitions; ``added`` were added while running."""
+
+    def offsets_skipped(self, partition: str, count: int) -> None:
+        """``count`` records of ``partition`` were deleted before they were read (skipped)."""
+
+    def reject_dropped(self) -> None:
+        """The reject sink refused a reject record; it was skipped."""
+
     def day_closed(
         self,
         day: str,

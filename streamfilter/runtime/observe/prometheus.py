@@ -19,7 +19,11 @@ metric                                                 type     meaning
 =====================================================  =======  ===================================
 ``streamfilter_records_consumed_total{partition}``     counter  input records read (incl. rejects)
 ``streamfilter_rejects_total{reason}``                 counter  records refused, by reason code
+``streamfilter_rejects_dropped_total``                 counter  reject records the sink refused
 ``streamfilter_day_closes_total``                      counter  days committed
+``streamfilter_source_partitions``                     gauge    input partitions read
+``streamfilter_source_offsets_skipped_total{partition}`` counter records deleted before read
+``streamfilter_source_partitions_added_total``         counter  partitions added while running
 ``streamfilter_releases_published_total``              counter  releases acknowledged by the sink
 ``streamfilter_day_close_seconds``                     histo.   prepare + commit of one day
 ``streamfilter_release_lag_seconds``                   gauge    end of last closed day (UTC) →
@@ -169,6 +173,28 @@ class PrometheusObserver(DaemonObserver):
         )
         for reason in sorted(REJECT_REASONS | {"other"}):
             self.rejects.labels(reason)  # every reason exists from the start: rate() works
+        self.rejects_dropped = Counter(
+            "streamfilter_rejects_dropped_total",
+            "Reject records the reject sink refused (skipped; the records were refused anyway).",
+            registry=r,
+        )
+        self.source_partitions = Gauge(
+            "streamfilter_source_partitions",
+            "Input partitions the daemon reads (added partitions included once seen).",
+            registry=r,
+        )
+        self.partitions_added = Counter(
+            "streamfilter_source_partitions_added_total",
+            "Input partitions added while the daemon ran (read from their beginning).",
+            registry=r,
+        )
+        self.offsets_skipped_total = Counter(
+            "streamfilter_source_offsets_skipped_total",
+            "Input records deleted before they were read and skipped ([source] "
+            "on_retention_gap = skip).",
+            ["partition"],
+            registry=r,
+        )
         self.days_closed = Counter(
             "streamfilter_day_closes_total", "Days committed to the state store.", registry=r
         )
@@ -346,6 +372,16 @@ class PrometheusObserver(DaemonObserver):
 
     def rejected(self, reason: str) -> None:
         self.rejects.labels(reason if reason in REJECT_REASONS else "other").inc()
+
+    def reject_dropped(self) -> None:
+        self.rejects_dropped.inc()
+
+    def offsets_skipped(self, partition: str, count: int) -> None:
+        self.offsets_skipped_total.labels(_label(partition)).inc(count)
+
+    def partitions(self, count: int, added: list[str]) -> None:
+        self.source_partitions.set(count)
+        self.partitions_added.inc(len(added))
 
     def day_closed(
         self,

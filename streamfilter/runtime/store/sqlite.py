@@ -83,6 +83,7 @@ class SQLiteStateStore(StateStore):
         try:
             self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
             self._check_integrity()
+            self._identity = self._file_identity()
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=FULL")
             self._db.execute("PRAGMA foreign_keys=ON")
@@ -224,6 +225,7 @@ class SQLiteStateStore(StateStore):
 
     @contextlib.contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
+        self._check_same_file()
         try:
             self._db.execute("BEGIN IMMEDIATE")
             try:
@@ -239,6 +241,23 @@ class SQLiteStateStore(StateStore):
             raise StoreError(
                 f"state store {self.path} failed to commit: {sqlite_error_text(exc)}"
             ) from exc
+
+    def _file_identity(self) -> tuple[int, int] | None:
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return None
+        return st.st_dev, st.st_ino
+
+    def _check_same_file(self) -> None:
+        """Before every write: the state's path still names the file this process opened
+        (device and inode). A state deleted or replaced while the daemon runs would take the
+        commits into an unlinked file and lose them at exit: fail closed instead."""
+        if self._file_identity() != self._identity:
+            raise StoreError(
+                f"state store {self.path} is no longer the file this process opened (deleted, "
+                "moved or replaced while running); refusing to commit to it"
+            )
 
     def _meta(self, key: str) -> str | None:
         row = self._db.execute("SELECT key, value, crc FROM meta WHERE key = ?", (key,)).fetchone()
