@@ -102,6 +102,11 @@ def test_the_daemon_runs_end_to_end_over_sasl_ssl(kafka_secured, tmp_path):
         key, value = line.split(b"\t", 1)
         by_kcat.setdefault(key.decode(), set()).add(value)
     assert by_kcat == got
+    # budget-stats with the secured Kafka configuration: it reads the state (no broker call),
+    # is charged to the telemetry budget, and prints no secret
+    stats = cli(["budget-stats", "--config", "streamfilter.toml", "--json"], cwd=work)
+    assert json.loads(stats.stdout)["telemetry_rho_spent"] > 0
+    assert SASL_PASSWORDS["admin"] not in stats.stdout + stats.stderr
 
 
 def failing(broker, tmp_path, name, **override):
