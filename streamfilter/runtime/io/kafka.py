@@ -296,10 +296,10 @@ class KafkaSink(Sink):
 
     def flush(self) -> None:
         deadline = time.monotonic() + self._timeout_s
+        pending, self._pending = self._pending, []  # after a failure the caller republishes
         self._producer.flush(timeout=self._timeout_s)
-        for future in self._pending:
+        for future in pending:
             future.get(timeout=max(1.0, deadline - time.monotonic()))  # raises KafkaError
-        self._pending.clear()
 
     def last_published_day(self) -> str | None:
         """The latest day among the releases the topic held when first asked.
