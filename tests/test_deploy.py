@@ -91,7 +91,7 @@ def test_promtool_checks_the_scrape_config_and_the_alert_rules():
     assert "SUCCESS" in out.stdout + out.stderr
     out = run([tool, "check", "rules", str(PROM_DIR / "alerts.yml")])
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "SUCCESS: 6 rules found" in out.stdout + out.stderr
+    assert "SUCCESS: 12 rules found" in out.stdout + out.stderr
 
 
 def test_promtool_unit_tests_of_the_alerts_pass():

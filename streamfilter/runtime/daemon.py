@@ -132,6 +132,18 @@ def collector_for_run() -> Iterator[None]:
         gc.unfreeze()
 
 
+#: first and longest wait between two attempts to relay the outbox (seconds)
+RELAY_BACKOFF_S = (1.0, 30.0)
+
+
+def _transient(exc: BaseException) -> bool:
+    """An error that may heal by itself: a client error marked ``retriable`` (kafka-python's
+    timeouts, connection and leadership errors) or a timeout. Store errors never are."""
+    if isinstance(exc, StoreError):
+        return False
+    return bool(getattr(exc, "retriable", False)) or isinstance(exc, TimeoutError)
+
+
 def _next_day(day: str) -> str:
     return (dt.date.fromisoformat(day) + DAY).isoformat()
 
@@ -560,7 +572,12 @@ class Daemon:
             return True
         if not self._partitions_unchanged():
             return False
-        for where, raw in self.feed.poll_all():
+        try:
+            queries = self.feed.poll_all()
+        except Exception as exc:  # the days wait: a query not read now would be refused later
+            log.warning("could not read the query feed to its end (%s); days wait", exc)
+            return False
+        for where, raw in queries:
             self._register_query(where, raw)
         day = self._first_open_day()
         while day is not None and last is not None and day <= last and not self.stop_event.is_set():
@@ -621,8 +638,11 @@ class Daemon:
             self.source.committed({p: pos.resume_offset for p, pos in positions.items()})
         except Exception as exc:  # the store holds the real positions
             log.warning("could not mirror input offsets to the source: %s", type(exc).__name__)
-        for partition, lag in self.source.lag().items():
-            self.observer.partition_lag(partition, lag)
+        try:  # a metric: a broker outage here must not end the run (the day is committed)
+            for partition, lag in self.source.lag().items():
+                self.observer.partition_lag(partition, lag)
+        except Exception as exc:
+            log.warning("could not read the input's lag: %s", type(exc).__name__)
         # 3. apply the committed day in memory
         self.engine.commit_day(outcome)
         self._min_offset.pop(day, None)
@@ -637,7 +657,34 @@ class Daemon:
             self.on_day_closed(day, outcome.releases)
 
     def _relay_outbox(self) -> None:
+        """Relay until the sink acknowledged every unsent release. A transient sink error (one
+        that says it is ``retriable``: a broker outage, a timeout) is retried with exponential
+        backoff (``RELAY_BACKOFF_S``) while ``/readyz`` reports the outage; the store stays the
+        source of truth (nothing is marked sent before it was acknowledged, nothing is drawn
+        again). Any other error ends the run."""
+        delay = RELAY_BACKOFF_S[0]
+        while True:
+            try:
+                self._relay_once()
+            except Exception as exc:
+                if not _transient(exc) or self.stop_event.is_set():
+                    raise
+                self.observer.sink_unavailable(type(exc).__name__)
+                log.warning(
+                    "publishing releases failed (%s: %s); retrying in %.0f s",
+                    type(exc).__name__,
+                    exc,
+                    delay,
+                )
+                self.stop_event.wait(delay)
+                delay = min(delay * 2, RELAY_BACKOFF_S[1])
+                continue
+            self.observer.sink_available()
+            return
+
+    def _relay_once(self) -> None:
         unsent = self.store.unsent_releases()
+        self.observer.outbox(len(unsent))
         if not unsent:
             return
         for day, query_id, payload in unsent:
@@ -647,4 +694,5 @@ class Daemon:
         crash_point("before_mark_sent")
         self.store.mark_sent([(day, query_id) for day, query_id, _ in unsent])
         self.summary.releases_published += len(unsent)
+        self.observer.outbox(0)
         self.observer.published(len(unsent))

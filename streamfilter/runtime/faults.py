@@ -4,14 +4,16 @@ Set ``STREAMFILTER_CRASH_AT=<name>[:<n>]`` and the process SIGKILLs itself the n
 the first) it reaches ``crash_point(<name>)``. Names used by the daemon: ``after_commit``,
 ``after_publish``, ``before_mark_sent``; by the SQLite store: ``before_mirror`` (the day is
 committed, its sequence not yet mirrored to ``<state>.seq``) and ``mid_compaction`` (inside a
-day's transaction, while the budget log is being folded into the budgets table). Unset
-(production), a crash point is one dict lookup.
+day's transaction, while the budget log is being folded into the budgets table).
+``STREAMFILTER_PAUSE_AT=<name>:<seconds>`` sleeps there instead, the first time (a test kills the
+broker meanwhile). Unset (production), a crash point is two dict lookups.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import time
 from collections import Counter
 
 __all__ = ["crash_point"]
@@ -20,6 +22,10 @@ _hits: Counter[str] = Counter()
 
 
 def crash_point(name: str) -> None:
+    pause = os.environ.get("STREAMFILTER_PAUSE_AT")
+    if pause and pause.partition(":")[0] == name and not _hits["pause:" + name]:
+        _hits["pause:" + name] += 1
+        time.sleep(float(pause.partition(":")[2] or 1))
     spec = os.environ.get("STREAMFILTER_CRASH_AT")
     if not spec:
         return

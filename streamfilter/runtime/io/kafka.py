@@ -377,11 +377,20 @@ class KafkaSink(Sink):
 
     def flush(self) -> None:
         deadline = time.monotonic() + self._timeout_s
+        pending, self._pending = self._pending, []  # after a failure the caller republishes
         with self._fencing():
-            self._producer.flush(timeout=self._timeout_s)
-            for future in self._pending:
-                future.get(timeout=max(1.0, deadline - time.monotonic()))  # raises KafkaError
-            self._pending.clear()
+            try:
+                self._producer.flush(timeout=self._timeout_s)
+                for future in pending:
+                    future.get(timeout=max(1.0, deadline - time.monotonic()))  # raises KafkaError
+            except KafkaError:
+                # a failed send dooms the open transaction: abort it (if the broker answers) so
+                # that the relay's retry republishes in a new one; the store keeps the releases
+                if self._in_transaction:
+                    with contextlib.suppress(KafkaError):
+                        self._producer.abort_transaction()
+                    self._in_transaction = False
+                raise
             if self._in_transaction:
                 self._producer.commit_transaction()
                 self._in_transaction = False

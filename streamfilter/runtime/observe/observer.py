@@ -28,6 +28,15 @@ class DaemonObserver:
     def partitions(self, count: int, added: list[str]) -> None:
         """The input has ``count`` partitions; ``added`` were added while running."""
 
+    def outbox(self, pending: int) -> None:
+        """The outbox holds ``pending`` committed releases not yet acknowledged."""
+
+    def sink_unavailable(self, reason: str) -> None:
+        """Publishing failed with a transient error; the relay retries (not ready meanwhile)."""
+
+    def sink_available(self) -> None:
+        """The outbox relay succeeded (ready again after an outage)."""
+
     def offsets_skipped(self, partition: str, count: int) -> None:
         """``count`` records of ``partition`` were deleted before they were read (skipped)."""
 

@@ -22,7 +22,10 @@ metric                                                 type     meaning
 ``streamfilter_rejects_dropped_total``                 counter  reject records the sink refused
 ``streamfilter_day_closes_total``                      counter  days committed
 ``streamfilter_source_partitions``                     gauge    input partitions read
-``streamfilter_source_offsets_skipped_total{partition}`` counter records deleted before read
+``streamfilter_start_time_seconds``                    gauge    process start (restarts: changes)
+``streamfilter_outbox_pending_releases``               gauge    releases committed, not acked
+``streamfilter_outbox_pending_since_timestamp_seconds`` gauge   outbox non-empty since (0: empty)
+``streamfilter_source_offsets_skipped_total``          counter  records deleted before read
 ``streamfilter_source_partitions_added_total``         counter  partitions added while running
 ``streamfilter_releases_published_total``              counter  releases acknowledged by the sink
 ``streamfilter_day_close_seconds``                     histo.   prepare + commit of one day
@@ -154,6 +157,8 @@ class PrometheusObserver(DaemonObserver):
         self._is_started = False
         self._is_stopped = False
         self._is_failing_closed = False
+        self._sink_outage: str | None = None
+        self._outbox_since = 0.0
         self._pending: tuple[str, list[Release]] | None = None
         self._release_series: set[tuple[str, str]] = set()
         r = registry
@@ -191,8 +196,23 @@ class PrometheusObserver(DaemonObserver):
         self.offsets_skipped_total = Counter(
             "streamfilter_source_offsets_skipped_total",
             "Input records deleted before they were read and skipped ([source] "
-            "on_retention_gap = skip).",
-            ["partition"],
+            "on_retention_gap = skip; the log names the partitions).",
+            registry=r,
+        )
+        self.start_time = Gauge(
+            "streamfilter_start_time_seconds",
+            "When this daemon process started (UTC epoch seconds); its changes count restarts.",
+            registry=r,
+        )
+        self.start_time.set(wall_clock())
+        self.outbox_pending = Gauge(
+            "streamfilter_outbox_pending_releases",
+            "Committed releases not yet acknowledged by the sink (the outbox).",
+            registry=r,
+        )
+        self.outbox_pending_since = Gauge(
+            "streamfilter_outbox_pending_since_timestamp_seconds",
+            "Since when the outbox has held unsent releases (0 while it is empty).",
             registry=r,
         )
         self.days_closed = Counter(
@@ -342,6 +362,8 @@ class PrometheusObserver(DaemonObserver):
             return False, "failing closed: the state store could not commit"
         if self._is_stopped:
             return False, "stopped"
+        if self._sink_outage is not None:
+            return False, f"the release sink is unavailable ({self._sink_outage}); retrying"
         if not self._is_started:
             return False, "starting"
         return True, "ready"
@@ -376,8 +398,25 @@ class PrometheusObserver(DaemonObserver):
     def reject_dropped(self) -> None:
         self.rejects_dropped.inc()
 
+    def outbox(self, pending: int) -> None:
+        self.outbox_pending.set(pending)
+        if not pending:
+            self._outbox_since = 0.0
+        elif not self._outbox_since:
+            self._outbox_since = self.wall_clock()
+        self.outbox_pending_since.set(self._outbox_since)
+
+    def sink_unavailable(self, reason: str) -> None:
+        self._sink_outage = reason
+        self._update_ready()
+
+    def sink_available(self) -> None:
+        if self._sink_outage is not None:
+            self._sink_outage = None
+            self._update_ready()
+
     def offsets_skipped(self, partition: str, count: int) -> None:
-        self.offsets_skipped_total.labels(_label(partition)).inc(count)
+        self.offsets_skipped_total.inc(count)
 
     def partitions(self, count: int, added: list[str]) -> None:
         self.source_partitions.set(count)
