@@ -308,6 +308,14 @@ def release_transactional_id(topic: str) -> str:
 _FENCED = (ProducerFencedError, InvalidProducerEpochError)
 
 
+def _is_fenced(exc: BaseException) -> bool:
+    """A fenced producer's error, raised as is or (after the transaction failed) wrapped by
+    kafka-python in a generic ``KafkaError`` whose arguments carry it."""
+    return isinstance(exc, _FENCED) or any(
+        isinstance(a, _FENCED) or (isinstance(a, type) and issubclass(a, _FENCED)) for a in exc.args
+    )
+
+
 class KafkaSink(Sink):
     """Producer with ``acks=all``; ``flush`` returns once the broker acknowledged everything.
 
@@ -361,7 +369,9 @@ class KafkaSink(Sink):
     def _fencing(self) -> Iterator[None]:
         try:
             yield
-        except _FENCED as exc:
+        except KafkaError as exc:
+            if not _is_fenced(exc):
+                raise
             raise PublisherFencedError(
                 f"another streamfilter instance started publishing to kafka topic {self.topic!r} "
                 f"(transactional id {self._transactional_id!r}) and fenced this one "
