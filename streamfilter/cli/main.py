@@ -134,6 +134,10 @@ def setup_logging(args: argparse.Namespace) -> None:
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level)
+    # the client library's INFO chatter (kafka-python logs every connection and IO loop) is not
+    # the daemon's story: it logs at WARNING unless a level was asked for explicitly
+    explicit = bool(args.log_level) or bool(args.verbose)
+    logging.getLogger("kafka").setLevel(level if explicit else logging.WARNING)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -77,12 +77,28 @@ def add_learn_commands(sub: Any) -> None:
     rep = leaves.add_parser(
         "reproduce", help="Feldman & Zrnic §5.1: private GD with and without individual filtering"
     )
-    rep.add_argument("--dataset", default="digits", choices=["digits"])
-    rep.add_argument("--trials", type=int, default=10)
     rep.add_argument(
-        "--epsilon", type=float, action="append", choices=list(EPSILONS), help="repeatable"
+        "--dataset",
+        default="digits",
+        choices=["digits"],
+        help="data set (scikit-learn's bundled digits)",
     )
-    rep.add_argument("--regime", action="append", choices=list(REGIMES), help="repeatable")
+    rep.add_argument(
+        "--trials", type=int, default=10, help="independent trials per row (default 10)"
+    )
+    rep.add_argument(
+        "--epsilon",
+        type=float,
+        action="append",
+        choices=list(EPSILONS),
+        help="a row's ε (δ = 1e-5); repeatable, default all",
+    )
+    rep.add_argument(
+        "--regime",
+        action="append",
+        choices=list(REGIMES),
+        help="a row's regime; repeatable, default all",
+    )
     rep.add_argument(
         "--checks", type=int, default=8, help="private accuracy checks (0: ablation, last iterate)"
     )
