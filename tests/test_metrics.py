@@ -332,6 +332,31 @@ def test_health_and_readiness_endpoints_over_http():
         urllib.request.urlopen(base + "/healthz", timeout=2)
 
 
+def test_readyz_reports_a_stalled_outbox_and_an_unreachable_input():
+    """A publish blocked inside the client (a broker outage) raises nothing: a committed release
+    waiting longer than OUTBOX_STALL_S makes /readyz 503 by itself; so does an input whose
+    broker cannot be asked. Both clear when the condition does; the gauge follows at scrape."""
+    from streamfilter.runtime.observe.prometheus import OUTBOX_STALL_S
+
+    now = [1000.0]
+    reg = CollectorRegistry()
+    obs = PrometheusObserver(reg, PARAMS, wall_clock=lambda: now[0])
+    obs.started()
+    obs.outbox(3)
+    assert obs.readiness() == (True, "ready")
+    now[0] += OUTBOX_STALL_S + 1
+    ready, why = obs.readiness()
+    assert not ready and why.startswith("3 committed releases not acknowledged by the sink")
+    assert reg.get_sample_value("streamfilter_ready") == 0.0
+    obs.outbox(0)
+    assert obs.readiness() == (True, "ready")
+    assert reg.get_sample_value("streamfilter_ready") == 1.0
+    obs.source_unavailable("KafkaTimeoutError")
+    assert obs.readiness() == (False, "the input is unavailable (KafkaTimeoutError); days wait")
+    obs.source_available()
+    assert obs.readiness() == (True, "ready")
+
+
 class BrokenStore(SQLiteStateStore):
     def commit_day(self, commit):
         raise StoreError("state store broken-for-test failed to commit: disk I/O error")

@@ -28,7 +28,7 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Any
@@ -136,6 +136,10 @@ def collector_for_run() -> Iterator[None]:
 RELAY_BACKOFF_S = (1.0, 30.0)
 
 
+#: seconds between probes of an input whose broker did not answer (see ``_probe_input``)
+INPUT_PROBE_S = 2.0
+
+
 def _transient(exc: BaseException) -> bool:
     """An error that may heal by itself: a client error marked ``retriable`` (kafka-python's
     timeouts, connection and leadership errors) or a timeout. Store errors never are."""
@@ -206,6 +210,7 @@ class Daemon:
         self._max_day: dict[str, str] = {}
         self._last_seen: dict[str, float] = {}
         self._started = monotonic()
+        self._input_down_probe_at: float | None = None  # set while the input's broker is down
         self._restore(state if state is not None else store.load())
 
     # ------------------------------------------------------------------ start-up
@@ -294,6 +299,7 @@ class Daemon:
             at_end = until_end and self.source.at_end()
             records = [] if at_end else self.source.poll_batches(self.batch_size)
             self._note_new_partitions()
+            self._probe_input()
             self._ingest_batches(records)
             if until_end and not records and (at_end or self.source.at_end()):
                 last_open = self._last_open_day()
@@ -345,10 +351,19 @@ class Daemon:
                 )
 
     def _poll_queries(self) -> None:
-        for where, raw in self.feed.poll():
-            self._register_query(where, raw)
+        self._register_queries(self.feed.poll())
 
-    def _register_query(self, where: str, raw: bytes) -> None:
+    def _register_queries(self, items: Iterable[tuple[str, bytes]]) -> None:
+        """Register queries in order; the new ones are stored in one transaction before
+        anything else happens (no day closes in between), so a backlog of thousands costs one
+        commit, not one each."""
+        new: list[bytes] = []
+        for where, raw in items:
+            self._register_query(where, raw, new)
+        if new:
+            self.store.add_queries(new)
+
+    def _register_query(self, where: str, raw: bytes, new: list[bytes]) -> None:
         try:
             if len(raw) > self.limits.max_query_bytes:
                 raise Reject(
@@ -358,8 +373,8 @@ class Daemon:
             query = self.engine.parse_query(raw)
             if self.engine.check_query(query):
                 self._check_query_limits(query)
-                self.store.add_query(query.canonical_json().encode())
                 self.engine.register_query(query)
+                new.append(query.canonical_json().encode())
                 self.summary.queries_registered += 1
                 cost = query_cost(query, self.engine.params)
                 warning = affordability_warning(cost, self.engine.params, self.min_affordable_days)
@@ -548,6 +563,33 @@ class Daemon:
         if target is not None:
             self._close_through(target)
 
+    def _read_lag(self) -> None:
+        try:
+            lags = self.source.lag()
+        except Exception as exc:
+            self._input_unavailable("could not read the input's lag", exc)
+            return
+        for partition, lag in lags.items():
+            self.observer.partition_lag(partition, lag)
+        self._input_available()
+
+    def _input_unavailable(self, what: str, exc: BaseException) -> None:
+        """A broker call of the input failed: /readyz says so until one succeeds again (the
+        loop probes every ``INPUT_PROBE_S``); nothing else changes (days wait, no exit)."""
+        log.warning("%s: %s", what, type(exc).__name__)
+        self.observer.source_unavailable(type(exc).__name__)
+        self._input_down_probe_at = self.monotonic() + INPUT_PROBE_S
+
+    def _input_available(self) -> None:
+        if self._input_down_probe_at is not None:
+            log.info("the input's broker answers again")
+            self._input_down_probe_at = None
+        self.observer.source_available()
+
+    def _probe_input(self) -> None:
+        if self._input_down_probe_at is not None and self.monotonic() >= self._input_down_probe_at:
+            self._read_lag()
+
     def _input_quiet_since(self) -> float:
         """Wall-clock time of the last input record (of the start when none was read yet)."""
         last = max(self._last_seen.values(), default=self._started)
@@ -560,8 +602,9 @@ class Daemon:
         try:
             added = self.source.refresh_partitions(fresh=True)
         except Exception as exc:
-            log.warning("could not refresh the input's partitions (%s); days wait", exc)
+            self._input_unavailable("could not refresh the input's partitions; days wait", exc)
             return False
+        self._input_available()
         self._note_new_partitions()
         return not added
 
@@ -575,10 +618,9 @@ class Daemon:
         try:
             queries = self.feed.poll_all()
         except Exception as exc:  # the days wait: a query not read now would be refused later
-            log.warning("could not read the query feed to its end (%s); days wait", exc)
+            self._input_unavailable("could not read the query feed to its end; days wait", exc)
             return False
-        for where, raw in queries:
-            self._register_query(where, raw)
+        self._register_queries(queries)
         day = self._first_open_day()
         while day is not None and last is not None and day <= last and not self.stop_event.is_set():
             self._close_day(day)
@@ -592,10 +634,8 @@ class Daemon:
         Local mode: devices answer only announced queries; registering again at the close is a
         no-op because policies are deterministic in their inputs."""
         self.engine.check_day(day)
-        for where, raw in self.feed.poll_all():
-            self._register_query(where, raw)
-        for where, raw in self.feed.on_day(self.engine.history, day):
-            self._register_query(where, raw)
+        self._register_queries(self.feed.poll_all())
+        self._register_queries(self.feed.on_day(self.engine.history, day))
         return [q.canonical_json() for q in self.engine.queries.for_day(day)]
 
     def _positions_after(self, day: str) -> dict[str, Position]:
@@ -610,8 +650,7 @@ class Daemon:
 
     def _close_day(self, day: str) -> None:
         """The checkpoint: prepare → commit (one transaction) → apply → relay (see module doc)."""
-        for where, raw in self.feed.on_day(self.engine.history, day):
-            self._register_query(where, raw)
+        self._register_queries(self.feed.on_day(self.engine.history, day))
         acc = self._open.pop(day, None) or self.engine.new_day(day)
         started = time.perf_counter()
         # 1. prepare: releases with noise drawn, debits computed; nothing mutated yet
@@ -632,17 +671,16 @@ class Daemon:
             )
         )
         self.observer.committed(time.perf_counter() - commit_started, self.store.size_bytes())
+        # the day's releases wait in the outbox from now on (readiness watches how long)
+        self.observer.outbox(len(self.store.unsent_releases()))
         crash_point("after_commit")
         # 2b. mirror the committed input positions to the source (lag tools); not the truth
         try:
             self.source.committed({p: pos.resume_offset for p, pos in positions.items()})
         except Exception as exc:  # the store holds the real positions
-            log.warning("could not mirror input offsets to the source: %s", type(exc).__name__)
-        try:  # a metric: a broker outage here must not end the run (the day is committed)
-            for partition, lag in self.source.lag().items():
-                self.observer.partition_lag(partition, lag)
-        except Exception as exc:
-            log.warning("could not read the input's lag: %s", type(exc).__name__)
+            self._input_unavailable("could not mirror input offsets to the source", exc)
+        # a metric: a broker outage here must not end the run (the day is committed)
+        self._read_lag()
         # 3. apply the committed day in memory
         self.engine.commit_day(outcome)
         self._min_offset.pop(day, None)

@@ -11,6 +11,8 @@ import json
 import os
 import signal
 import time
+import urllib.error
+import urllib.request
 
 import pytest
 
@@ -46,24 +48,34 @@ def test_the_daemon_publishes_a_committed_day_after_the_broker_returns(
         pid = int((broker.run_dir / "kafka.pid").read_text().strip())
         os.kill(pid, signal.SIGKILL)
         killed = time.monotonic()
-        saw_not_ready = False
+        outage: set[tuple[int, str]] = set()  # /readyz answers seen while the broker is down
         while time.monotonic() - killed < 20:
             assert daemon.poll() is None, daemon.tail()
-            saw_not_ready |= metric(port, "streamfilter_ready") == 0.0
+            outage.add(readyz(port))
             time.sleep(0.5)
+        # the committed day waits for the sink: /readyz says so (503 + why), and the gauge too
+        assert any(code == 503 and "not acknowledged by the sink" in why for code, why in outage)
+        assert metric(port, "streamfilter_ready") == 0.0, outage
         broker.start(keep_data=True)
         deadline = time.monotonic() + 180
         while not (got := _released(bootstrap, topics["releases"])):
             assert daemon.poll() is None, daemon.tail()  # the same process, no restart
             assert time.monotonic() < deadline, daemon.tail()
-            saw_not_ready |= metric(port, "streamfilter_ready") == 0.0
             time.sleep(1)
         assert got == expected  # one value per (day, query), the committed one
         wait_for_metric(port, "streamfilter_ready", 1.0, daemon)
-        print(f"saw /readyz not ready during the outage: {saw_not_ready}")
+        assert readyz(port) == (200, "ready")
     finally:
         daemon.proc.terminate()
         daemon.wait(timeout=60)
+
+
+def readyz(port: int) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as resp:
+            return resp.status, resp.read().decode().strip()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode().strip()
 
 
 def _released(bootstrap: str, topic: str) -> list[bytes]:

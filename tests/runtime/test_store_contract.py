@@ -114,6 +114,19 @@ def test_queries_are_kept_in_registration_order(make_store):
     ]
 
 
+def test_a_batch_of_queries_is_one_ordered_idempotent_registration(make_store):
+    store = make_store()
+    store.add_query(b'{"query_id": "b"}')
+    store.add_queries([b'{"query_id": "a"}', b'{"query_id": "b", "x": 1}', b'{"query_id": "c"}'])
+    store.add_queries([])
+    # "b" keeps its first payload; the batch's new ids follow in their order
+    assert store.load().queries == [
+        b'{"query_id": "b"}',
+        b'{"query_id": "a"}',
+        b'{"query_id": "c"}',
+    ]
+
+
 def test_state_survives_reopen(make_store, tmp_path):
     store = make_store()
     store.commit_day(commit("2026-01-01", ["a"], [5], [("q1", b"x")]))

@@ -37,6 +37,12 @@ class DaemonObserver:
     def sink_available(self) -> None:
         """The outbox relay succeeded (ready again after an outage)."""
 
+    def source_unavailable(self, reason: str) -> None:
+        """The input's broker could not be asked (metadata, end offsets): days wait."""
+
+    def source_available(self) -> None:
+        """The input's broker answered again."""
+
     def offsets_skipped(self, partition: str, count: int) -> None:
         """``count`` records of ``partition`` were deleted before they were read (skipped)."""
 

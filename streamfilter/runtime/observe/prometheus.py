@@ -130,6 +130,10 @@ def _label(value: str) -> str:
     return value[:_MAX_LABEL_CHARS]
 
 
+#: seconds a committed release may wait for the sink's acknowledgement before /readyz says so
+OUTBOX_STALL_S = 10.0
+
+
 class PrometheusObserver(DaemonObserver):
     """Daemon hooks → Prometheus metrics on ``registry`` (see the module table).
 
@@ -158,7 +162,9 @@ class PrometheusObserver(DaemonObserver):
         self._is_stopped = False
         self._is_failing_closed = False
         self._sink_outage: str | None = None
+        self._source_outage: str | None = None
         self._outbox_since = 0.0
+        self._outbox_pending = 0
         self._pending: tuple[str, list[Release]] | None = None
         self._release_series: set[tuple[str, str]] = set()
         r = registry
@@ -272,9 +278,11 @@ class PrometheusObserver(DaemonObserver):
         )
         self.ready_gauge = Gauge(
             "streamfilter_ready",
-            "1 while the daemon is started, its store open and it is not failing closed.",
+            "1 while /readyz answers 200: started, store open, not failing closed, input and "
+            "release sink reachable, no release waiting longer than the stall limit.",
             registry=r,
         )
+        self.ready_gauge.set_function(lambda: 1.0 if self.readiness()[0] else 0.0)
         # -- identity and the privacy configuration (data-independent) --------------------
         Gauge(
             "streamfilter_build_info",
@@ -357,13 +365,26 @@ class PrometheusObserver(DaemonObserver):
 
     # ------------------------------------------------------------------ readiness
     def readiness(self) -> tuple[bool, str]:
-        """(ready, why): started, store open (not stopped), not failing closed."""
+        """(ready, why): started, store open (not stopped), not failing closed, the input's
+        broker answering, and no committed release waiting for the sink longer than
+        ``OUTBOX_STALL_S`` (a publish that blocks inside the client during a broker outage
+        raises nothing, so the wait itself is the signal). Evaluated at every request and
+        scrape."""
         if self._is_failing_closed:
             return False, "failing closed: the state store could not commit"
         if self._is_stopped:
             return False, "stopped"
         if self._sink_outage is not None:
             return False, f"the release sink is unavailable ({self._sink_outage}); retrying"
+        if self._outbox_pending and self._outbox_since:
+            waited_s = self.wall_clock() - self._outbox_since
+            if waited_s > OUTBOX_STALL_S:
+                return False, (
+                    f"{self._outbox_pending} committed releases not acknowledged by the sink "
+                    f"for {waited_s:.0f} s; retrying"
+                )
+        if self._source_outage is not None:
+            return False, f"the input is unavailable ({self._source_outage}); days wait"
         if not self._is_started:
             return False, "starting"
         return True, "ready"
@@ -387,7 +408,6 @@ class PrometheusObserver(DaemonObserver):
     # ------------------------------------------------------------------ DaemonObserver
     def started(self) -> None:
         self._is_started, self._is_stopped = True, False
-        self._update_ready()
 
     def records_read(self, partition: str, count: int) -> None:
         self.records_consumed.labels(_label(partition)).inc(count)
@@ -399,6 +419,7 @@ class PrometheusObserver(DaemonObserver):
         self.rejects_dropped.inc()
 
     def outbox(self, pending: int) -> None:
+        self._outbox_pending = pending
         self.outbox_pending.set(pending)
         if not pending:
             self._outbox_since = 0.0
@@ -408,12 +429,15 @@ class PrometheusObserver(DaemonObserver):
 
     def sink_unavailable(self, reason: str) -> None:
         self._sink_outage = reason
-        self._update_ready()
 
     def sink_available(self) -> None:
-        if self._sink_outage is not None:
-            self._sink_outage = None
-            self._update_ready()
+        self._sink_outage = None
+
+    def source_unavailable(self, reason: str) -> None:
+        self._source_outage = reason
+
+    def source_available(self) -> None:
+        self._source_outage = None
 
     def offsets_skipped(self, partition: str, count: int) -> None:
         self.offsets_skipped_total.inc(count)
@@ -483,14 +507,9 @@ class PrometheusObserver(DaemonObserver):
     def failing_closed(self, message: str) -> None:
         self._is_failing_closed = True
         self.failing_closed_gauge.set(1)
-        self._update_ready()
 
     def partition_lag(self, partition: str, lag_records: int) -> None:
         self.consumer_lag.labels(_label(partition)).set(lag_records)
 
     def stopped(self) -> None:
         self._is_stopped = True
-        self._update_ready()
-
-    def _update_ready(self) -> None:
-        self.ready_gauge.set(1 if self.readiness()[0] else 0)

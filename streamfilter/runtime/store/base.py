@@ -14,6 +14,7 @@ from __future__ import annotations
 import abc
 import math
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 
@@ -132,8 +133,14 @@ class StateStore(abc.ABC):
     @abc.abstractmethod
     def set_config_fingerprint(self, fingerprint: str) -> None: ...
 
+    def add_query(self, canonical_json: bytes) -> None:
+        """Register one query (idempotent by ``query_id``)."""
+        self.add_queries([canonical_json])
+
     @abc.abstractmethod
-    def add_query(self, canonical_json: bytes) -> None: ...
+    def add_queries(self, canonical_jsons: Sequence[bytes]) -> None:
+        """Register queries in order, in one transaction; an already stored ``query_id`` is
+        kept as it is (idempotent). A backlog read from a feed costs one commit, not one each."""
 
     @abc.abstractmethod
     def commit_day(self, commit: DayCommit) -> int:

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from typing import Any
 
@@ -199,14 +199,14 @@ class PostgresStateStore(StateStore):
         with self._transaction() as cur:
             self._set_meta(cur, "config_fingerprint", fingerprint)
 
-    def add_query(self, canonical_json: bytes) -> None:
-        query_id = json.loads(canonical_json)["query_id"]
+    def add_queries(self, canonical_jsons: Sequence[bytes]) -> None:
         with self._transaction() as cur:
-            cur.execute(
-                f"INSERT INTO {self.schema}.queries(query_id, payload) VALUES(%s, %s) "
-                "ON CONFLICT (query_id) DO NOTHING",
-                (query_id, bytes(canonical_json)),
-            )
+            for canonical_json in canonical_jsons:
+                cur.execute(
+                    f"INSERT INTO {self.schema}.queries(query_id, payload) VALUES(%s, %s) "
+                    "ON CONFLICT (query_id) DO NOTHING",
+                    (json.loads(canonical_json)["query_id"], bytes(canonical_json)),
+                )
 
     def commit_day(self, commit: DayCommit) -> int:
         """One transaction: 1. budgets, 2. releases (unsent), 3. positions, 4. day + sequence."""

@@ -26,7 +26,7 @@ import json
 import os
 import sqlite3
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import IO
 
@@ -309,20 +309,22 @@ class SQLiteStateStore(StateStore):
         with self._transaction() as db:
             self._set_meta(db, "config_fingerprint", fingerprint)
 
-    def add_query(self, canonical_json: bytes) -> None:
-        query_id = json.loads(canonical_json)["query_id"]
-        payload = bytes(canonical_json)
+    def add_queries(self, canonical_jsons: Sequence[bytes]) -> None:
         with self._transaction() as db:
-            cur = db.execute(
-                "INSERT INTO queries(query_id, payload) VALUES(?, ?) ON CONFLICT(query_id) DO NOTHING",
-                (query_id, payload),
-            )
-            if cur.rowcount == 1:
-                seq = cur.lastrowid
-                db.execute(
-                    "UPDATE queries SET crc = ? WHERE seq = ?",
-                    (row_crc(seq, query_id, payload), seq),
+            for canonical_json in canonical_jsons:
+                query_id = json.loads(canonical_json)["query_id"]
+                payload = bytes(canonical_json)
+                cur = db.execute(
+                    "INSERT INTO queries(query_id, payload) VALUES(?, ?) "
+                    "ON CONFLICT(query_id) DO NOTHING",
+                    (query_id, payload),
                 )
+                if cur.rowcount == 1:
+                    seq = cur.lastrowid
+                    db.execute(
+                        "UPDATE queries SET crc = ? WHERE seq = ?",
+                        (row_crc(seq, query_id, payload), seq),
+                    )
 
     def commit_day(self, commit: DayCommit) -> int:
         """One transaction: 1. budgets, 2. releases (unsent), 3. positions, 4. day + sequence.
