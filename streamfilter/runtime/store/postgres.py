@@ -114,7 +114,12 @@ class PostgresStateStore(StateStore):
                     "advisory lock is held); only one writer may own a state"
                 )
             with self._transaction() as cur:
-                cur.execute(f"CREATE SCHEMA IF NOT EXISTS {schema}")
+                # only when missing: CREATE SCHEMA IF NOT EXISTS checks the CREATE privilege on
+                # the database first, which a restricted role owning its schema does not hold
+                # (deploy/postgres/worker-role.sql)
+                cur.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (schema,))
+                if cur.fetchone() is None:
+                    cur.execute(f"CREATE SCHEMA {schema}")
                 cur.execute(_TABLES.format(s=schema))
         except BaseException:
             self._db.close()
