@@ -69,6 +69,7 @@ class PersistentMonitor(Monitor):
                 retired=outcome.retired,
                 positions={},
                 active_set_state=outcome.active_set_state,
+                coverage_state=outcome.coverage_state,
             )
         )
         super()._commit(outcome)
