@@ -514,7 +514,14 @@ def _coverage_block(
     ]
     noise_only = [r.day for r in covered if r.coverage is not None and r.coverage.noise_only]
     flag = ""
-    if len(noise_only) == len(covered):
+    if all(r.coverage is not None and r.coverage.threshold is None for r in covered):
+        flag = (
+            f'<p class="flag noise-only"><b>Nobody admissible in full:</b> clip² of '
+            f"{_esc(query_id)} exceeds B_norm, so no user can ever afford a full contribution; "
+            "only users whose vectors are small enough to fit their remaining budget are in "
+            "these values. Where they sit near 0 they are noise only, not a measurement.</p>"
+        )
+    elif len(noise_only) == len(covered):
         flag = (
             f'<p class="flag noise-only"><b>Noise only:</b> on every day of {_esc(query_id)} the '
             "coverage is indistinguishable from 0 (or nobody can afford a full contribution): "

@@ -19,7 +19,6 @@ from streamfilter.engine.coverage import (
 from streamfilter.engine.monitor import Monitor
 from streamfilter.engine.params import PrivacyParams
 from streamfilter.privacy.continual import (
-    BinaryTreeCounter,
     EpochCounter,
     discrete_gaussian_sum_halfwidth,
     noise_halfwidth,
