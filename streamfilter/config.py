@@ -406,7 +406,7 @@ class TestingSection(_Section):
 
 class ReportSection(_Section):
     """``streamfilter report``: days whose coverage fraction (the share of the users counted so
-    far who can still afford a full contribution, docs/design.md §2.10) is below
+    far who can still afford a full contribution, docs/design.md §2.11) is below
     ``low_coverage_fraction`` are marked on each series."""
 
     low_coverage_fraction: float = Field(0.5, ge=0, le=1, allow_inf_nan=False)
@@ -424,7 +424,7 @@ class TelemetrySection(_Section):
     every release (``coverage``, on by default in central mode, not available in local mode)
     costs ``coverage_rho`` (default two fifths of ``rho``) once for the whole, unbounded run; it
     tracks ``coverage_levels`` thresholds ``b_norm/2^k`` with epochs of ``coverage_epoch_days``,
-    doubling (docs/design.md §2.10). Defaults are resolved by :func:`load_config`
+    doubling (docs/design.md §2.11). Defaults are resolved by :func:`load_config`
     (:func:`_resolve_telemetry`).
     """
 

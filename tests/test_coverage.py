@@ -4,7 +4,7 @@ The story of the issue: true daily actives are flat, but the released ``dau`` fa
 heavy users run out of budget — and a sum whose clip² exceeds ``b_norm`` admits nobody's full
 contribution. Every query's release now says how many users it covers; the report plots it
 beside the series, shades the days below ``[report] low_coverage_fraction`` and flags the
-noise-only series (docs/design.md §2.10).
+noise-only series (docs/design.md §2.11).
 """
 
 import json

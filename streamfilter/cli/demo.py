@@ -3,7 +3,7 @@
 A synthetic sparse-monitoring stream (each user active on a day with a small probability) runs
 through the real daemon path — synthetic source, adaptive policy, SQLite state, file sink — and
 the releases are printed as a table with their 95% error bars, under the guarantee, beside the
-coverage each release carries (docs/design.md §2.10): the noisy number of users who can still
+coverage each release carries (docs/design.md §2.11): the noisy number of users who can still
 afford a full contribution to ``active``, and their share of the users counted so far.
 """
 

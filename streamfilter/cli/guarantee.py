@@ -31,7 +31,7 @@ def cmd_guarantee(args: argparse.Namespace) -> int:
     out["mode"] = settings.mode.kind
     if settings.mode.kind == "central":
         out.update(with_telemetry(float(out["rho"]), settings.telemetry.rho, params.delta))
-        if settings.telemetry.coverage:  # paid from the telemetry budget (docs/design.md §2.10)
+        if settings.telemetry.coverage:  # paid from the telemetry budget (docs/design.md §2.11)
             out["rho_coverage"] = settings.telemetry.coverage_rho
     if settings.mode.kind == "local":
         out["local_variant"] = settings.local.variant

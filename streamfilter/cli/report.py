@@ -16,7 +16,7 @@ What goes on the page, and where it comes from:
   with the telemetry budget they spent. When none exists the page says so. Exact counts of
   exhausted users are statistics of users and are never computed.
 * **Coverage** — beside each query's values, the private estimate each release carries of the
-  users it covers (docs/design.md §2.10): users counted so far who can still afford a full
+  users it covers (docs/design.md §2.11): users counted so far who can still afford a full
   contribution, with its 95% band. Days whose coverage fraction is below
   ``[report] low_coverage_fraction`` are shaded on both plots; a series whose coverage is
   indistinguishable from 0 (or where nobody can afford a full contribution) is flagged as

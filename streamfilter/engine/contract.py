@@ -447,7 +447,7 @@ def parse_query(raw: bytes | str | dict[str, Any]) -> SumQuery | HistogramQuery 
 
 @dataclass(frozen=True)
 class Coverage:
-    """How many users a release covers (docs/design.md §2.10), a private estimate.
+    """How many users a release covers (docs/design.md §2.11), a private estimate.
 
     ``users``: noisy number of users counted so far (admitted at least once, or retired) who,
     at the close of the day, can still afford one *full* contribution to the query (remaining

@@ -1,4 +1,4 @@
-"""Coverage with every release: how many users a value covers (docs/design.md §2.10).
+"""Coverage with every release: how many users a value covers (docs/design.md §2.11).
 
 A released sum is over the users the filter still admits; when heavy users run out of budget the
 value falls although nobody left the platform. Each release therefore carries a private estimate

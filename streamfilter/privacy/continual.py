@@ -316,7 +316,7 @@ class EpochStep:
 
 @dataclass(frozen=True)
 class EpochCounter:
-    """Continual counting over an **unbounded** stream (docs/design.md §2.10).
+    """Continual counting over an **unbounded** stream (docs/design.md §2.11).
 
     Epoch ``e = 1, 2, …`` is a :class:`BinaryTreeCounter` over ``first_horizon·2^(e−1)`` steps
     (a power of two) with ``s_e² = ceil(m·L_e/(2ρ))``, ``L_e`` its number of levels. The running

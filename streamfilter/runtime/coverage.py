@@ -1,7 +1,7 @@
 """Wiring of coverage with every release (``[telemetry] coverage``, on by default) for the daemon.
 
 On the first start with coverage on, its whole cost (``telemetry.coverage_rho``, for the whole
-unbounded run: docs/design.md §2.10) is charged to the telemetry ledger and the fresh tracker is
+unbounded run: docs/design.md §2.11) is charged to the telemetry ledger and the fresh tracker is
 stored, in one transaction; a charge that does not fit the telemetry budget refuses to start
 (exit 2, naming ``coverage = false`` as the way out). Later starts resume the stored tracker (it
 is committed with every day) and refuse a configuration whose thresholds, epochs or noise differ.

@@ -60,7 +60,7 @@ events and queries (``parse_event``/``parse_query`` run once) and the ``PrivacyP
 and the run short (2 days, 3 releases), so a run takes about a millisecond; ``workers`` spreads the
 trials over processes. 10⁴ trials take ~10–20 s, 10⁵ a few minutes.
 
-Coverage (docs/design.md §2.10). With ``coverage_rho`` set, the audited engine runs the coverage
+Coverage (docs/design.md §2.11). With ``coverage_rho`` set, the audited engine runs the coverage
 tracker too: the released coverage estimates join the released values the test may use, and
 the claim is ``ρ + ρ_cov``. The coverage accounting is recomputed from the tracker the engine
 runs, independently of the ρ it states: for every epoch up to the 2^30-step cap, ``m`` count
@@ -150,7 +150,7 @@ class AuditConfig:
     canary_scale: float = 8.0
     start_day: str = "2026-01-01"
     population_seed: int = 0
-    #: None: the audited run has no coverage; else its telemetry ρ (docs/design.md §2.10)
+    #: None: the audited run has no coverage; else its telemetry ρ (docs/design.md §2.11)
     coverage_rho: float | None = None
     coverage_levels: int = 8
     coverage_epoch_days: int = 1
