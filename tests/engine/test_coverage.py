@@ -273,3 +273,31 @@ def test_in_the_engine_coverage_follows_the_users_who_run_out_of_budget():
         if want == 0:
             assert rel.coverage.fraction is not None and rel.coverage.fraction < 0.1
     # day 4 admitted everybody (remaining 1 ≥ 1) yet coverage at its close is 0: a lower bound
+
+
+def test_a_persistent_monitor_resumes_its_coverage_exactly(tmp_path):
+    from streamfilter.runtime.notebook import PersistentMonitor
+
+    spec = CoverageSpec(rho=0.5, first_epoch_days=2)
+    query = {
+        "query_id": "a",
+        "kind": "sum",
+        "features": ["x"],
+        "clip": 1.0,
+        "from_day": "2026-01-01",
+    }
+
+    def events(day):
+        return [{"user_id": f"u{i}", "day": day, "values": {"x": 1.0}} for i in range(50)]
+
+    days = [f"2026-01-0{d}" for d in range(1, 6)]
+    whole = Monitor(b_norm=4.0, rho=0.5, test_seed=9, coverage=spec)
+    whole.add_query(query)
+    want = [r.to_json() for d in days for r in whole.close_day(d, events(d))]
+    got = []
+    with PersistentMonitor.open(tmp_path / "s.db", 4.0, rho=0.5, test_seed=9, coverage=spec) as m:
+        m.add_query(query)
+        got += [r.to_json() for d in days[:3] for r in m.close_day(d, events(d))]
+    with PersistentMonitor.open(tmp_path / "s.db", 4.0, rho=0.5, test_seed=9, coverage=spec) as m:
+        got += [r.to_json() for d in days[3:] for r in m.close_day(d, events(d))]
+    assert got == want and all('"coverage"' in r for r in got)
