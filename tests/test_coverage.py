@@ -249,3 +249,27 @@ def test_the_report_shows_coverage_in_headless_chromium(run_dir, tmp_path):
     assert pixels((248, 228, 219), tol=9) > 2000
     # the noise-only banner background #fdecea
     assert pixels((253, 236, 234), tol=3) > 2000
+
+
+def test_a_series_whose_coverage_is_indistinguishable_from_zero_is_flagged(tmp_path):
+    """Coverage within its 95% half-width of 0 on every day (users who can afford it: none,
+    though clip² ≤ b_norm): the series is tagged noise only; a healthy one is not."""
+    from streamfilter.cli.report import ReportData, render_report
+    from streamfilter.engine.contract import Coverage, Release
+
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[privacy]\nb_norm = 4.0\nrho = 0.5\n[queries]\nkind = "none"\n')
+    settings = load_config(cfg)
+
+    def rel(day, qid, users):
+        cov = Coverage(users, 10.0, 20.0, None, 15, 1.0)
+        return Release(day, qid, [qid], [0.5], 2.0, [4.0], "discrete_gaussian", 1.0, coverage=cov)
+
+    days = ["2026-05-01", "2026-05-02", "2026-05-03"]
+    releases = [rel(d, "ghost", u) for d, u in zip(days, (3, -12, 18), strict=True)]
+    releases += [rel(d, "fine", 400) for d in days]
+    page = render_report(settings, ReportData(releases, days, "test"))
+    ghost = page[page.index('id="q-ghost"') : page.index('id="q-fine"')]
+    fine = page[page.index('id="q-fine"') : page.index('id="telemetry"')]
+    assert 'class="tag noise-only"' in ghost and "Noise only:</b> on every day of ghost" in ghost
+    assert "noise-only" not in fine
