@@ -273,3 +273,21 @@ def test_a_series_whose_coverage_is_indistinguishable_from_zero_is_flagged(tmp_p
     fine = page[page.index('id="q-fine"') : page.index('id="telemetry"')]
     assert 'class="tag noise-only"' in ghost and "Noise only:</b> on every day of ghost" in ghost
     assert "noise-only" not in fine
+
+
+def test_coverage_turned_on_mid_run_counts_the_users_the_state_already_holds(tmp_path):
+    """Six days without coverage, then six with it: the users already in the ledger are counted
+    with the first day that has coverage (each once), so the estimate matches the exact count
+    as in a run that had coverage from the start."""
+    cfg = setup_run(tmp_path, DAYS[:6])
+    cfg.write_text(CONFIG.replace("coverage_rho = 0.5", "coverage = false"))
+    assert main(["run", "--config", str(cfg), "--until-end", "--testing"]) == 0
+    write_days(tmp_path, DAYS[6:])
+    cfg.write_text(CONFIG)
+    assert main(["run", "--config", str(cfg), "--until-end", "--testing"]) == 0
+    dau = releases(tmp_path, "dau")
+    assert all("coverage" not in r for r in dau[:6])
+    for k, r in enumerate(dau[6:], start=7):
+        c = r["coverage"]
+        assert abs(c["users"] - exact_dau_coverage(k)) <= 2 * c["ci95"], (k, c)
+        assert abs(c["counted_users"] - (HEAVY + LIGHT)) <= 2 * c["ci95"], (k, c)

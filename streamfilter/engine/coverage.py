@@ -26,6 +26,7 @@ stored with the day like the ledger, never published.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from dataclasses import dataclass
@@ -160,6 +161,10 @@ class CoverageTracker:
     counter: EpochCounter
     thresholds_units: tuple[int, ...]
     states: tuple[EpochState, ...]
+    #: exact counts not yet stepped (SENSITIVE): the users a state already held when coverage
+    #: started on it; added to the next day's counts, so each user still adds 1 to each stream
+    #: at most once (see :meth:`with_backlog`)
+    backlog: CoverageCounts | None = None
 
     @classmethod
     def create(cls, spec: CoverageSpec, params: PrivacyParams) -> CoverageTracker:
@@ -176,11 +181,26 @@ class CoverageTracker:
         """What must not change while the tracker runs (checked against the configuration)."""
         return {**self.counter.to_json_dict(), "thresholds_units": list(self.thresholds_units)}
 
+    def with_backlog(
+        self, spent_units: np.ndarray, retired: np.ndarray, budget_units: int
+    ) -> CoverageTracker:
+        """A fresh tracker started on a state that already has users (coverage turned on, or
+        the software upgraded, mid-run): their counted/departed events are counted as if they
+        all happened on the next day — each user's first and only contribution to each stream,
+        so the guarantee of docs/design.md §2.11 is unchanged."""
+        fresh = np.zeros(len(spent_units), np.int64)
+        backlog = coverage_counts(
+            fresh, fresh.astype(bool), spent_units, retired, budget_units, self.thresholds_units
+        )
+        return dataclasses.replace(self, backlog=backlog)
+
     def step(self, counts: CoverageCounts, bits: RandomBits) -> tuple[CoverageDay, CoverageTracker]:
         """Add one day's exact counts (checked first); one noise draw per stream, in a fixed
         order. Nothing is mutated."""
         if len(counts.departed) != len(self.thresholds_units):
             raise ValueError("coverage counts do not match the tracker's thresholds")
+        if self.backlog is not None:
+            counts = counts + self.backlog
         for state in self.states:
             self.counter.check_state(state)
         steps = [
@@ -199,8 +219,13 @@ class CoverageTracker:
 
     # -- persistence (the state is sensitive: store it, never publish it) ----------------------
     def to_json(self) -> str:
-        states = [s.to_json_dict() for s in self.states]
-        return json.dumps({"description": self.description(), "states": states}, sort_keys=True)
+        obj: dict[str, Any] = {
+            "description": self.description(),
+            "states": [s.to_json_dict() for s in self.states],
+        }
+        if self.backlog is not None:
+            obj["backlog"] = [self.backlog.counted, *self.backlog.departed]
+        return json.dumps(obj, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str | bytes) -> CoverageTracker:
@@ -217,4 +242,12 @@ class CoverageTracker:
             raise ValueError("coverage state has the wrong number of counters")
         for state in states:
             counter.check_state(state)
-        return cls(counter, thresholds, states)
+        backlog = None
+        if "backlog" in obj:
+            values = obj["backlog"]
+            if len(values) != counter.counters or any(
+                isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in values
+            ):
+                raise ValueError("coverage backlog must be one count per stream")
+            backlog = CoverageCounts(values[0], tuple(values[1:]))
+        return cls(counter, thresholds, states, backlog)

@@ -257,7 +257,9 @@ def build_daemon(
         active_set = load_active_set(
             settings, params, store, state.active_set_state
         )  # opt-in; charges telemetry once
-        coverage = load_coverage(settings, params, store, state.coverage_state)  # on by default
+        coverage = load_coverage(  # on by default; charges telemetry once
+            settings, params, store, state.coverage_state, state.budgets
+        )
         check_topics(settings)
         source = _source(settings, follow)
         feed = _feed(settings)

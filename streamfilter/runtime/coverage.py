@@ -10,6 +10,9 @@ is committed with every day) and refuse a configuration whose thresholds, epochs
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
+
+import numpy as np
 
 from streamfilter.config import Settings
 from streamfilter.engine.coverage import CoverageSpec, CoverageTracker
@@ -28,10 +31,16 @@ def coverage_spec(settings: Settings) -> CoverageSpec:
 
 
 def load_coverage(
-    settings: Settings, params: PrivacyParams, store: StateStore, stored: bytes | None
+    settings: Settings,
+    params: PrivacyParams,
+    store: StateStore,
+    stored: bytes | None,
+    budgets: Sequence[tuple[str, int, bool]] = (),
 ) -> CoverageTracker | None:
     """The tracker the engine should run, or ``None`` when coverage is off. ``stored`` is the
-    tracker the state holds (``StoredState.coverage_state``); a first start charges for it."""
+    tracker the state holds (``StoredState.coverage_state``); a first start charges for it.
+    ``budgets`` (the state's ledger) seed a first start on a state that already has users: they
+    are counted with the next day (``CoverageTracker.with_backlog``)."""
     t = settings.telemetry
     if not t.coverage:
         return None
@@ -48,6 +57,11 @@ def load_coverage(
                 "they cannot change during a run"
             )
         return tracker
+    if budgets:  # coverage started mid-run: the users the state already holds
+        _, spent, retired = zip(*budgets, strict=True)
+        fresh = fresh.with_backlog(
+            np.array(spent, np.int64), np.array(retired, bool), params.budget_units
+        )
     record = json.dumps({**fresh.description(), "rho_effective": fresh.rho}).encode()
     try:
         store.charge_telemetry(
