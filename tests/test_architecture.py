@@ -58,6 +58,7 @@ RUNTIME_LAYERS: dict[str, int] = {
     "store": 1,
     "observe": 1,
     "active_set": 2,
+    "coverage": 2,  # coverage with every release (issue #16 point 1)
     "daemon": 2,
     "budget": 2,
     "notebook": 2,  # PersistentMonitor: Monitor + the state store (issue #16)

@@ -668,6 +668,7 @@ class Daemon:
                 retired=outcome.retired,
                 positions=positions,
                 active_set_state=outcome.active_set_state,
+                coverage_state=outcome.coverage_state,
             )
         )
         self.observer.committed(time.perf_counter() - commit_started, self.store.size_bytes())

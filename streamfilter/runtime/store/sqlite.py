@@ -299,6 +299,8 @@ class SQLiteStateStore(StateStore):
                 checked_row(path, "days", row)
             active_set = self._meta("active_set_state")
             state.active_set_state = None if active_set is None else active_set.encode()
+            coverage = self._meta("coverage_state")
+            state.coverage_state = None if coverage is None else coverage.encode()
             return state
         except sqlite3.Error as exc:
             raise StoreError(
@@ -372,6 +374,8 @@ class SQLiteStateStore(StateStore):
             # 5. the opt-in active-set tracker (exact partial counts: stored, never published)
             if commit.active_set_state is not None:
                 self._set_meta(db, "active_set_state", commit.active_set_state.decode())
+            if commit.coverage_state is not None:
+                self._set_meta(db, "coverage_state", commit.coverage_state.decode())
         self._base_rows, self._log_users = base_rows, log_users
         # 6. mirror the sequence outside the store (a crash here leaves it behind: repaired)
         crash_point("before_mirror")
@@ -462,7 +466,12 @@ class SQLiteStateStore(StateStore):
             ) from exc
 
     def charge_telemetry(
-        self, charge: TelemetryCharge, rho_total: float, *, active_set_state: bytes | None = None
+        self,
+        charge: TelemetryCharge,
+        rho_total: float,
+        *,
+        active_set_state: bytes | None = None,
+        coverage_state: bytes | None = None,
     ) -> TelemetryBalance:
         """Check, then commit, in one ``BEGIN IMMEDIATE`` transaction (see :class:`StateStore`)."""
         check_telemetry_arguments(charge, rho_total)
@@ -480,6 +489,8 @@ class SQLiteStateStore(StateStore):
             )
             if active_set_state is not None:
                 self._set_meta(db, "active_set_state", active_set_state.decode())
+            if coverage_state is not None:
+                self._set_meta(db, "coverage_state", coverage_state.decode())
         return telemetry_balance(rho_total, [*charges, charge.rho])
 
     def size_bytes(self) -> int | None:
