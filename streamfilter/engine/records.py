@@ -312,9 +312,9 @@ class DayAccumulator:
 
 
 def _objects(items: Sequence[object]) -> np.ndarray:
-    out = np.empty(len(items), dtype=object)
-    out[:] = items
-    return out
+    """A 1-d object array of ``items`` (each element as is, never unpacked; ``fromiter`` is
+    about twice as fast as assigning a list to an empty array)."""
+    return np.fromiter(items, dtype=object, count=len(items))
 
 
 @dataclass(frozen=True)
