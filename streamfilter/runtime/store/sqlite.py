@@ -402,6 +402,13 @@ class SQLiteStateStore(StateStore):
             packed = PackedBudgets(as_int(n), *map(as_blob, blobs))
             stop = min(folded + n_entries, packed.n_users)
             users, spent, retired = packed.entries(folded, stop, self.path).unpack(self.path)
+            # in key order: the upserts walk the table's B-tree pages in sequence instead of at
+            # random (the day's users come in hash order; a 600k-entry fold took 10 s unsorted);
+            # stable, so a user listed twice keeps their newest entry last
+            order = sorted(range(len(users)), key=users.__getitem__)
+            users = [users[i] for i in order]
+            spent = [spent[i] for i in order]
+            retired = [retired[i] for i in order]
             db.executemany(
                 BUDGET_UPSERT,
                 zip(
