@@ -329,9 +329,9 @@ class StateSection(_Section):
     (``url`` without a password, ``pg_schema``, and the password from ``password_env`` or
     ``password_file``; runtime/store/postgres.py).
 
-    ``budget_log_max_rows`` (SQLite): each closed day appends its budget changes to a log, folded
-    into the per-user table once the log holds more rows than this *and* than the table (larger:
-    fewer, larger folds; 0: fold whenever the log outgrows the table)."""
+    ``budget_log_max_rows`` (SQLite): each closed day appends its budget changes to a log; the
+    entries by which the log exceeds this *and* the per-user table are folded into the table,
+    oldest first (larger: a longer log, fewer folds; 0: the log never outgrows the table)."""
 
     kind: Literal["sqlite", "postgres"] = "sqlite"
     path: Path = Path("state.db")
