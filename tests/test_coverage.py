@@ -21,6 +21,7 @@ from streamfilter.config import load_config
 from streamfilter.errors import ConfigError
 from streamfilter.runtime.store import SQLiteStateStore, TelemetryCharge
 from tests.conftest import require
+from tests.run_configs import file_run
 from tests.test_report import CHROMIUM_FLAGS, decode_png
 
 HEAVY, LIGHT = 300, 300
@@ -29,22 +30,12 @@ QUERIES = [
     {"query_id": "dau", "kind": "sum", "features": ["active"], "clip": 1.0},
     {"query_id": "wide", "kind": "sum", "features": ["minutes"], "clip": 3.0},  # 9 > b_norm
 ]
-CONFIG = """
+CONFIG = file_run(
+    """
 [privacy]
 b_norm = 6.0
 rho = 2.0
 delta = 1e-6
-[source]
-kind = "file"
-path = "events.jsonl"
-[queries]
-kind = "file"
-path = "queries.jsonl"
-[sink]
-kind = "file"
-path = "releases.jsonl"
-[state]
-path = "state.db"
 [metrics]
 enabled = false
 [testing]
@@ -55,6 +46,7 @@ coverage_rho = 0.5
 [report]
 low_coverage_fraction = 0.6
 """
+)
 
 
 def write_days(d: Path, days) -> None:

@@ -80,6 +80,7 @@ from streamfilter.runtime.io.base import QueryFeed
 from streamfilter.runtime.observe.prometheus import PrometheusObserver
 from streamfilter.runtime.store import SQLiteStateStore
 from streamfilter.testing import FakeClock, MemorySink, MemorySource
+from tests.run_configs import file_run
 
 GAMMA = 2.0**-8
 QUERIES = [
@@ -265,27 +266,18 @@ def test_the_comparison_would_catch_exact_counts(tmp_path, frozen_timer):
     }
 
 
-CLI_CONFIG = """
+CLI_CONFIG = file_run(
+    """
 [privacy]
 b_norm = 2.0
 rho = 0.5
 granularity = 0.00390625
-[source]
-kind = "file"
-path = "events.jsonl"
-[queries]
-kind = "file"
-path = "queries.jsonl"
-[sink]
-kind = "file"
-path = "releases.jsonl"
-[state]
-path = "state.db"
 [metrics]
 enabled = false  # served by default since #16: an ephemeral port would differ between the runs
 [testing]
 noise_seed = 11
 """
+)
 
 _TIMING = [
     (re.compile(r"^\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2},\d{3} ", re.M), "<asctime> "),

@@ -33,6 +33,7 @@ from streamfilter.runtime.store import (
     TelemetryBudgetError,
     TelemetryCharge,
 )
+from tests.run_configs import file_run
 
 COUNT = {
     "query_id": "c",
@@ -229,21 +230,11 @@ def test_the_tracker_state_is_committed_with_the_day(tmp_path):
 
 # -- the daemon ------------------------------------------------------------------------------
 
-CONFIG = """
+CONFIG = file_run(
+    """
 [privacy]
 b_norm = 3.0
 rho = 0.5
-[source]
-kind = "file"
-path = "events.jsonl"
-[queries]
-kind = "file"
-path = "queries.jsonl"
-[sink]
-kind = "file"
-path = "releases.jsonl"
-[state]
-path = "state.db"
 [testing]
 noise_seed = 4
 [telemetry]
@@ -253,6 +244,7 @@ active_set = true
 active_set_rho = 0.02
 active_set_horizon = 64
 """
+)
 
 
 def write_world(tmp: Path, days: range, config: str = CONFIG) -> Path:
