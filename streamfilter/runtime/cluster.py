@@ -206,6 +206,7 @@ class ClusterDaemon(Daemon):
         with collector_for_run():
             try:
                 self.observer.started()
+                log.info("cluster worker %s started", self.worker)
                 while not self.stop_event.is_set():
                     records = self.source.poll_batches(self.batch_size)
                     self._note_new_partitions()

@@ -8,6 +8,7 @@ same bytes, each (day, query) once — which also shows that no user was charged
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import time
@@ -255,3 +256,92 @@ def test_mis_keyed_events_are_rejected_and_never_counted(kafka_bootstrap, postgr
         for r in read_topic(kafka_bootstrap, cluster.topics["rejects"])
     ]
     assert reasons.count("wrong_partition") == len(bad)
+
+
+def wait_for_log(proc, text: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if text in proc.log.read_text(errors="replace"):
+            return
+        assert proc.poll() is None, proc.tail()
+        time.sleep(0.2)
+    raise AssertionError(f"{text!r} not logged within {timeout}s\n{proc.tail()}")
+
+
+def worker_id(proc) -> str:
+    for line in proc.log.read_text(errors="replace").splitlines():
+        if "cluster worker " in line and " started" in line:
+            return line.split("cluster worker ", 1)[1].split(" started", 1)[0]
+    raise AssertionError(f"no worker id logged\n{proc.tail()}")
+
+
+@pytest.mark.timeout(300)
+def test_a_zombie_worker_cannot_commit_after_the_group_moved_on(
+    kafka_bootstrap, postgres_url, tmp_path
+):
+    """Worker A stops (SIGSTOP) right before its first day-close commit; the group gives its
+    partitions to B, which closes and releases every day alone; A continues (SIGCONT): its
+    commit is refused by the epoch check, and nothing A computed is ever released."""
+    events = make_events(days=4, users=240, seed=11)
+    expected = reference(tmp_path, events)
+    cluster = Cluster(tmp_path, kafka_bootstrap, postgres_url)
+    cluster.produce(events)
+    a = cluster.worker("a", env={"STREAMFILTER_PAUSE_AT": "before_partition_commit:3"})
+    wait_for_log(a, "cluster worker", 60)
+    b = cluster.worker("b")
+    try:
+        wait_for_log(a, "pausing 3s at crash point before_partition_commit", 120)
+        a.send_signal(signal.SIGSTOP)
+        got = cluster.wait_for(set(expected), [b], timeout=180)
+        a.send_signal(signal.SIGCONT)
+        wait_for_log(a, "epoch moved on", 60)
+        time.sleep(3)  # A rejoins the group; there is nothing left for it to commit
+        got = cluster.releases()
+    finally:
+        a.send_signal(signal.SIGCONT)
+        stop_all([a, b])
+    assert_same_as_reference(got, expected)
+    assert_debits_as_reference(cluster, tmp_path / "reference")
+    writers = {w for (w,) in cluster.sql("SELECT DISTINCT worker FROM {s}.cluster_commits")}
+    assert writers == {worker_id(b)}
+    released = cluster.sql("SELECT day, query_id FROM {s}.releases")
+    assert sorted(released) == sorted(expected)  # each (day, query) stored once
+
+
+@pytest.mark.timeout(400)
+def test_workers_joining_and_leaving_mid_run_change_nothing(
+    kafka_bootstrap, postgres_url, tmp_path
+):
+    """Two workers start; a third joins after day 2 is released; one of the first two stops
+    (SIGTERM) after day 4: the group rebalances by itself each time, and the releases are the
+    single process's."""
+    events = make_events(days=6, users=240, seed=13)
+    expected = reference(tmp_path, events)
+    by_day: dict[str, list[bytes]] = {}
+    day = "2026-01-01"
+    for ev in events:  # the malformed lines go with the day before them
+        with contextlib.suppress(ValueError):
+            day = json.loads(ev)["day"]
+        by_day.setdefault(day, []).append(ev)
+    days = sorted(by_day)
+    cluster = Cluster(tmp_path, kafka_bootstrap, postgres_url)
+    cluster.produce([e for d in days[:3] for e in by_day[d]])
+    procs = [cluster.worker("w0"), cluster.worker("w1")]
+    try:
+        cluster.wait_for({(days[1], "active")}, procs, timeout=120)
+        procs.append(cluster.worker("w2"))
+        wait_for_log(procs[2], "assigned partition", 60)
+        cluster.produce([e for d in days[3:5] for e in by_day[d]])
+        cluster.wait_for({(days[3], "active")}, procs, timeout=120)
+        procs[0].send_signal(signal.SIGTERM)
+        assert procs[0].wait(timeout=60) == 0, procs[0].tail()
+        cluster.produce([e for d in days[5:] for e in by_day[d]])
+        got = cluster.wait_for(set(expected), procs[1:], timeout=120)
+        time.sleep(2)
+        got = cluster.releases()
+    finally:
+        stop_all(procs)
+    assert_same_as_reference(got, expected)
+    assert_debits_as_reference(cluster, tmp_path / "reference")
+    writers = {w for (w,) in cluster.sql("SELECT DISTINCT worker FROM {s}.cluster_commits")}
+    assert len(writers) == 3  # every worker did a share
