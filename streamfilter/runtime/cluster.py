@@ -43,7 +43,7 @@ from streamfilter.engine.engine import DayInput, Engine
 from streamfilter.engine.ledger import BudgetLedger
 from streamfilter.engine.records import DayAccumulator
 from streamfilter.errors import StoreError
-from streamfilter.runtime.daemon import Daemon, RunSummary, _next_day, collector_for_run
+from streamfilter.runtime.daemon import Daemon, RunSummary, collector_for_run
 from streamfilter.runtime.faults import crash_point
 from streamfilter.runtime.io.base import QueryFeed, Sink
 from streamfilter.runtime.io.kafka import KafkaGroupSource, key_partition
@@ -100,6 +100,7 @@ class ClusterDaemon(Daemon):
         self._reset_pending = False
         self._fenced = False
         self._queries_seen = 0
+        self._first_day: str | None = None
         super().__init__(engine, ledger, source, feed, NoSink(), reject_sink, **kwargs)
         self._screen = self._screen_records
         source.on_assign = self._on_assign
@@ -176,7 +177,9 @@ class ClusterDaemon(Daemon):
             if isinstance(item, Reject):
                 continue
             day = item.day
-            if committed is not None and day <= committed:
+            if (committed is not None and day <= committed) or (
+                self._first_day is not None and day < self._first_day
+            ):
                 out[i] = Reject(RejectReason.LATE, "event day is already closed")
             elif (horizon is None or day <= horizon) and (
                 key_partition(item.user_id.encode(), self._pinned_count(day)) != p
@@ -226,10 +229,12 @@ class ClusterDaemon(Daemon):
                 )
 
     def _first_open_day(self) -> str | None:
+        """The day the cluster closes next; before the first freeze, the earliest day seen."""
         view = self.store.view()
-        if view.released_through is not None:
-            return _next_day(view.released_through)
-        return min(filter(None, (view.first_day, min(self._open, default=None))), default=None)
+        self._first_day = view.first_day
+        return view.next_day() or min(
+            filter(None, (view.first_seen, min(self._open, default=None))), default=None
+        )
 
     def _last_open_day(self) -> str | None:
         view = self.store.view()
@@ -246,16 +251,30 @@ class ClusterDaemon(Daemon):
             day = self._first_open_day()
             if day is None or day > last:
                 return True
+            self._drop_days_before(day)
             todo = sorted(p for p in self._epochs if (self._committed.get(p) or "") < day)
             if not todo:
                 return True  # committed; the day waits for the other partitions' commits
-            self._freeze(day, view.frozen_through)
+            if not self._freeze(day, view.frozen_through):
+                continue  # another worker froze another first day: start again from it
             if not self._commit_partitions(day, todo):
                 return True
             self._release_and_relay()
         return True
 
-    def _freeze(self, day: str, frozen_through: str | None) -> None:
+    def _drop_days_before(self, day: str) -> None:
+        """Buffers of days before the cluster's next day: closed before this worker could
+        count them (only possible for days before the cluster's first day, which another
+        worker pinned): dropped, like late events."""
+        early = sorted({d for d, _ in self._parts if d < day})
+        for d in early:
+            for key in [k for k in self._parts if k[0] == d]:
+                del self._parts[key]
+            self._open.pop(d, None)
+            self._min_offset.pop(d, None)
+            log.warning("events of %s arrived after the cluster closed that day; dropped", d)
+
+    def _freeze(self, day: str, frozen_through: str | None) -> bool:
         """Register the day's queries (the feed read to its end, then the policy on the
         published history) and freeze them in the ledger: the first worker to close the day
         does it; later ones find it done."""
@@ -267,8 +286,10 @@ class ClusterDaemon(Daemon):
             history = [Release.from_json(p) for p in self.store.release_history()]
             for where, raw in self.feed.on_day(history, day):
                 self._register_query(where, raw)
-            self.store.freeze_day(day)
+            if not self.store.freeze_day(day):
+                return False
         self._refresh_queries()
+        return True
 
     def _register_query(self, where: str, raw: bytes) -> None:
         """Validate a query and add it to the ledger (never to this worker's book directly:
@@ -364,8 +385,7 @@ class ClusterDaemon(Daemon):
             )
             log.info("this worker is the releaser")
         while not self.stop_event.is_set():
-            view = self.store.view()
-            day = _next_day(view.released_through) if view.released_through else view.first_day
+            day = self.store.view().next_day()
             if day is None or not self._release(day):
                 break
         self._relay_outbox()

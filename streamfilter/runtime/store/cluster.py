@@ -94,8 +94,20 @@ class ClusterView:
 
     released_through: str | None
     frozen_through: str | None
+    #: the cluster's first day, pinned by the first freeze (None before: no day froze yet)
     first_day: str | None
+    first_seen: str | None
     last_day: str | None
+
+    def next_day(self) -> str | None:
+        """The day the cluster closes next: after the last released, else the first."""
+        if self.released_through is not None:
+            return _next(self.released_through)
+        return self.first_day
+
+
+def _next(day: str) -> str:
+    return (dt.date.fromisoformat(day) + dt.timedelta(days=1)).isoformat()
 
 
 def _prev_day(day: str) -> str:
@@ -202,10 +214,11 @@ class ClusterLedger(PostgresStateStore):
         rows = self._read(
             "SELECT (SELECT value FROM {s}.meta WHERE key = 'released_through'), "
             "(SELECT value FROM {s}.meta WHERE key = 'frozen_through'), "
+            "(SELECT value FROM {s}.meta WHERE key = 'first_day'), "
             "(SELECT min(day) FROM {s}.cluster_days), (SELECT max(day) FROM {s}.cluster_days)"
         )
-        released, frozen, first, last = rows[0]
-        return ClusterView(released or None, frozen or None, first, last)
+        released, frozen, first, first_seen, last = rows[0]
+        return ClusterView(released or None, frozen or None, first or None, first_seen, last)
 
     # -- queries -------------------------------------------------------------------------
     def add_query(self, canonical_json: bytes) -> None:
@@ -245,19 +258,37 @@ class ClusterLedger(PostgresStateStore):
         rows = self._read("SELECT payload FROM {s}.queries ORDER BY seq OFFSET %s", (seen,))
         return [bytes(p) for (p,) in rows]
 
-    def freeze_day(self, day: str) -> None:
-        """Freeze ``day``'s queries (no query starting on or before it is accepted after)."""
+    def freeze_day(self, day: str) -> bool:
+        """Freeze ``day``'s queries (no query starting on or before it is accepted after) if
+        ``day`` is the day the cluster closes next: the day after the last released one, or,
+        before any release, the cluster's first day — pinned here by the first freeze. False
+        (nothing written) for any other day."""
         s = self.schema
 
-        def body(cur: Any) -> Any:
+        def body(cur: Any) -> bool:
             frozen = cur.execute(
                 f"SELECT value FROM {s}.meta WHERE key = 'frozen_through' FOR UPDATE"
             ).fetchone()[0]
+            meta = dict(
+                cur.execute(
+                    f"SELECT key, value FROM {s}.meta WHERE key IN "
+                    "('released_through', 'first_day')"
+                ).fetchall()
+            )
+            released, first = meta.get("released_through") or None, meta.get("first_day")
+            if released is not None:
+                if day != _next(released):
+                    return False
+            elif first is not None and day != first:
+                return False
+            if first is None:
+                self._set_meta(cur, "first_day", day)
             if not frozen or frozen < day:
                 self._set_meta(cur, "frozen_through", day)
             cur.execute(f"UPDATE {s}.cluster_days SET frozen = TRUE WHERE day = %s", (day,))
+            return True
 
-        self._serial(body)
+        return bool(self._serial(body))
 
     def release_history(self) -> list[bytes]:
         return [
@@ -301,8 +332,10 @@ class ClusterLedger(PostgresStateStore):
             released = cur.execute(
                 f"SELECT value FROM {s}.meta WHERE key = 'released_through'"
             ).fetchone()[0]
-            first = cur.execute(f"SELECT min(day) FROM {s}.cluster_days").fetchone()[0]
-            ok = (released or None) == _prev_day(day) or (not released and day == first)
+            first = cur.execute(f"SELECT value FROM {s}.meta WHERE key = 'first_day'").fetchone()
+            ok = (released or None) == _prev_day(day) or (
+                not released and first is not None and day == first[0]
+            )
             frozen = cur.execute(
                 f"SELECT frozen FROM {s}.cluster_days WHERE day = %s", (day,)
             ).fetchone()
