@@ -59,6 +59,7 @@ RUNTIME_LAYERS: dict[str, int] = {
     "observe": 1,
     "active_set": 2,
     "daemon": 2,
+    "cluster": 2,  # the cluster worker: the daemon loop over a consumer group (issue #18)
     "budget": 2,
     "notebook": 2,  # PersistentMonitor: Monitor + the state store (issue #16)
     "app": 3,

@@ -24,7 +24,16 @@ from streamfilter.engine.records import DayRecords
 from streamfilter.privacy.individual import filter_contributions, query_vectors
 from streamfilter.privacy.noise import RandomBits, SeededRandomBits, discrete_gaussian, gaussian
 
-__all__ = ["DayOutcome", "ExactDayStats", "SeededPerRelease", "close_day", "noisy_release"]
+__all__ = [
+    "DayOutcome",
+    "DayPartial",
+    "ExactDayStats",
+    "SeededPerRelease",
+    "close_day",
+    "noisy_release",
+    "partial_day",
+    "release_partials",
+]
 
 
 class SeededPerRelease:
@@ -218,4 +227,72 @@ def close_day(
             refused_per_query=refused_counts,
         ),
         active_set=tracker,
+    )
+
+
+@dataclass(frozen=True)
+class DayPartial:
+    """One part of a day (a cluster worker's partition, docs/design.md §7.2): the exact integer
+    sums of its users' admitted contributions per query and its users' new budgets; no noise.
+
+    Every user of the day is in exactly one part, and every step of ``_filter_day`` is row-wise,
+    so adding the parts' ``sums`` (and ``counters``) gives exactly the single process's sums
+    (and counts). ``counters`` are named exact per-user counts of the part (SENSITIVE, like
+    :class:`ExactDayStats`): stored beside the partial sums, never published."""
+
+    day: str
+    sums: dict[str, np.ndarray]
+    counters: dict[str, int]
+    changed_users: np.ndarray
+    spent_units: np.ndarray
+    retired: np.ndarray
+
+
+def partial_day(
+    records: DayRecords,
+    queries: Sequence[AnyQuery],
+    ledger: BudgetLedger,
+    params: PrivacyParams,
+) -> DayPartial:
+    """Algorithm 3's admission and exact sums for the users of ``records`` (one part of the
+    day), against their budgets in ``ledger``; no noise (that is :func:`release_partials`)."""
+    users = records.users
+    keys = ledger.keys_of(users, records.keys)
+    located = ledger.locate(users, keys)
+    spent, retired = ledger.state_at(located)
+    spent_before, retired_before = spent.copy(), retired.copy()
+    totals, admitted_n, refused_n = _filter_day(records, queries, params, spent, retired)
+    changed = np.flatnonzero((spent != spent_before) | (retired != retired_before))
+    counters = {"users_with_records": records.n_users}
+    for query, a, r in zip(queries, admitted_n, refused_n, strict=True):
+        counters[f"admitted:{query.query_id}"] = a
+        counters[f"refused:{query.query_id}"] = r
+    return DayPartial(
+        day=records.day,
+        sums={q.query_id: t for q, t in zip(queries, totals, strict=True)},
+        counters=counters,
+        changed_users=users[changed],
+        spent_units=spent[changed],
+        retired=retired[changed],
+    )
+
+
+def release_partials(
+    day: str,
+    queries: Sequence[AnyQuery],
+    sums: dict[str, np.ndarray],
+    params: PrivacyParams,
+    bits: RandomBits,
+) -> list[Release]:
+    """The day's releases from the exact sums over all parts: the same :func:`noisy_release`
+    as the single process, one noise batch per query in registration order."""
+    return [noisy_release(day, q, sums[q.query_id], params, bits) for q in queries]
+
+
+def exact_stats_of(counters: dict[str, int], queries: Sequence[AnyQuery]) -> ExactDayStats:
+    """:class:`ExactDayStats` from the summed ``counters`` of a day's parts."""
+    return ExactDayStats(
+        users_with_records=counters.get("users_with_records", 0),
+        admitted_per_query={q.query_id: counters.get(f"admitted:{q.query_id}", 0) for q in queries},
+        refused_per_query={q.query_id: counters.get(f"refused:{q.query_id}", 0) for q in queries},
     )

@@ -22,7 +22,7 @@ from streamfilter.runtime.io.base import NoQueryFeed, QueryFeed, Sink, Source
 from streamfilter.runtime.io.files import FileQueryFeed, FileSink, FileSource, StdoutSink
 from streamfilter.runtime.io.policy import PolicyFeed
 from streamfilter.runtime.io.synthetic import SyntheticSource
-from streamfilter.runtime.store import StateStore
+from streamfilter.runtime.store import StateStore, StoredState
 from streamfilter.runtime.store.open import open_store
 
 log = logging.getLogger("streamfilter.app")
@@ -234,6 +234,8 @@ def build_daemon(
             "`run` refuses it unless --testing is given"
         )
     bits: RandomBits = SeededPerRelease(seed) if seed is not None else SystemRandomBits()
+    if settings.cluster.enabled:
+        return _build_worker(settings, params, bits)
     store = open_store(settings.state)
     try:
         fingerprint = config_fingerprint(params, settings)
@@ -322,6 +324,87 @@ def build_daemon(
             )
             parts.metrics = None
     return parts
+
+
+def _build_worker(settings: Settings, params: PrivacyParams, bits: RandomBits) -> Components:
+    """Cluster mode (docs/design.md §7): a worker over the group's partitions and the shared
+    ledger; the release sink is built only if this worker becomes the releaser."""
+    from streamfilter.runtime.cluster import ClusterDaemon
+    from streamfilter.runtime.io.kafka import KafkaGroupSource
+    from streamfilter.runtime.io.kafka_errors import check_group_access, kafka_access
+    from streamfilter.runtime.store.cluster import ClusterLedger
+
+    st = settings.state
+    assert st.url is not None  # checked by the configuration
+    ledger = ClusterLedger(st.url, schema=st.pg_schema, password=st.postgres_password())
+    parts: list[object] = [ledger]
+    try:
+        fingerprint = config_fingerprint(params, settings)
+        ledger.set_config_fingerprint(fingerprint)  # the first worker's stays
+        if ledger.load_fingerprint() != fingerprint:
+            raise ConfigError(
+                f"[privacy] differs from the configuration the cluster's ledger was created with "
+                f"(state {st.describe()}); start a new ledger instead"
+            )
+        check_topics(settings)
+        s, k, c = settings.source, settings.kafka, settings.cluster
+        assert s.topic is not None
+        check_group_access(k.client_config(), k.group_id, s.topic)
+        with kafka_access(k.client_config(), topic=s.topic, role="source.topic", group=k.group_id):
+            source = KafkaGroupSource(
+                s.topic,
+                k.client_config(),
+                k.group_id,
+                session_timeout_s=c.session_timeout,
+                heartbeat_interval_s=c.heartbeat_interval,
+                max_poll_interval_s=c.max_poll_interval,
+            )
+        parts.append(source)
+        feed = _feed(settings)
+        parts.append(feed)
+        reject_sink = _sink(
+            settings, settings.rejects.kind, settings.rejects_path(), settings.rejects.topic, False
+        )
+    except BaseException:
+        for part in reversed(parts):
+            with contextlib.suppress(Exception):
+                part.close()  # type: ignore[attr-defined]
+        raise
+
+    def release_sink() -> Sink:
+        return _sink(
+            settings, settings.sink.kind, settings.sink.path or Path(), settings.sink.topic, True
+        )
+
+    w, lim = settings.window, settings.limits
+    daemon = ClusterDaemon(
+        Engine(params, bits),
+        ledger,
+        source,
+        feed,
+        release_sink,
+        reject_sink,
+        allowed_lateness_s=w.allowed_lateness,
+        idle_timeout_s=w.idle_timeout,
+        poll_interval_s=w.poll_interval,
+        future_slack_s=w.future_slack,
+        limits=InputLimits(
+            max_event_bytes=lim.max_event_bytes,
+            max_query_bytes=lim.max_query_bytes,
+            max_query_memory_bytes=lim.max_query_memory_bytes,
+            expected_users=lim.expected_users,
+            max_live_queries=lim.max_live_queries,
+            max_reject_raw_bytes=settings.rejects.max_raw_bytes,
+        ),
+        state=StoredState(None, None, 0),
+    )
+    return _WorkerComponents(daemon, ledger, source, daemon.sink, reject_sink)
+
+
+class _WorkerComponents(Components):
+    def close(self) -> None:
+        self.sink = self.daemon.sink  # the release sink, if this worker became the releaser
+        super().close()
 
 
 def startup_summary(settings: Settings, parts: Components) -> str:

@@ -88,6 +88,9 @@ def _driver() -> Any:
 class PostgresStateStore(StateStore):
     """A state in one schema of a PostgreSQL database; single writer by advisory lock."""
 
+    #: False in a subclass whose writers share the state (the cluster ledger, ``store.cluster``)
+    single_writer = True
+
     def __init__(self, url: str, *, schema: str = "streamfilter", password: str | None = None):
         if not _SCHEMA_NAME.fullmatch(schema):
             raise StoreError(
@@ -105,25 +108,38 @@ class PostgresStateStore(StateStore):
                 f"{_first_line(exc)}; refusing to start"
             ) from None
         try:
-            locked = self._db.execute(
-                "SELECT pg_try_advisory_lock(hashtextextended(%s, 0))", (f"streamfilter:{schema}",)
-            ).fetchone()[0]
+            locked = (
+                not self.single_writer
+                or self._db.execute(
+                    "SELECT pg_try_advisory_lock(hashtextextended(%s, 0))",
+                    (f"streamfilter:{schema}",),
+                ).fetchone()[0]
+            )
             if not locked:
                 raise StoreLockedError(
                     f"state store {self.where} is in use by another streamfilter process (its "
                     "advisory lock is held); only one writer may own a state"
                 )
             with self._transaction() as cur:
+                # concurrent CREATE ... IF NOT EXISTS can collide: one creator at a time
+                cur.execute(
+                    "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
+                    (f"streamfilter-ddl:{schema}",),
+                )
                 # only when missing: CREATE SCHEMA IF NOT EXISTS checks the CREATE privilege on
                 # the database first, which a restricted role owning its schema does not hold
-                # (deploy/postgres/worker-role.sql)
+                # (deploy/cluster/worker-role.sql)
                 cur.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (schema,))
                 if cur.fetchone() is None:
                     cur.execute(f"CREATE SCHEMA {schema}")
                 cur.execute(_TABLES.format(s=schema))
+                self._create_more(cur)
         except BaseException:
             self._db.close()
             raise
+
+    def _create_more(self, cur: Any) -> None:
+        """A subclass's own tables, created in the same transaction as the common ones."""
 
     # -- plumbing --------------------------------------------------------------------------
     @contextmanager

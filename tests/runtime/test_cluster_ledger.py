@@ -1,0 +1,115 @@
+"""The cluster ledger's transactions on a real PostgreSQL server (docs/design.md §7.2, §7.3):
+epochs fence a worker that lost its partition, the day barrier orders days, a day is released
+once, and a conflicting transaction is retried rather than failed."""
+
+from __future__ import annotations
+
+import uuid
+from urllib.parse import urlsplit, urlunsplit
+
+import numpy as np
+import pytest
+
+from streamfilter.engine.contract import Reject
+from streamfilter.engine.day import DayPartial
+from streamfilter.errors import StoreError
+from streamfilter.runtime.store import Position
+from streamfilter.runtime.store.cluster import ClusterLedger, PartitionFencedError
+
+DAY1, DAY2 = "2026-01-01", "2026-01-02"
+
+
+@pytest.fixture
+def ledgers(postgres_url):
+    url = urlsplit(postgres_url)
+    bare = urlunsplit(url._replace(netloc=f"{url.username}@{url.hostname}:{url.port}"))
+    schema = f"led_{uuid.uuid4().hex[:10]}"
+    opened = [ClusterLedger(bare, schema=schema, password=url.password) for _ in range(2)]
+    yield opened
+    for ledger in opened:
+        ledger.close()
+
+
+def part(day: str, users: dict[str, int], sums: list[int]) -> DayPartial:
+    return DayPartial(
+        day=day,
+        sums={"q": np.array(sums, np.int64)},
+        counters={"users_with_records": len(users)},
+        changed_users=np.array(list(users), dtype=object),
+        spent_units=np.array(list(users.values()), np.int64),
+        retired=np.zeros(len(users), bool),
+    )
+
+
+def test_a_worker_that_lost_its_partition_commits_nothing(ledgers):
+    a, b = ledgers
+    epochs_a = {p: c.epoch for p, c in a.claim([0, 1], "a").items()}
+    a.pin_day(DAY1, 2)
+    assert a.freeze_day(DAY1)
+    epochs_b = {p: c.epoch for p, c in b.claim([1], "b").items()}  # a rebalance moved 1 to b
+    assert epochs_b[1] == epochs_a[1] + 1
+    with pytest.raises(PartitionFencedError):
+        a.commit_partitions(
+            DAY1,
+            "a",
+            epochs_a,
+            {0: part(DAY1, {"u0": 5}, [1]), 1: part(DAY1, {"u1": 7}, [2])},
+            {0: Position(3, 3), 1: Position(4, 4)},
+        )
+    assert a.budgets_of(["u0", "u1"]) == []  # nothing of the refused commit exists
+    assert b._read("SELECT count(*) FROM {s}.cluster_partials") == [(0,)]
+    # the partition a still holds commits; b commits its own; then the day releases once
+    a.commit_partitions(
+        DAY1, "a", {0: epochs_a[0]}, {0: part(DAY1, {"u0": 5}, [1])}, {0: Position(3, 3)}
+    )
+    assert not b.release_day(DAY1, lambda sums, counters: [])  # partition 1 is missing
+    b.commit_partitions(DAY1, "b", epochs_b, {1: part(DAY1, {"u1": 7}, [2])}, {1: Position(4, 4)})
+    seen = {}
+
+    def make(sums, counters):
+        seen.update(sums=sums, counters=counters)
+        return [("q", b"release")]
+
+    assert b.release_day(DAY1, make)
+    assert seen["sums"]["q"].tolist() == [3] and seen["counters"] == {"users_with_records": 2}
+    assert not a.release_day(DAY1, make)  # released once
+    assert a.unsent_releases() == [(DAY1, "q", b"release")]
+    assert sorted(a.budgets_of(["u0", "u1"])) == [("u0", 5, False), ("u1", 7, False)]
+
+
+def test_days_close_in_order(ledgers):
+    a, _ = ledgers
+    epochs = {p: c.epoch for p, c in a.claim([0], "a").items()}
+    a.pin_day(DAY2, 1)
+    a.pin_day(DAY1, 1)
+    assert a.freeze_day(DAY1)  # the first freeze pins the first day
+    assert not a.freeze_day(DAY2)  # day 2 waits for day 1's release
+    with pytest.raises(StoreError, match="day barrier"):
+        a.commit_partitions(DAY2, "a", epochs, {0: part(DAY2, {}, [0])}, {0: Position(0, 0)})
+    a.commit_partitions(DAY1, "a", epochs, {0: part(DAY1, {}, [0])}, {0: Position(0, 0)})
+    assert a.release_day(DAY1, lambda sums, counters: [])
+    assert a.freeze_day(DAY2)
+
+
+def test_queries_are_one_list_and_frozen_days_refuse_new_ones(ledgers):
+    a, b = ledgers
+    q1 = b'{"from_day":"2026-01-01","query_id":"q1"}'
+    a.add_query(q1)
+    b.add_query(q1)  # the same definition again: nothing changes
+    with pytest.raises(Reject, match="another definition"):
+        b.add_query(b'{"from_day":"2026-01-03","query_id":"q1"}')
+    a.pin_day(DAY1, 1)
+    assert a.freeze_day(DAY1)
+    with pytest.raises(Reject, match="frozen"):
+        b.add_query(b'{"from_day":"2026-01-01","query_id":"q2"}')
+    b.add_query(b'{"from_day":"2026-01-02","query_id":"q3"}')
+    assert a.queries_after(0) == [q1, b'{"from_day":"2026-01-02","query_id":"q3"}']
+    assert a.queries_after(1) == [b'{"from_day":"2026-01-02","query_id":"q3"}']
+
+
+def test_one_releaser_at_a_time(ledgers):
+    a, b = ledgers
+    assert a.try_become_releaser()
+    assert not b.try_become_releaser()
+    a.close()  # the session ends: the lock is free
+    assert b.try_become_releaser()
