@@ -306,24 +306,30 @@ def build_daemon(
             [r for r in daemon.engine.history if r.day == last],
             store.size_bytes(),
         )
-        try:
-            metrics.start()
-        except OSError as exc:
-            m = settings.metrics
-            if "enabled" in m.model_fields_set:  # asked for explicitly: refuse to run without
-                parts.close()
-                raise ConfigError(
-                    f"metrics.port: cannot listen on {m.host}:{m.port}: {exc}"
-                ) from None
-            log.warning(
-                "metrics: cannot listen on %s:%d (%s); running without /metrics, /healthz and "
-                "/readyz — set [metrics] port, or enabled = false to opt out",
-                m.host,
-                m.port,
-                exc.strerror or exc,
-            )
-            parts.metrics = None
+        _serve_metrics(settings, parts)
     return parts
+
+
+def _serve_metrics(settings: Settings, parts: Components) -> None:
+    """Start ``parts.metrics``. A port that cannot be bound is a configuration error when
+    ``[metrics] enabled`` was set explicitly; with the default it is a warning and the run goes
+    on without the endpoint."""
+    assert parts.metrics is not None
+    try:
+        parts.metrics.start()
+    except OSError as exc:
+        m = settings.metrics
+        if "enabled" in m.model_fields_set:  # asked for explicitly: refuse to run without
+            parts.close()
+            raise ConfigError(f"metrics.port: cannot listen on {m.host}:{m.port}: {exc}") from None
+        log.warning(
+            "metrics: cannot listen on %s:%d (%s); running without /metrics, /healthz and "
+            "/readyz — set [metrics] port, or enabled = false to opt out",
+            m.host,
+            m.port,
+            exc.strerror or exc,
+        )
+        parts.metrics = None
 
 
 def _build_worker(settings: Settings, params: PrivacyParams, bits: RandomBits) -> Components:
@@ -376,6 +382,11 @@ def _build_worker(settings: Settings, params: PrivacyParams, bits: RandomBits) -
             settings, settings.sink.kind, settings.sink.path or Path(), settings.sink.topic, True
         )
 
+    metrics = None
+    if settings.metrics.enabled:  # every worker serves its own /metrics, /healthz, /readyz
+        from streamfilter.runtime.observe.http import metrics_endpoint
+
+        metrics = metrics_endpoint(settings, params)
     w, lim = settings.window, settings.limits
     daemon = ClusterDaemon(
         Engine(params, bits),
@@ -396,9 +407,13 @@ def _build_worker(settings: Settings, params: PrivacyParams, bits: RandomBits) -
             max_live_queries=lim.max_live_queries,
             max_reject_raw_bytes=settings.rejects.max_raw_bytes,
         ),
+        observer=metrics.observer if metrics is not None else None,
         state=StoredState(None, None, 0),
     )
-    return _WorkerComponents(daemon, ledger, source, daemon.sink, reject_sink)
+    worker = _WorkerComponents(daemon, ledger, source, daemon.sink, reject_sink, metrics)
+    if metrics is not None:
+        _serve_metrics(settings, worker)
+    return worker
 
 
 class _WorkerComponents(Components):

@@ -329,6 +329,7 @@ class ClusterDaemon(Daemon):
         positions = self._positions_for(day, todo)
         self.reject_sink.flush()
         crash_point("before_partition_commit")
+        commit_started = time.perf_counter()
         try:
             self.store.commit_partitions(day, self.worker, self._epochs, parts, positions)
         except PartitionFencedError as exc:
@@ -336,6 +337,7 @@ class ClusterDaemon(Daemon):
             self._fenced = True
             self._drop_buffers()
             return False
+        self.observer.committed(time.perf_counter() - commit_started, None)
         crash_point("after_partition_commit")
         for p in todo:
             self._committed[p] = day
