@@ -122,9 +122,10 @@ class ClusterDaemon(Daemon):
 
     # ------------------------------------------------------------------ assignment
     def _on_assign(self, labels: list[str]) -> dict[str, int]:
-        """Called inside the consumer's poll: claim the partitions, return where to resume."""
+        """Called inside the consumer's poll: claim the partitions, return where to resume
+        (none assigned: this worker idles until the next rebalance)."""
         claims = self.store.claim([_partition_number(label) for label in labels], self.worker)
-        topic = labels[0].rsplit(":", 1)[0]
+        topic = self.source.topic
         self._epochs = {p: c.epoch for p, c in claims.items()}
         self._committed = {p: c.committed_day for p, c in claims.items()}
         self._claimed = {f"{topic}:{p}": c.position for p, c in claims.items()}
@@ -148,7 +149,8 @@ class ClusterDaemon(Daemon):
         self._high = {label: pos.high_offset for label, pos in claimed.items()}
         now = self.monotonic()
         self._last_seen = dict.fromkeys(claimed, now)
-        self.observer.partitions(len(claimed), [])
+        self.observer.partitions(self.source.partition_count(), [])
+        self.observer.partitions_owned(len(claimed))
 
     def _drop_buffers(self) -> None:
         self._open.clear()

@@ -344,7 +344,7 @@ class KafkaGroupSource(Source):
 
     def _assigned(self, tps: list[TopicPartition]) -> None:
         self._tps = list(tps)
-        offsets = self.on_assign([_label(tp) for tp in tps]) if tps else {}
+        offsets = self.on_assign([_label(tp) for tp in tps])  # also none: the worker idles
         for tp in tps:
             self.consumer.seek(tp, offsets.get(_label(tp), 0))
         self._ends_at = 0.0

@@ -28,6 +28,9 @@ class DaemonObserver:
     def partitions(self, count: int, added: list[str]) -> None:
         """The input has ``count`` partitions; ``added`` were added while running."""
 
+    def partitions_owned(self, owned: int) -> None:
+        """Cluster mode: this worker owns ``owned`` partitions of the events topic now."""
+
     def outbox(self, pending: int) -> None:
         """The outbox holds ``pending`` committed releases not yet acknowledged."""
 
