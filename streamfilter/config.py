@@ -329,9 +329,9 @@ class StateSection(_Section):
     (``url`` without a password, ``pg_schema``, and the password from ``password_env`` or
     ``password_file``; runtime/store/postgres.py).
 
-    ``budget_log_max_rows`` (SQLite): each closed day appends its budget changes to a log, folded
-    into the per-user table once the log holds more rows than this *and* than the table (larger:
-    fewer, larger folds; 0: fold whenever the log outgrows the table)."""
+    ``budget_log_max_rows`` (SQLite): each closed day appends its budget changes to a log; the
+    entries by which the log exceeds this *and* the per-user table are folded into the table,
+    oldest first (larger: a longer log, fewer folds; 0: the log never outgrows the table)."""
 
     kind: Literal["sqlite", "postgres"] = "sqlite"
     path: Path = Path("state.db")
@@ -430,6 +430,14 @@ class TestingSection(_Section):
     noise_seed: int | None = None
 
 
+class ReportSection(_Section):
+    """``streamfilter report``: days whose coverage fraction (the share of the users counted so
+    far who can still afford a full contribution, docs/design.md §2.11) is below
+    ``low_coverage_fraction`` are marked on each series."""
+
+    low_coverage_fraction: float = Field(0.5, ge=0, le=1, allow_inf_nan=False)
+
+
 class TelemetrySection(_Section):
     """A separate zCDP budget for statistics about the run itself (docs/odometer.md).
 
@@ -438,8 +446,12 @@ class TelemetrySection(_Section):
     ``budget-stats`` call costs ``stats_rho`` (default a fifth of ``rho``); the opt-in active-set
     estimate (``active_set = true``) costs ``active_set_rho`` (default two fifths of ``rho``) once
     for ``active_set_horizon`` days; a user whose remaining budget falls below
-    ``active_min_remaining`` (data units²) counts as having left the active set. Defaults are
-    resolved by :func:`load_config` (:func:`_resolve_telemetry`).
+    ``active_min_remaining`` (data units²) counts as having left the active set. Coverage with
+    every release (``coverage``, on by default in central mode, not available in local mode)
+    costs ``coverage_rho`` (default two fifths of ``rho``) once for the whole, unbounded run; it
+    tracks ``coverage_levels`` thresholds ``b_norm/2^k`` with epochs of ``coverage_epoch_days``,
+    doubling (docs/design.md §2.11). Defaults are resolved by :func:`load_config`
+    (:func:`_resolve_telemetry`).
     """
 
     rho_fraction: float = Field(0.1, gt=0, le=1, allow_inf_nan=False)
@@ -449,10 +461,22 @@ class TelemetrySection(_Section):
     active_set_rho: float = Field(0.02, gt=0, allow_inf_nan=False)
     active_set_horizon: int = Field(1024, ge=1, le=1 << 20)
     active_min_remaining: float = Field(1.0, gt=0, allow_inf_nan=False)
+    #: None: on in central mode, off in local mode (resolved by ``Settings``)
+    coverage: bool | None = None
+    coverage_rho: float = Field(0.02, gt=0, allow_inf_nan=False)
+    coverage_levels: int = Field(8, ge=1, le=16)
+    coverage_epoch_days: int = Field(128, ge=1, le=1 << 20)
+
+    @field_validator("coverage_epoch_days")
+    @classmethod
+    def _power_of_two(cls, value: int) -> int:
+        if value & (value - 1):
+            raise ValueError(f"must be a power of two, got {value}")
+        return value
 
     @model_validator(mode="after")
     def _within_total(self) -> TelemetrySection:
-        for key in ("stats_rho", "active_set_rho"):
+        for key in ("stats_rho", "active_set_rho", "coverage_rho"):
             if getattr(self, key) > self.rho:
                 raise ValueError(f"telemetry.{key} must be <= telemetry.rho")
         return self
@@ -478,6 +502,7 @@ class Settings(BaseSettings):
     metrics: MetricsSection = MetricsSection()
     testing: TestingSection = TestingSection()
     telemetry: TelemetrySection = TelemetrySection()
+    report: ReportSection = ReportSection()
     limits: LimitsSection = LimitsSection()
     mode: ModeSection = ModeSection()
     local: LocalSection = LocalSection()
@@ -509,6 +534,14 @@ class Settings(BaseSettings):
                 raise ValueError(
                     "telemetry.active_set needs per-user state; it is not available in local mode"
                 )
+            if self.telemetry.coverage:
+                raise ValueError(
+                    "telemetry.coverage needs per-user state; it is not available in local mode "
+                    "(docs/local-mode.md)"
+                )
+            self.telemetry.coverage = False
+        elif self.telemetry.coverage is None:
+            self.telemetry.coverage = True
         return self
 
     def _calibrate_sigma_local(self) -> None:
@@ -582,6 +615,7 @@ class Settings(BaseSettings):
 #: shares of the telemetry budget its uses get when not configured (the rest stays unspent)
 TELEMETRY_STATS_FIFTHS = 1  # stats_rho = rho / 5
 TELEMETRY_ACTIVE_SET_FIFTHS = 2  # active_set_rho = 2 rho / 5
+TELEMETRY_COVERAGE_FIFTHS = 2  # coverage_rho = 2 rho / 5
 
 
 def _resolve_telemetry(settings: Settings, params: PrivacyParams) -> None:
@@ -598,6 +632,8 @@ def _resolve_telemetry(settings: Settings, params: PrivacyParams) -> None:
         values["stats_rho"] = rho * TELEMETRY_STATS_FIFTHS / 5
     if "active_set_rho" not in given:
         values["active_set_rho"] = rho * TELEMETRY_ACTIVE_SET_FIFTHS / 5
+    if "coverage_rho" not in given:
+        values["coverage_rho"] = rho * TELEMETRY_COVERAGE_FIFTHS / 5
     try:
         settings.telemetry = TelemetrySection(**values)
     except ValidationError as exc:

@@ -58,6 +58,7 @@ RUNTIME_LAYERS: dict[str, int] = {
     "store": 1,
     "observe": 1,
     "active_set": 2,
+    "coverage": 2,  # coverage with every release (issue #16 point 1)
     "daemon": 2,
     "cluster": 2,  # the cluster worker: the daemon loop over a consumer group (issue #18)
     "budget": 2,

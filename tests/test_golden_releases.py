@@ -12,6 +12,10 @@ Issue #16 added Corollary 4.7's bound to each release (``linf_bound``,
 ``*.releases.before16.jsonl``, and a test shows that without the two keys every release is the
 old one byte for byte. (``dg_skip_activeset.toml`` states the telemetry amounts it was pinned
 with, since #16 made their defaults fractions of the query ρ.)
+Issue #16 point 1 then added the
+private coverage estimate to each query's release (``coverage``, drawn from its own per-release
+noise key): the files were regenerated again, and the same test shows that every other byte is
+still the one pinned before #16.
 """
 
 import json
@@ -41,15 +45,17 @@ def test_releases_are_byte_identical_to_the_ones_produced_before_the_moves(name,
     assert produced == (GOLDEN / f"{name}.releases.jsonl").read_bytes()
 
 
-#: fields issue #16 added to each release (Corollary 4.7's bound); every other byte is unchanged
-ADDED_BY_16 = ("linf_bound", "linf_failure_probability")
+#: fields issue #16 added to each release (Corollary 4.7's bound, the coverage estimate); every
+#: other byte is unchanged
+ADDED_BY_16 = ("linf_bound", "linf_failure_probability", "coverage")
 
 
 @pytest.mark.parametrize("name", RUNS)
 def test_the_noisy_values_did_not_move_when_the_accuracy_statement_was_added(name):
     """``*.releases.before16.jsonl`` are the files pinned before issue #16 changed the release
     format: without the added keys, every release is byte for byte the old one (value, sigma,
-    ci95 and the rest); the added bound is Corollary 4.7's for the release's d."""
+    ci95 and the rest); the added bound is Corollary 4.7's for the release's d, and every query
+    release (not the ``_active_set`` telemetry) carries a coverage estimate."""
     from streamfilter.privacy.accuracy import linf_bound_for_variance
 
     new = (GOLDEN / f"{name}.releases.jsonl").read_text().splitlines()
@@ -60,8 +66,16 @@ def test_the_noisy_values_did_not_move_when_the_accuracy_statement_was_added(nam
         added = {k: rel.pop(k) for k in ADDED_BY_16 if k in rel}
         assert json.dumps(rel) == old_line
         if rel["query_id"] == "_active_set":
-            assert added == {}  # the binary-tree estimate states no Corollary 4.7 bound
+            assert added == {}  # the binary-tree estimate states no bound and no coverage
             continue
+        assert set(added["coverage"]) == {
+            "users",
+            "sigma",
+            "ci95",
+            "fraction",
+            "counted_users",
+            "threshold",
+        }
         assert added["linf_failure_probability"] == 0.05
         d, mech = len(rel["value"]), rel["mechanism"]
         variance = rel["sigma"] ** 2  # σ² (continuous) or s²γ² (discrete: σ = sqrt(s²)·γ)

@@ -440,3 +440,23 @@ def test_a_busy_metrics_port_is_a_configuration_error_and_releases_the_state(tmp
         with pytest.raises(ConfigError, match=r"metrics\.port"):
             build_daemon(_config(tmp_path, port), follow=False)
     SQLiteStateStore(tmp_path / "state.db").close()  # the lock was released
+
+
+def test_the_privacy_gauges_are_computed_at_the_first_scrape_once(monkeypatch):
+    """The (ε, δ) statement (scipy's root finder, ~0.5 s) is not computed at start-up, only
+    when the gauges are first scraped, and then kept; the values are the guarantee's."""
+    from prometheus_client import generate_latest
+
+    params = PrivacyParams.create(b_norm=4.0, rho=0.5)
+    calls = []
+    real = PrivacyParams.guarantee
+    monkeypatch.setattr(PrivacyParams, "guarantee", lambda self: calls.append(1) or real(self))
+    observer = PrometheusObserver(CollectorRegistry(), params)
+    assert calls == []
+    first = generate_latest(observer.registry).decode()
+    second = generate_latest(observer.registry).decode()
+    assert calls == [1]
+    g = real(params)
+    for text in (first, second):
+        assert f"streamfilter_privacy_epsilon {g.epsilon!r}" in text
+        assert f"streamfilter_privacy_rho {g.rho!r}" in text

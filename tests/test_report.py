@@ -99,9 +99,10 @@ def test_report_shows_releases_guarantee_telemetry_and_rejects(run_dir):
     data = load_report_data(settings)
     assert data.days == DAYS
     page = render_report(settings, data)
-    # one plot per query with several releases (3), one for the single-release queries, one for
-    # the active-set estimate; the spent-fraction columns and the rejects bar chart
-    assert page.count('<svg class="plot"') == 5
+    # one plot per query with several releases (3) and its coverage beside it (3), one for the
+    # single-release queries, one for the active-set estimate; the spent-fraction columns and
+    # the rejects bar chart
+    assert page.count('<svg class="plot"') == 8
     assert page.count('<svg class="plot columns"') == 1
     assert page.count('<svg class="plot bars"') == 1
     assert 'id="q-active"' in page and 'id="q-plans"' in page and 'id="q-late-start"' in page
@@ -121,7 +122,11 @@ def test_report_shows_releases_guarantee_telemetry_and_rejects(run_dir):
     assert "Private budget statistics" in telemetry and "1 call(s)" in telemetry
     assert '<svg class="plot columns"' in telemetry
     assert "No noisy budget-exhaustion telemetry" not in page
-    charged = settings.telemetry.active_set_rho + settings.telemetry.stats_rho
+    charged = (
+        settings.telemetry.active_set_rho
+        + settings.telemetry.stats_rho
+        + settings.telemetry.coverage_rho  # coverage with every release, on by default
+    )
     assert data.telemetry_rho_charged == pytest.approx(charged)
     assert "ρ<sub>tel</sub>" in page  # the guarantee says how telemetry composes
     # rejects by reason, labelled as operator data
@@ -176,8 +181,9 @@ def test_report_refuses_a_row_that_does_not_match_its_checksum(
     value changed behind the store's back is refused, never plotted."""
     run_dir = Path(shutil.copytree(run_dir, tmp_path / "copy"))
     settings = load_config(run_dir / "streamfilter.toml")
-    if table == "telemetry_ledger":
-        budget_stats(settings, quantiles=(0.5,))  # one charge to damage
+    if table == "telemetry_ledger":  # the run's charges (active set, coverage, budget-stats)
+        with SQLiteStateReader(run_dir / "state.db") as reader:
+            assert len(reader.telemetry_ledger()) == 3
     con = sqlite3.connect(run_dir / "state.db")
     try:
         changed = con.execute(f"UPDATE {table} SET {change} WHERE {where}").rowcount
@@ -318,6 +324,7 @@ def test_report_renders_in_headless_chromium(run_dir, tmp_path):
     dom = subprocess.run(
         [*base, "--dump-dom", url], capture_output=True, timeout=180, text=True
     ).stdout
-    assert dom.count("<svg") == 7  # 4 release plots, active set, spent fractions, rejects
+    # 4 release plots, 3 coverage plots, active set, spent fractions, rejects
+    assert dom.count("<svg") == 10
     assert dom.count('class="band"') >= 3 and dom.count('class="series"') >= 5
     Path(tmp_path / "screenshot-path.txt").write_text(str(shot))

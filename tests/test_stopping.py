@@ -147,6 +147,7 @@ rho = 1.0
 active_set = true
 active_set_rho = 1.0
 active_set_horizon = 16
+coverage = false  # the whole telemetry budget goes to the estimate the policy reads
 """
 
 

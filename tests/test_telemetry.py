@@ -290,7 +290,10 @@ def test_the_daemon_releases_the_estimate_and_resumes_it_after_a_restart(tmp_pat
     assert [r["day"] for r in est] == [day(d) for d in range(1, 9)]
     store = SQLiteStateStore(tmp_path / "state.db")
     try:  # charged once, for the whole horizon
-        assert [(c.kind, c.rho) for c in store.telemetry_ledger()] == [("active_set", 0.02)]
+        assert [(c.kind, c.rho) for c in store.telemetry_ledger()] == [
+            ("active_set", 0.02),
+            ("coverage", 0.02),  # coverage with every release, on by default
+        ]
     finally:
         store.close()
     with pytest.raises(ConfigError, match="cannot change during a run"):
@@ -361,7 +364,9 @@ def test_population_statistics_are_accurate_on_a_large_population():
 
 def test_budget_stats_charges_the_telemetry_budget_until_it_refuses(tmp_path, capsys):
     cfg = write_world(
-        tmp_path, range(1, 4), CONFIG.replace("active_set = true", "active_set = false")
+        tmp_path,
+        range(1, 4),
+        CONFIG.replace("active_set = true", "active_set = false\ncoverage = false"),
     )
     run_daemon(cfg)
     settings = load_config(cfg)
@@ -389,7 +394,9 @@ def test_budget_stats_charges_the_telemetry_budget_until_it_refuses(tmp_path, ca
 
 def test_budget_stats_cli_reports_the_cost_and_refuses_a_locked_state(tmp_path, capsys):
     cfg = write_world(
-        tmp_path, range(1, 3), CONFIG.replace("active_set = true", "active_set = false")
+        tmp_path,
+        range(1, 3),
+        CONFIG.replace("active_set = true", "active_set = false\ncoverage = false"),
     )
     run_daemon(cfg)
     capsys.readouterr()

@@ -2,7 +2,9 @@
 
 A synthetic sparse-monitoring stream (each user active on a day with a small probability) runs
 through the real daemon path — synthetic source, adaptive policy, SQLite state, file sink — and
-the releases are printed as a table with their 95% error bars, under the guarantee.
+the releases are printed as a table with their 95% error bars, under the guarantee, beside the
+coverage each release carries (docs/design.md §2.11): the noisy number of users who can still
+afford a full contribution to ``active``, and their share of the users counted so far.
 """
 
 from __future__ import annotations
@@ -84,7 +86,10 @@ def run_demo(out_dir: Path, users: int, days: int, p_active: float) -> int:
         f"queries: active (sum), plans (histogram free/pro/team), hours (linear, minutes/60), "
         f"focus (adaptive: next day's count of yesterday's top plan)\n\n"
     )
-    w(f"{'day':<11} {'active':>9} {'free':>9} {'pro':>9} {'team':>9} {'hours':>9}  focus\n")
+    w(
+        f"{'day':<11} {'active':>9} {'free':>9} {'pro':>9} {'team':>9} {'hours':>9} "
+        f"{'covered (active)':>22}  focus\n"
+    )
 
     def cell(rel: dict[str, object] | None, i: int = 0) -> str:
         if rel is None:
@@ -92,6 +97,15 @@ def run_demo(out_dir: Path, users: int, days: int, p_active: float) -> int:
         value = rel["value"]
         assert isinstance(value, list)
         return f"{value[i]:>9.1f}"
+
+    def covered(rel: dict[str, object] | None) -> str:
+        cov = None if rel is None else rel.get("coverage")
+        if not isinstance(cov, dict):
+            return f"{'-':>22}"
+        frac = cov["fraction"]
+        share = "" if frac is None else f" ({frac:.0%})"
+        text = f"{cov['users']:,} ±{cov['ci95']:.0f}{share}"
+        return f"{text:>22}"
 
     for day in sorted(rows):
         r = rows[day]
@@ -103,12 +117,16 @@ def run_demo(out_dir: Path, users: int, days: int, p_active: float) -> int:
             focus_txt = f"{labels[0]} {value[0]:.1f}"
         w(
             f"{day:<11} {cell(r.get('active'))} {cell(r.get('plans'), 0)} {cell(r.get('plans'), 1)} "
-            f"{cell(r.get('plans'), 2)} {cell(r.get('hours'))}  {focus_txt}\n"
+            f"{cell(r.get('plans'), 2)} {cell(r.get('hours'))} {covered(r.get('active'))}  "
+            f"{focus_txt}\n"
         )
     s = summary.as_dict()
     w(
         f"\nevery value ± {params.ci95_halfwidth:.2f} (95%); answers cover the active set (users "
         f"whose budget still admits the query)\n"
+        f"covered: noisy users who can still afford a full contribution to active (their share "
+        f"of the users counted so far), paid from telemetry "
+        f"{settings.telemetry.coverage_rho:g} of {settings.telemetry.rho:g}\n"
         f"{s['records_read']:,} events read, {s['rejected']} rejected, {s['days_closed']} days "
         f"closed, {s['releases_published']} releases in {elapsed:.1f}s\n"
         f"output: {out_dir / 'releases.jsonl'} (state {out_dir / 'state.db'})\n"

@@ -31,6 +31,8 @@ def cmd_guarantee(args: argparse.Namespace) -> int:
     out["mode"] = settings.mode.kind
     if settings.mode.kind == "central":
         out.update(with_telemetry(float(out["rho"]), settings.telemetry.rho, params.delta))
+        if settings.telemetry.coverage:  # paid from the telemetry budget (docs/design.md §2.11)
+            out["rho_coverage"] = settings.telemetry.coverage_rho
     if settings.mode.kind == "local":
         out["local_variant"] = settings.local.variant
         s2_local = settings.sigma2_local_units()
@@ -63,8 +65,8 @@ def cmd_guarantee(args: argparse.Namespace) -> int:
 
 
 def with_telemetry(rho: float, telemetry_rho: float, delta: float) -> dict[str, float]:
-    """The run's guarantee including the ``[telemetry]`` budget (``budget-stats`` and the
-    active-set estimate, each charged to it and refused beyond it): zCDP composes additively
+    """The run's guarantee including the ``[telemetry]`` budget (coverage, ``budget-stats`` and
+    the active-set estimate, each charged to it and refused beyond it): zCDP composes additively
     (Bun & Steinke 2016, Lemma 2.3), so each user's total is at most ``ρ + telemetry.rho``.
     The sum is rounded up, never down."""
     from fractions import Fraction
@@ -109,8 +111,13 @@ def _guarantee_text(g: dict[str, object]) -> str:
         f"exhaustion {g['exhaustion']}",
     ]
     if "rho_total_max" in g:
+        coverage = (
+            f"coverage with every release {g['rho_coverage']:.6g} for the whole run, "
+            if "rho_coverage" in g
+            else ""
+        )
         lines.append(
-            f"  telemetry (budget-stats, active-set estimate): at most "
+            f"  telemetry ({coverage}budget-stats, active-set estimate): at most "
             f"{g['rho_telemetry_max']:.6g}-zCDP over the state's life ([telemetry] rho)"
         )
     if g.get("mode") == "local":

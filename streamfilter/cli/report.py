@@ -15,6 +15,12 @@ What goes on the page, and where it comes from:
   noisy population statistics that ``streamfilter budget-stats`` recorded in the telemetry ledger,
   with the telemetry budget they spent. When none exists the page says so. Exact counts of
   exhausted users are statistics of users and are never computed.
+* **Coverage** — beside each query's values, the private estimate each release carries of the
+  users it covers (docs/design.md §2.11): users counted so far who can still afford a full
+  contribution, with its 95% band. Days whose coverage fraction is below
+  ``[report] low_coverage_fraction`` are shaded on both plots; a series whose coverage is
+  indistinguishable from 0 (or where nobody can afford a full contribution) is flagged as
+  noise only.
 * **Rejects by reason** — exact counts of malformed input from the reject file. They are
   operator data (not differentially private) and the page labels them as such.
 """
@@ -35,7 +41,7 @@ from streamfilter import __version__
 from streamfilter.cli.guarantee import with_telemetry
 from streamfilter.config import Settings
 from streamfilter.engine.active_set import ACTIVE_SET_QUERY_ID
-from streamfilter.engine.contract import Release
+from streamfilter.engine.contract import Coverage, Release
 from streamfilter.runtime.store import SQLiteStateReader, TelemetryCharge
 
 __all__ = ["ReportData", "load_report_data", "render_report", "write_report"]
@@ -196,10 +202,17 @@ def _tick_indices(n: int, most: int = 9) -> list[int]:
 
 
 def _line_chart(
-    title: str, days: Sequence[str], series: Sequence[_Series], *, connect: bool = True
+    title: str,
+    days: Sequence[str],
+    series: Sequence[_Series],
+    *,
+    connect: bool = True,
+    marked: Sequence[str] = (),
+    mark_label: str = "",
 ) -> str:
     """Values over days with their 95% bands; ``connect=False`` draws points with error bars
-    (one-day queries: nothing links one query's day to another's)."""
+    (one-day queries: nothing links one query's day to another's). Days in ``marked`` are
+    shaded (class ``low-coverage``, titled ``mark_label``)."""
     width, height = 1080, 300
     left, right, top, bottom = 76, 16, 14, 46
     pw, ph = width - left - right, height - top - bottom
@@ -228,6 +241,15 @@ def _line_chart(
             f'<text x="{left - 8}" y="{yy + 4:.1f}" text-anchor="end" class="tick">'
             f"{_esc(_fmt(t))}</text>"
         )
+    step = pw / (n - 1) if n > 1 else pw
+    for i, d in enumerate(days):
+        if d in marked:
+            x0, x1 = max(left, x(i) - step / 2), min(left + pw, x(i) + step / 2)
+            out.append(
+                f'<rect class="low-coverage" x="{x0:.1f}" y="{top}" width="{x1 - x0:.1f}" '
+                f'height="{ph}" fill="#e8590c" fill-opacity="0.14">'
+                f"<title>{_esc(d)}: {_esc(mark_label)}</title></rect>"
+            )
     if y0 < 0 < y1:
         out.append(
             f'<line x1="{left}" x2="{left + pw}" y1="{y(0):.1f}" y2="{y(0):.1f}" '
@@ -385,7 +407,16 @@ def _telemetry_section(data: ReportData, settings: Settings, days: list[str]) ->
                 else ""
             )
         )
-    if not active and not data.budget_stats:
+    coverage = [r for r in data.releases if r.coverage is not None]
+    if coverage:
+        parts.append(
+            "<p>Coverage: each query's release carries a private estimate of the users it "
+            "covers (plotted beside each series above), from unbounded binary-tree counters on "
+            "the telemetry budget (<code>telemetry.coverage_rho = "
+            f"{_esc(_fmt(settings.telemetry.coverage_rho))}</code>, charged once for the whole "
+            "run).</p>"
+        )
+    if not active and not data.budget_stats and not coverage:
         parts.append(
             "<p><b>No noisy budget-exhaustion telemetry has been released for this run yet.</b> "
             "Turn on the private active-set estimate (<code>[telemetry] active_set = true</code>) "
@@ -429,10 +460,101 @@ td,th{padding:3px 10px;border-bottom:1px solid #eceef3;text-align:right}
 th:first-child,td:first-child{text-align:left}
 svg.plot{width:100%;height:auto;display:block}
 svg .tick{font-size:12px;fill:#5b6474}
+.flag{margin:6px 0 0;padding:6px 10px;border-radius:6px;font-size:13px}
+.flag.noise-only{background:#fdecea;color:#8a1c12;border-left:4px solid #d62728}
+.flag.low{background:#fff4e6;color:#7a4a0c;border-left:4px solid #e8590c}
+.tag.noise-only{background:#fdecea;color:#8a1c12}
+td.noise-only{color:#8a1c12;font-weight:600}
 """
 
 
-def _query_section(query_id: str, releases: list[Release], days: list[str]) -> str:
+def _low_coverage_days(releases: Sequence[Release], low_fraction: float) -> list[str]:
+    """Days whose coverage fraction is below ``low_fraction``, or nobody can afford a full
+    contribution (a published fraction only: noisy, post-processing)."""
+    out = []
+    for rel in releases:
+        c = rel.coverage
+        if c is not None and (
+            c.threshold is None or (c.fraction is not None and c.fraction < low_fraction)
+        ):
+            out.append(rel.day)
+    return out
+
+
+def _coverage_text(c: Coverage) -> str:
+    if c.threshold is None:
+        return "nobody can afford a full contribution (clip² > B_norm): coverage 0"
+    frac = "" if c.fraction is None else f" = {c.fraction:.0%} of"
+    return (
+        f"{_fmt(c.users)} ± {_fmt(c.ci95)} users{frac} the ≈ {_fmt(c.counted_users)} counted so "
+        f"far can still afford a full contribution (remaining budget ≥ {_fmt(c.threshold)})"
+    )
+
+
+def _coverage_block(
+    query_id: str,
+    releases: list[Release],
+    plot_days: list[str],
+    low: list[str],
+    low_fraction: float,
+) -> str:
+    """The coverage plot beside a series, the low-coverage days and the noise-only flag."""
+    covered = [r for r in releases if r.coverage is not None]
+    if not covered:
+        return ""
+    last = covered[-1].coverage
+    assert last is not None
+    users = {
+        r.day: (float(r.coverage.users), float(r.coverage.ci95)) for r in covered if r.coverage
+    }
+    counted = {r.day: (float(r.coverage.counted_users), 0.0) for r in covered if r.coverage}
+    series = [
+        _Series("covered users", "#2ca02c", users),
+        _Series("counted so far", "#9aa1ad", counted),
+    ]
+    noise_only = [r.day for r in covered if r.coverage is not None and r.coverage.noise_only]
+    flag = ""
+    if all(r.coverage is not None and r.coverage.threshold is None for r in covered):
+        flag = (
+            f'<p class="flag noise-only"><b>Nobody admissible in full:</b> clip² of '
+            f"{_esc(query_id)} exceeds B_norm, so no user can ever afford a full contribution; "
+            "only users whose vectors are small enough to fit their remaining budget are in "
+            "these values. Where they sit near 0 they are noise only, not a measurement.</p>"
+        )
+    elif len(noise_only) == len(covered):
+        flag = (
+            f'<p class="flag noise-only"><b>Noise only:</b> on every day of {_esc(query_id)} the '
+            "coverage is indistinguishable from 0 (or nobody can afford a full contribution): "
+            "the values above are noise around 0, not a measurement.</p>"
+        )
+    elif noise_only:
+        flag = (
+            f'<p class="flag noise-only"><b>Noise only on {len(noise_only)} day(s)</b> '
+            f"({_esc(noise_only[0])} … {_esc(noise_only[-1])}): coverage indistinguishable "
+            "from 0.</p>"
+        )
+    low_note = ""
+    if low:
+        low_note = (
+            f'<p class="flag low">{len(low)} day(s) with coverage below '
+            f"{_esc(_fmt(low_fraction))} of the users counted so far are shaded "
+            f"(<code>[report] low_coverage_fraction</code>): a falling value there may be users "
+            "running out of budget, not a trend.</p>"
+        )
+    title = f"{query_id}: coverage (noisy users who can afford a full contribution)"
+    return (
+        f'<div class="coverage"><div class="legend"><span><i style="background:#2ca02c"></i>'
+        'covered users (noisy, 95% band)</span><span><i style="background:#9aa1ad"></i>users '
+        "counted so far (noisy)</span></div>"
+        f"{_line_chart(title, plot_days, series, marked=low, mark_label='low coverage')}"
+        f'<p class="note">Coverage on {_esc(covered[-1].day)}: {_esc(_coverage_text(last))}; '
+        f"σ = {_esc(_fmt(last.sigma))} (telemetry budget).</p>{flag}{low_note}</div>"
+    )
+
+
+def _query_section(
+    query_id: str, releases: list[Release], days: list[str], low_fraction: float = 0.5
+) -> str:
     last = releases[-1]
     labels = list(last.labels)
     shown = labels[:MAX_SERIES_PER_PLOT]
@@ -461,12 +583,21 @@ def _query_section(query_id: str, releases: list[Release], days: list[str]) -> s
         for j, label in enumerate(labels[:MAX_SERIES_PER_PLOT])
     )
     title = f"{query_id}: released values with 95% bands, {first_day} to {last_day}"
+    low = _low_coverage_days(releases, low_fraction)
+    cov = _coverage_block(query_id, releases, plot_days, low, low_fraction)
+    covered = [r.coverage for r in releases if r.coverage is not None]
+    noise_tag = (
+        '<span class="tag noise-only">noise only</span>'
+        if covered and all(c.noise_only for c in covered)
+        else ""
+    )
     return (
         f'<section class="card query" id="q-{_esc(query_id)}"><h3>{_esc(query_id)}'
-        f'<span class="tag">noisy release · public</span></h3>'
+        f'<span class="tag">noisy release · public</span>{noise_tag}</h3>'
         f'<div class="legend">{legend}<span><i style="background:#999;opacity:.35"></i>'
         "95% band (± ci95)</span></div>"
-        f"{_line_chart(title, plot_days, series)}{more}"
+        f"{_line_chart(title, plot_days, series, marked=low, mark_label='low coverage')}{cov}"
+        f"{more}"
         f"<table><tr><th>{_esc(last.day)}</th><th>value</th><th>95% half-width</th></tr>"
         f"{rows}</table>"
         f'<p class="note">{len(releases)} releases · σ = {_esc(_fmt(last.sigma))} per '
@@ -483,6 +614,14 @@ def _linf_note(rel: Release) -> str:
         "exact sum over the active set (users whose budget still admits the query), except with "
         f"probability {_esc(_fmt(rel.linf_failure_probability))} (Corollary 4.7)</span>"
     )
+
+
+def _coverage_cell(rel: Release) -> str:
+    c = rel.coverage
+    if c is None:
+        return "<td>—</td>"
+    cls = ' class="noise-only"' if c.noise_only else ""
+    return f"<td{cls}>{_esc(_fmt(c.users))} ± {_esc(_fmt(c.ci95))}</td>"
 
 
 def _single_release_section(releases: list[Release], days: list[str]) -> str:
@@ -508,10 +647,16 @@ def _single_release_section(releases: list[Release], days: list[str]) -> str:
     more = f'<p class="note">{omitted} more coordinates are not plotted.</p>' if omitted else ""
     rows = "".join(
         f"<tr><td>{_esc(rel.day)}</td><td>{_esc(rel.query_id)}</td><td>{_esc(label)}</td>"
-        f"<td>{_esc(_fmt(value))}</td><td>± {_esc(_fmt(ci95))}</td></tr>"
+        f"<td>{_esc(_fmt(value))}</td><td>± {_esc(_fmt(ci95))}</td>{_coverage_cell(rel)}</tr>"
         for rel in releases
         for label, value, ci95 in zip(rel.labels, rel.value, rel.ci95, strict=False)
     )
+    noise_only = [r.query_id for r in releases if r.coverage is not None and r.coverage.noise_only]
+    if noise_only:
+        more += (
+            f'<p class="flag noise-only"><b>Noise only:</b> {_esc(", ".join(noise_only))} — '
+            "coverage indistinguishable from 0 (or nobody can afford a full contribution).</p>"
+        )
     title = f"{len(releases)} queries with a single release, {first} to {last}"
     return (
         '<section class="card query" id="single-release"><h3>Queries with a single release'
@@ -521,7 +666,8 @@ def _single_release_section(releases: list[Release], days: list[str]) -> str:
         "query's value with its 95% error bar.</p>"
         f'<div class="legend">{legend}</div>{_line_chart(title, plot_days, series, connect=False)}'
         f"{more}<details><summary>{len(releases)} releases</summary><table><tr><th>day</th>"
-        f"<th>query</th><th>coordinate</th><th>value</th><th>95% half-width</th></tr>{rows}"
+        f"<th>query</th><th>coordinate</th><th>value</th><th>95% half-width</th>"
+        f"<th>coverage (noisy users)</th></tr>{rows}"
         "</table></details></section>"
     )
 
@@ -583,7 +729,9 @@ def render_report(
 
     if by_query:
         queries = "".join(
-            _query_section(q, rels, data.days) for q, rels in by_query.items() if len(rels) > 1
+            _query_section(q, rels, data.days, settings.report.low_coverage_fraction)
+            for q, rels in by_query.items()
+            if len(rels) > 1
         )
         single = [rels[0] for rels in by_query.values() if len(rels) == 1]
         if single:

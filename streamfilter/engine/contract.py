@@ -34,6 +34,7 @@ __all__ = [
     "MAX_ABS_VALUE",
     "MAX_EVENT_BYTES",
     "REJECT_REASON_MEANING",
+    "Coverage",
     "Event",
     "EventModel",
     "Query",
@@ -448,6 +449,43 @@ def parse_query(raw: bytes | str | dict[str, Any]) -> SumQuery | HistogramQuery 
 
 
 @dataclass(frozen=True)
+class Coverage:
+    """How many users a release covers (docs/design.md §2.11), a private estimate.
+
+    ``users``: noisy number of users counted so far (admitted at least once, or retired) who,
+    at the close of the day, can still afford one *full* contribution to the query (remaining
+    budget ≥ ``threshold`` ≥ clip², exact lattice units; a lower bound on who could be answered
+    in full all day). ``sigma``/``ci95``: its noise (standard deviation, 95% half-width).
+    ``counted_users``: noisy number of users counted so far; ``fraction`` = ``users /
+    counted_users`` clamped to [0, 1], ``None`` while ``counted_users`` is within its own noise
+    of 0. ``threshold`` (data units²) is ``None`` when nobody can afford a full contribution
+    (clip² > B_norm): then ``users`` is exactly 0 with no noise — a noise-only series.
+    """
+
+    users: int
+    sigma: float
+    ci95: float
+    fraction: float | None
+    counted_users: int
+    threshold: float | None
+
+    def to_json_dict(self) -> dict[str, object]:
+        return {
+            "users": self.users,
+            "sigma": self.sigma,
+            "ci95": self.ci95,
+            "fraction": self.fraction,
+            "counted_users": self.counted_users,
+            "threshold": self.threshold,
+        }
+
+    @property
+    def noise_only(self) -> bool:
+        """Nobody is admissible, or the estimate is within its 95% half-width of 0."""
+        return self.threshold is None or self.users <= self.ci95
+
+
+@dataclass(frozen=True)
 class Release:
     """One noisy answer for one (day, query). ``value``/``ci95`` are in data units, length d."""
 
@@ -463,6 +501,8 @@ class Release:
     #: except with probability linf_failure_probability (None: not stated, e.g. _active_set)
     linf_bound: float | None = None
     linf_failure_probability: float | None = None
+    #: private estimate of the users this value covers (None: not tracked, e.g. local mode)
+    coverage: Coverage | None = None
 
     def to_json(self) -> str:
         """The exact bytes that leave the process (key order fixed by the contract)."""
@@ -479,9 +519,13 @@ class Release:
         if self.linf_bound is not None:
             obj["linf_bound"] = self.linf_bound
             obj["linf_failure_probability"] = self.linf_failure_probability
+        if self.coverage is not None:
+            obj["coverage"] = self.coverage.to_json_dict()
         return json.dumps(obj, allow_nan=False)
 
     @classmethod
     def from_json(cls, text: str | bytes) -> Release:
         obj = json.loads(text)
+        if obj.get("coverage") is not None:
+            obj["coverage"] = Coverage(**obj["coverage"])
         return cls(**obj)

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from streamfilter.engine.active_set import ACTIVE_SET_QUERY_ID, ActiveSetTracker
 from streamfilter.engine.contract import Release
+from streamfilter.engine.coverage import COVERAGE_NOISE_ID, CoverageTracker, coverage_counts
 from streamfilter.engine.ledger import BudgetLedger, KeyedUsers
 from streamfilter.engine.params import LINF_FAILURE_PROBABILITY, PrivacyParams
 from streamfilter.engine.queries import AnyQuery
@@ -81,11 +82,19 @@ class DayOutcome:
     #: opt-in active-set estimate (``[telemetry] active_set``): the tracker after this day.
     #: Its state holds exact partial counts: stored with the day, never published.
     active_set: ActiveSetTracker | None = None
+    #: coverage tracker after this day (``[telemetry] coverage``; None when off). Its state
+    #: holds exact partial counts: stored with the day, never published.
+    coverage: CoverageTracker | None = None
 
     @property
     def active_set_state(self) -> bytes | None:
         """The tracker to store atomically with the day (``None`` when the estimate is off)."""
         return None if self.active_set is None else self.active_set.to_json().encode()
+
+    @property
+    def coverage_state(self) -> bytes | None:
+        """The coverage tracker to store atomically with the day (``None`` when off)."""
+        return None if self.coverage is None else self.coverage.to_json().encode()
 
 
 def noisy_release(
@@ -184,11 +193,15 @@ def close_day(
     params: PrivacyParams,
     bits: RandomBits,
     active_set: ActiveSetTracker | None = None,
+    coverage: CoverageTracker | None = None,
 ) -> DayOutcome:
     """Algorithm 3 for one day (Theorem 4.5); see ``privacy.individual`` for the argument.
 
     With ``active_set`` (opt-in), the day's departures from the active set are counted into it
-    and its ``_active_set`` release follows the queries' releases (``engine.telemetry``).
+    and its ``_active_set`` release follows the queries' releases (``engine.active_set``). With
+    ``coverage``, the day's exact coverage counts go into it and each query's release carries
+    its coverage (``engine.coverage``; noise from its own per-release key, so no other value
+    moves).
     """
     users = records.users
     keys = ledger.keys_of(users, records.keys)
@@ -210,6 +223,18 @@ def close_day(
             records.day, spent_before, retired_before, spent, retired, budget, noise
         )
         releases.extend([extra] if extra is not None else [])
+    covered = None
+    if coverage is not None:
+        counts = coverage_counts(
+            spent_before, retired_before, spent, retired, budget, coverage.thresholds_units
+        )
+        noise = _bits_for(bits, records.day, COVERAGE_NOISE_ID)
+        estimate, covered = coverage.step(counts, noise)
+        gamma = params.granularity
+        releases[: len(queries)] = [
+            replace(r, coverage=estimate.for_cost(params.lattice.max_cost_units(q.clip), gamma))
+            for r, q in zip(releases, queries, strict=False)
+        ]
     changed = np.flatnonzero((spent != spent_before) | (retired != retired_before))
     return DayOutcome(
         day=records.day,
@@ -227,6 +252,7 @@ def close_day(
             refused_per_query=refused_counts,
         ),
         active_set=tracker,
+        coverage=covered,
     )
 
 

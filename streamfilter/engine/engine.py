@@ -18,6 +18,7 @@ import numpy as np
 
 from streamfilter.engine.active_set import ActiveSetTracker
 from streamfilter.engine.contract import Reject, Release, load_object, parse_event, parse_query
+from streamfilter.engine.coverage import CoverageTracker
 from streamfilter.engine.day import DayOutcome, close_day
 from streamfilter.engine.ingest import parse_events
 from streamfilter.engine.ledger import BudgetLedger
@@ -58,6 +59,7 @@ class Engine:
         bits: RandomBits,
         *,
         active_set: ActiveSetTracker | None = None,
+        coverage: CoverageTracker | None = None,
     ) -> None:
         self.params = params
         self.bits = bits
@@ -67,6 +69,8 @@ class Engine:
         self.history: list[Release] = []
         #: opt-in private active-set estimate (``engine.active_set``); None = off
         self.active_set = active_set
+        #: coverage with every release (``engine.coverage``); None = off
+        self.coverage = coverage
 
     def restore(
         self,
@@ -182,6 +186,7 @@ class Engine:
             self.params,
             self.bits,
             self.active_set,
+            self.coverage,
         )
 
     def commit_day(self, outcome: DayOutcome) -> None:
@@ -192,3 +197,5 @@ class Engine:
         self.history.extend(outcome.releases)
         if outcome.active_set is not None:
             self.active_set = outcome.active_set
+        if outcome.coverage is not None:
+            self.coverage = outcome.coverage

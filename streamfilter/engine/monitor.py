@@ -10,6 +10,7 @@ from typing import Any
 from streamfilter.engine.active_set import ActiveSetSpec, ActiveSetTracker
 from streamfilter.engine.affordability import affordability_warning, query_cost
 from streamfilter.engine.contract import Event, Reject, Release, parse_event
+from streamfilter.engine.coverage import CoverageSpec, CoverageTracker
 from streamfilter.engine.day import DayOutcome, SeededPerRelease
 from streamfilter.engine.engine import Engine, RejectedRecord
 from streamfilter.engine.params import PrivacyParams
@@ -30,7 +31,9 @@ class Monitor:
 
     ``test_seed`` makes noise reproducible and is for tests only: releases produced with it are
     not private (the noise can be recomputed). ``active_set`` (opt-in) adds the daily private
-    active-set estimate ``_active_set`` (``engine.telemetry``); its ρ adds to the run's.
+    active-set estimate ``_active_set`` (``engine.active_set``); its ρ adds to the run's.
+    ``coverage`` (opt-in here; on by default in ``streamfilter run``) makes every query's release
+    carry its coverage estimate (``engine.coverage``, docs/design.md §2.11); its ρ adds too.
     """
 
     def __init__(
@@ -45,6 +48,7 @@ class Monitor:
         mechanism: str = "discrete_gaussian",
         test_seed: int | None = None,
         active_set: ActiveSetSpec | None = None,
+        coverage: CoverageSpec | None = None,
     ) -> None:
         self.params = PrivacyParams.create(
             b_norm=b_norm,
@@ -60,6 +64,8 @@ class Monitor:
         self._engine = Engine(self.params, bits)
         if active_set is not None:
             self._engine.active_set = ActiveSetTracker.create(active_set, self.params)
+        if coverage is not None:
+            self._engine.coverage = CoverageTracker.create(coverage, self.params)
         self.rejects: list[RejectedRecord] = []
 
     def add_query(self, query: dict[str, Any] | str | bytes) -> AnyQuery:

@@ -15,6 +15,8 @@ __all__ = ["AnyQuery", "QueryBook"]
 AnyQuery = SumQuery | HistogramQuery | LinearQuery
 #: the id of the opt-in active-set release (``engine.telemetry``); never a registered query's
 RESERVED_QUERY_ID = "_active_set"
+#: the per-release noise key of the coverage estimates (engine.coverage)
+COVERAGE_NOISE_ID = "_coverage"
 
 
 class QueryBook:
@@ -39,9 +41,9 @@ class QueryBook:
         Raises ``Reject('closed_day')`` when the query starts on or before the last closed day, and
         ``Reject('duplicate_query_id')`` when a different query already uses the id.
         """
-        if query.query_id == RESERVED_QUERY_ID:
+        if query.query_id in (RESERVED_QUERY_ID, COVERAGE_NOISE_ID):
             raise Reject(
-                "invalid_query", "query_id _active_set is reserved for the telemetry release"
+                "invalid_query", f"query_id {query.query_id} is reserved for the telemetry"
             )
         existing = self._queries.get(query.query_id)
         if existing is not None:

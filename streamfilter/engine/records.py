@@ -153,6 +153,7 @@ class DayAccumulator:
         self._seen_event_ids = SeenEventIds()
         self._user_names: dict[str, str] = {}
         self._coord_names: dict[str, str] = {}
+        self._cat_coords: dict[tuple[str, str], str] = {}  # (name, category) → coordinate
         # per-event ``add``: Python lists, moved into the arrays every _PENDING_MAX values
         self._p_users: list[str] = []
         self._p_coords: list[str] = []
@@ -244,8 +245,7 @@ class DayAccumulator:
         coord_of = self._coord_names.setdefault
         if is_cat.any():
             cat = np.flatnonzero(is_cat)
-            coords = names[cat] + "=" + values[cat]
-            self._cat.append((user_col[cat], _objects(list(map(coord_of, coords, coords)))))
+            self._cat.append((user_col[cat], self._category_coords(names[cat], values[cat])))
             self._cat_buffered += len(cat)
         num = np.flatnonzero(~is_cat)
         if len(num):
@@ -254,6 +254,18 @@ class DayAccumulator:
             self._num.append((user_col[num], canon, values[num].astype(np.float64)))
         self._maybe_fold()
         return added
+
+    def _category_coords(self, names: np.ndarray, values: np.ndarray) -> np.ndarray:
+        """The interned coordinate ``f"{name}={value}"`` of each categorical value, looked up by
+        the (name, value) pair (no string built per value; one per distinct pair of the day)."""
+        coords = list(map(self._cat_coords.get, zip(names.tolist(), values.tolist(), strict=True)))
+        if None in coords:
+            coord_of = self._coord_names.setdefault
+            for i in [i for i, c in enumerate(coords) if c is None]:
+                name, value = names[i], values[i]
+                coord = f"{name}={value}"
+                coords[i] = self._cat_coords.setdefault((name, value), coord_of(coord, coord))
+        return _objects(coords)
 
     def _flush_pending(self) -> None:
         if self._p_users:
@@ -300,9 +312,9 @@ class DayAccumulator:
 
 
 def _objects(items: Sequence[object]) -> np.ndarray:
-    out = np.empty(len(items), dtype=object)
-    out[:] = items
-    return out
+    """A 1-d object array of ``items`` (each element as is, never unpacked; ``fromiter`` is
+    about twice as fast as assigning a list to an empty array)."""
+    return np.fromiter(items, dtype=object, count=len(items))
 
 
 @dataclass(frozen=True)

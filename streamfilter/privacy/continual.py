@@ -67,7 +67,12 @@ __all__ = [
     "CounterExhausted",
     "CounterState",
     "CounterStep",
+    "EpochCounter",
+    "EpochState",
+    "EpochStep",
     "discrete_gaussian_sum_halfwidth",
+    "noise_halfwidth",
+    "noise_variance",
 ]
 
 #: Largest horizon accepted (2^30 steps; 31 levels).
@@ -269,4 +274,178 @@ def discrete_gaussian_sum_halfwidth(sigma2_units: int, k: int, coverage: float =
     covered = pmf[centre] + np.cumsum(tail)
     if pmf[centre] >= coverage:
         return 0
+    return int(np.searchsorted(covered, coverage, side="left")) + 1
+
+
+# --------------------------------------------------------------------------- unbounded horizon
+
+
+@dataclass(frozen=True)
+class EpochState:
+    """State of an :class:`EpochCounter`: the current ``epoch`` (1-based), ``carry`` — the sum of
+    the *noisy* totals of the completed epochs (public: each is a released root) — and the
+    current epoch's tree. ``tree.exact`` is SENSITIVE (stored, never published)."""
+
+    epoch: int
+    carry: int
+    tree: CounterState
+
+    def to_json_dict(self) -> dict[str, object]:
+        return {"epoch": self.epoch, "carry": self.carry, "tree": json.loads(self.tree.to_json())}
+
+    @classmethod
+    def from_json_dict(cls, obj: object) -> EpochState:
+        if not isinstance(obj, dict) or set(obj) != {"epoch", "carry", "tree"}:
+            raise ValueError("epoch counter state must be an object with epoch, carry, tree")
+        for key in ("epoch", "carry"):
+            if isinstance(obj[key], bool) or not isinstance(obj[key], int):
+                raise ValueError(f"epoch counter state {key} must be an integer")
+        tree = CounterState.from_json(json.dumps(obj["tree"]))
+        return cls(epoch=obj["epoch"], carry=obj["carry"], tree=tree)
+
+
+@dataclass(frozen=True)
+class EpochStep:
+    """One step of an :class:`EpochCounter`: the new state, the noisy running total and the
+    noise it carries, as ``(s², k)`` pairs — ``k`` independent ``N_Z(0, s²)`` per pair."""
+
+    state: EpochState
+    value: int
+    noise: tuple[tuple[int, int], ...]
+
+
+@dataclass(frozen=True)
+class EpochCounter:
+    """Continual counting over an **unbounded** stream (docs/design.md §2.11).
+
+    Epoch ``e = 1, 2, …`` is a :class:`BinaryTreeCounter` over ``first_horizon·2^(e−1)`` steps
+    (a power of two) with ``s_e² = ceil(m·L_e/(2ρ))``, ``L_e`` its number of levels. The running
+    total is the carry (the noisy roots of the completed epochs: at step ``T_e`` the prefix is the
+    root alone) plus the current epoch's noisy prefix — post-processing of the nodes.
+
+    Privacy: an individual who adds 1 to one step of the whole stream lies in exactly one epoch
+    and changes ``L_e`` nodes of it by 1: ``L_e/(2s_e²) <= ρ/m`` (CKS 2020, Prop. 5 per node,
+    additive over the nodes). ``m`` such counters fed by the same individual therefore cost at
+    most ``ρ`` in total, for any number of steps and under adaptive inputs (Feldman & Zrnic,
+    Theorem 4.5 with the per-node individual losses); the limit over an infinite run is the
+    supremum over its finite prefixes (van Erven & Harremoës 2014, Thm 21).
+    """
+
+    first_horizon: int
+    counters: int
+    rho: float
+
+    def __post_init__(self) -> None:
+        h = _check_int("first_horizon", self.first_horizon, 1, MAX_HORIZON)
+        if h & (h - 1):
+            raise ValueError(f"first_horizon must be a power of two, got {h}")
+        _check_int("counters", self.counters, 1, 1 << 10)
+        rho = self.rho
+        if isinstance(rho, bool) or not isinstance(rho, numbers.Real):
+            raise ValueError(f"rho must be a real number, got rho={rho!r}")
+        if not (math.isfinite(float(rho)) and float(rho) > 0.0):
+            raise ValueError(f"rho must be finite and > 0, got rho={rho!r}")
+        self.tree(1)  # refuses a rho too small for the sampler
+
+    def horizon(self, epoch: int) -> int:
+        """``T_e = first_horizon·2^(e−1)``."""
+        e = _check_int("epoch", epoch, 1, MAX_HORIZON.bit_length())
+        h = self.first_horizon << (e - 1)
+        if h > MAX_HORIZON:
+            raise CounterExhausted(f"epoch {e} would exceed the largest horizon 2^30")
+        return h
+
+    def tree(self, epoch: int) -> BinaryTreeCounter:
+        """Epoch ``e``'s tree: ``s_e² = ceil(m·L_e/(2ρ))`` so that ``m·L_e/(2s_e²) <= ρ``."""
+        h = self.horizon(epoch)
+        s2 = math.ceil(Fraction(self.counters * h.bit_length()) / (2 * Fraction(float(self.rho))))
+        if s2 > _MAX_SIGMA2_UNITS:
+            raise ValueError(f"rho={self.rho!r} is too small: sigma2_units={s2} exceeds 2^62")
+        return BinaryTreeCounter(horizon=h, sigma2_units=max(1, s2))
+
+    def rho_per_counter(self) -> Fraction:
+        """The largest ``L_e/(2s_e²)`` over every epoch up to the 2^30-step cap, exactly: what
+        one individual costs one counter at most (``<= ρ/m`` by the choice of ``s_e²``)."""
+        out = Fraction(0)
+        for e in range(1, MAX_HORIZON.bit_length() + 1):
+            try:
+                t = self.tree(e)
+            except CounterExhausted:
+                break
+            out = max(out, Fraction(t.levels, 2 * t.sigma2_units))
+        return out
+
+    def initial_state(self) -> EpochState:
+        return EpochState(epoch=1, carry=0, tree=self.tree(1).initial_state())
+
+    def check_state(self, state: EpochState) -> None:
+        if not isinstance(state, EpochState):
+            raise ValueError(f"state must be an EpochState, got {type(state).__name__}")
+        tree = self.tree(state.epoch)
+        tree.check_state(state.tree)
+        if state.tree.t >= tree.horizon:
+            raise ValueError("epoch counter state holds a full tree (it rolls over at the end)")
+
+    def noise(self, epoch: int, t: int) -> tuple[tuple[int, int], ...]:
+        """The noise in the running total after step ``t`` of epoch ``epoch``: one root per
+        completed epoch and ``popcount(t)`` nodes of the current one."""
+        done = tuple((self.tree(e).sigma2_units, 1) for e in range(1, epoch))
+        return (*done, (self.tree(epoch).sigma2_units, t.bit_count())) if t else done
+
+    def step(self, state: EpochState, count: int, bits: RandomBits) -> EpochStep:
+        """Add ``count`` as the next step; checks first, then draws one ``N_Z(0, s_e²)``."""
+        self.check_state(state)
+        tree = self.tree(state.epoch)
+        result = tree.step(state.tree, count, bits)
+        value = state.carry + result.value
+        noise = self.noise(state.epoch, result.state.t)
+        if result.state.t < tree.horizon:
+            new = EpochState(state.epoch, state.carry, result.state)
+        else:  # the epoch is complete: its prefix is the root alone; carry it, open the next
+            new = EpochState(state.epoch + 1, value, self.tree(state.epoch + 1).initial_state())
+        return EpochStep(state=new, value=value, noise=noise)
+
+    def to_json_dict(self) -> dict[str, object]:
+        return {"first_horizon": self.first_horizon, "counters": self.counters, "rho": self.rho}
+
+
+def noise_variance(noise: tuple[tuple[int, int], ...]) -> float:
+    """Exact variance of a sum of independent discrete Gaussians given as ``(s², k)`` pairs."""
+    return sum(k * discrete_gaussian_variance(s2) for s2, k in noise)
+
+
+@functools.lru_cache(maxsize=1024)
+def noise_halfwidth(noise: tuple[tuple[int, int], ...], coverage: float = 0.95) -> int:
+    """Smallest integer h with ``P(|X| <= h) >= coverage`` for ``X`` the sum of independent
+    discrete Gaussians ``(s², k)`` (``k`` of each). One pair is
+    :func:`discrete_gaussian_sum_halfwidth`; several are convolved on a common grid (each pmf
+    cut at ``12s + 1``, mass beyond below ``e^-72``), or, past 2^22 grid points, treated as normal
+    with the exact variance and rounded up (the discrete and continuous laws then agree far
+    below one unit)."""
+    parts = tuple((s2, k) for s2, k in noise if k)
+    if not parts:
+        return 0
+    if len(parts) == 1:
+        s2, k = parts[0]
+        if k <= 64:
+            return discrete_gaussian_sum_halfwidth(s2, k, coverage)
+    support = sum(k * (2 * (math.ceil(12.0 * math.sqrt(s2)) + 1) + 1) for s2, k in parts)
+    if support > _EXACT_SUPPORT_MAX:
+        return math.ceil(gaussian_halfwidth(math.sqrt(noise_variance(parts)), coverage))
+    import scipy.signal  # lazy: only these intervals need a convolution
+
+    pmf = np.ones(1)
+    for s2, k in parts:
+        m = math.ceil(12.0 * math.sqrt(s2)) + 1
+        z = np.arange(-m, m + 1, dtype=np.float64)
+        one = np.exp(-(z * z) / (2.0 * s2))
+        one /= one.sum()
+        for _ in range(k):
+            pmf = np.clip(scipy.signal.fftconvolve(pmf, one), 0.0, None)
+    pmf /= pmf.sum()
+    centre = (len(pmf) - 1) // 2
+    if pmf[centre] >= coverage:
+        return 0
+    tail = pmf[centre + 1 :] + pmf[centre - 1 :: -1][: len(pmf) - centre - 1]
+    covered = pmf[centre] + np.cumsum(tail)
     return int(np.searchsorted(covered, coverage, side="left")) + 1

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from streamfilter.config import Settings, config_fingerprint
 from streamfilter.engine.active_set import ActiveSetTracker
+from streamfilter.engine.coverage import CoverageTracker
 from streamfilter.engine.day import SeededPerRelease
 from streamfilter.engine.engine import Engine
 from streamfilter.engine.local import LocalEngine
@@ -17,6 +18,7 @@ from streamfilter.engine.params import PrivacyParams
 from streamfilter.errors import ConfigError, StreamfilterError
 from streamfilter.privacy.noise import RandomBits, SystemRandomBits
 from streamfilter.runtime.active_set import load_active_set
+from streamfilter.runtime.coverage import load_coverage
 from streamfilter.runtime.daemon import Daemon, InputLimits
 from streamfilter.runtime.io.base import NoQueryFeed, QueryFeed, Sink, Source
 from streamfilter.runtime.io.files import FileQueryFeed, FileSink, FileSource, StdoutSink
@@ -85,11 +87,15 @@ def _contributions_source(settings: Settings, follow: bool) -> Source:
 
 
 def _engine(
-    settings: Settings, params: PrivacyParams, bits: RandomBits, active_set: ActiveSetTracker | None
+    settings: Settings,
+    params: PrivacyParams,
+    bits: RandomBits,
+    active_set: ActiveSetTracker | None,
+    coverage: CoverageTracker | None,
 ) -> Engine:
     if settings.mode.kind == "local":  # no per-user state on the server: no active-set estimate
         return LocalEngine(params, bits, settings.local.variant, settings.sigma2_local_units())
-    return Engine(params, bits, active_set=active_set)
+    return Engine(params, bits, active_set=active_set, coverage=coverage)
 
 
 def _source(settings: Settings, follow: bool) -> Source:
@@ -253,6 +259,9 @@ def build_daemon(
         active_set = load_active_set(
             settings, params, store, state.active_set_state
         )  # opt-in; charges telemetry once
+        coverage = load_coverage(  # on by default; charges telemetry once
+            settings, params, store, state.coverage_state, state.budgets
+        )
         check_topics(settings)
         source = _source(settings, follow)
         feed = _feed(settings)
@@ -275,7 +284,7 @@ def build_daemon(
         metrics = metrics_endpoint(settings, params)
     w, lim = settings.window, settings.limits
     daemon = Daemon(
-        _engine(settings, params, bits, active_set),
+        _engine(settings, params, bits, active_set, coverage),
         store,
         source,
         feed,

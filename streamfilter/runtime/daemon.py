@@ -30,7 +30,8 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from operator import attrgetter
+from itertools import compress
+from operator import attrgetter, ne
 from typing import Any
 
 from streamfilter.engine.affordability import DEFAULT_MIN_DAYS, affordability_warning, query_cost
@@ -419,8 +420,8 @@ class Daemon:
 
     def _ingest_batch(self, batch: RecordBatch) -> None:
         """Validate one partition's batch at once (``engine.parse_records``), then add it to its
-        open day in one pass when every record is valid and of one open day (the usual batch);
-        otherwise per record: reject it (with its reason, or ``late``; silently when replayed)
+        open day in one pass per run of one day's records when every record is valid and of an
+        open day (the usual batch: one run; two at a day's boundary); otherwise per record: reject it (with its reason, or ``late``; silently when replayed)
         or add it to its open day (looked up when the day changes from one record to the next).
         An event dated after the horizon (today + ``future_slack_s``) is rejected as ``future``
         before it touches any day: it moves no watermark and no resume position.
@@ -445,17 +446,21 @@ class Daemon:
         self._read_offset[partition] = batch.next_offset
         horizon = self._horizon()
         if not any(issubclass(t, Reject) for t in set(map(type, parsed))):
-            days = set(map(_DAY, parsed))
-            if (
-                len(days) == 1
-                and not self.engine.is_closed(day := days.pop())
-                and (horizon is None or day <= horizon)
+            days = list(map(_DAY, parsed))
+            # runs of consecutive events of one day (one run but at a day's boundary)
+            cuts = [0, *compress(range(1, len(days)), map(ne, days, days[1:]))]
+            runs = list(zip(cuts, [*cuts[1:], len(parsed)], strict=True))
+            if all(
+                not self.engine.is_closed(days[a]) and (horizon is None or days[a] <= horizon)
+                for a, _ in runs
             ):
-                acc = self._day_input(day, partition, offsets[0])
-                add_many = getattr(acc, "add_many", None)  # a batch as columns (events)
-                accepted = add_many(parsed) if add_many else sum(map(acc.add, parsed))
-                self.summary.events_accepted += accepted
-                self.summary.events_duplicate += len(parsed) - accepted
+                for a, b in runs:
+                    acc = self._day_input(days[a], partition, offsets[a])
+                    add_many = getattr(acc, "add_many", None)  # a batch as columns (events)
+                    run = parsed[a:b] if len(runs) > 1 else parsed
+                    accepted = add_many(run) if add_many else sum(map(acc.add, run))
+                    self.summary.events_accepted += accepted
+                    self.summary.events_duplicate += len(run) - accepted
                 return
         accepted = duplicates = 0
         current: str | None = None  # the day of the previous added record
@@ -673,6 +678,7 @@ class Daemon:
                 retired=outcome.retired,
                 positions=positions,
                 active_set_state=outcome.active_set_state,
+                coverage_state=outcome.coverage_state,
             )
         )
         self.observer.committed(time.perf_counter() - commit_started, self.store.size_bytes())

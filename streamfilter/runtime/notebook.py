@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from streamfilter.config import config_fingerprint
+from streamfilter.engine.coverage import CoverageTracker
 from streamfilter.engine.day import DayOutcome
 from streamfilter.engine.monitor import Monitor
 from streamfilter.engine.queries import AnyQuery
@@ -50,6 +51,15 @@ class PersistentMonitor(Monitor):
                 last_closed_day=state.last_closed_day,
                 releases=state.releases,
             )
+            coverage = monitor.engine.coverage
+            if coverage is not None and state.coverage_state is not None:
+                stored = CoverageTracker.from_json(state.coverage_state)
+                if stored.description() != coverage.description():
+                    raise ConfigError(
+                        f"the coverage settings differ from those the state {path} was created "
+                        "with; they cannot change during a run"
+                    )
+                monitor.engine.coverage = stored
         except BaseException:
             store.close()
             raise
@@ -69,6 +79,7 @@ class PersistentMonitor(Monitor):
                 retired=outcome.retired,
                 positions={},
                 active_set_state=outcome.active_set_state,
+                coverage_state=outcome.coverage_state,
             )
         )
         super()._commit(outcome)

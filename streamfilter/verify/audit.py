@@ -60,6 +60,15 @@ events and queries (``parse_event``/``parse_query`` run once) and the ``PrivacyP
 and the run short (2 days, 3 releases), so a run takes about a millisecond; ``workers`` spreads the
 trials over processes. 10⁴ trials take ~10–20 s, 10⁵ a few minutes.
 
+Coverage (docs/design.md §2.11). With ``coverage_rho`` set, the audited engine runs the coverage
+tracker too: the released coverage estimates join the released values the test may use, and
+the claim is ``ρ + ρ_cov``. The coverage accounting is recomputed from the tracker the engine
+runs, independently of the ρ it states: for every epoch up to the 2^30-step cap, ``m`` count
+streams (thresholds + 1) fed to trees of ``L_e`` levels with node variance ``s_e²`` cost one user
+at most ``m·L_e/(2s_e²)``, in exact rationals; the largest must not exceed ``coverage_rho``
+(a violation otherwise, whatever the trials say). ``coverage_sensitivity_ignored`` is a broken
+build whose noise is calibrated for one stream instead of ``m`` (σ too small by ``sqrt(m)``).
+
 Run ``python -m streamfilter.verify.audit --trials 100000`` for the full audit (JSON on stdout;
 ``--bug all`` also audits the three broken builds).
 """
@@ -78,6 +87,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
+from fractions import Fraction
 from multiprocessing import get_context
 from typing import Any, Literal
 
@@ -86,19 +96,29 @@ import scipy.stats
 
 import streamfilter.engine.day as day_module
 from streamfilter.engine.contract import Event, Release, parse_event, parse_query
+from streamfilter.engine.coverage import CoverageSpec, CoverageTracker
 from streamfilter.engine.engine import Engine
 from streamfilter.engine.params import PrivacyParams
 from streamfilter.engine.queries import AnyQuery
 from streamfilter.engine.records import DayAccumulator
 from streamfilter.privacy.accounting import epsilon_from_rho_cks
+from streamfilter.privacy.continual import MAX_HORIZON, CounterExhausted, EpochCounter
 from streamfilter.privacy.individual import Exhaustion, FilterStep, query_vectors
 from streamfilter.privacy.lattice import Lattice, round_to_lattice
 from streamfilter.privacy.noise import RandomBits, SystemRandomBits
+from streamfilter.privacy.rounding import float_up
 
 __all__ = ["BUGS", "AuditConfig", "AuditResult", "Bug", "audit", "main"]
 
-Bug = Literal["sigma_halved", "check_before_add_ignored", "cost_before_clip"]
-BUGS: tuple[Bug, ...] = ("sigma_halved", "check_before_add_ignored", "cost_before_clip")
+Bug = Literal[
+    "sigma_halved", "check_before_add_ignored", "cost_before_clip", "coverage_sensitivity_ignored"
+]
+BUGS: tuple[Bug, ...] = (
+    "sigma_halved",
+    "check_before_add_ignored",
+    "cost_before_clip",
+    "coverage_sensitivity_ignored",
+)
 
 CANARY = "canary"
 
@@ -130,6 +150,10 @@ class AuditConfig:
     canary_scale: float = 8.0
     start_day: str = "2026-01-01"
     population_seed: int = 0
+    #: None: the audited run has no coverage; else its telemetry ρ (docs/design.md §2.11)
+    coverage_rho: float | None = None
+    coverage_levels: int = 8
+    coverage_epoch_days: int = 1
 
     @property
     def budget_norm(self) -> float:
@@ -174,6 +198,8 @@ class AuditResult:
     fpr_upper: float
     fnr_upper: float
     rho_claimed: float
+    #: the recomputed coverage accounting (None when the audited run has no coverage)
+    coverage: dict[str, Any] | None
     sigma: float
     mechanism: str
     canary_spent_fraction: float
@@ -181,7 +207,8 @@ class AuditResult:
 
     @property
     def violation(self) -> bool:
-        return self.epsilon_lower_bound > self.epsilon_claimed
+        broken = self.coverage is not None and not self.coverage["ok"]
+        return broken or self.epsilon_lower_bound > self.epsilon_claimed
 
     def to_json_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -202,13 +229,50 @@ class _Scenario:
     without: list[list[Event]]  # per day: the population's events
     with_canary: list[list[Event]]  # per day: population + canary
     relevant: np.ndarray  # per released coordinate: sign of the canary's raw vector (0: none)
+    coverage: CoverageTracker | None = None  # the tracker every trial starts from (immutable)
 
 
 def _day(start: str, k: int) -> str:
     return (dt.date.fromisoformat(start) + dt.timedelta(days=k)).isoformat()
 
 
-def _build(config: AuditConfig) -> _Scenario:
+def _coverage_tracker(config: AuditConfig, bug: str | None) -> CoverageTracker | None:
+    if config.coverage_rho is None:
+        return None
+    spec = CoverageSpec(config.coverage_rho, config.coverage_levels, config.coverage_epoch_days)
+    tracker = CoverageTracker.create(spec, config.params())
+    if bug == "coverage_sensitivity_ignored":  # BUG: noise calibrated for 1 stream, not m
+        weak = EpochCounter(spec.first_epoch_days, 1, spec.rho)
+        tracker = dataclasses.replace(tracker, counter=weak)
+    return tracker
+
+
+def coverage_accounting(tracker: CoverageTracker, rho_claimed: float) -> dict[str, Any]:
+    """Recompute what the tracker's noise costs one user, over the whole unbounded run.
+
+    ``m`` = the count streams the day close feeds it (its thresholds + 1); epoch ``e``'s tree
+    is the one ``step`` draws from. One user adds 1 to each stream once, so to one epoch per
+    stream: the worst case is ``m · max_e L_e/(2 s_e²)`` (CKS 2020 Prop. 5 per node, additive
+    over nodes). Exact rationals; ``ok`` iff it is at most ``rho_claimed``."""
+    m = len(tracker.thresholds_units) + 1
+    worst, epochs = Fraction(0), 0
+    for e in range(1, MAX_HORIZON.bit_length() + 1):
+        try:
+            tree = tracker.counter.tree(e)
+        except CounterExhausted:
+            break
+        epochs = e
+        worst = max(worst, Fraction(m * tree.horizon.bit_length(), 2 * tree.sigma2_units))
+    return {
+        "streams": m,
+        "epochs_checked": epochs,
+        "rho_recomputed": float_up(worst),
+        "rho_claimed": rho_claimed,
+        "ok": worst <= Fraction(rho_claimed),
+    }
+
+
+def _build(config: AuditConfig, bug: str | None = None) -> _Scenario:
     config.check()
     params = config.params()
     days = [_day(config.start_day, k) for k in range(config.days)]
@@ -267,7 +331,10 @@ def _build(config: AuditConfig) -> _Scenario:
                 continue
             vec = _raw_vector(canary_values, query)
             relevant.extend(float(np.sign(v)) for v in vec)
-    return _Scenario(params, queries, days, without, with_canary, np.array(relevant))
+            if config.coverage_rho is not None:  # covered and counted users: found by the shift
+                relevant.extend([0.0, 0.0])
+    tracker = _coverage_tracker(config, bug)
+    return _Scenario(params, queries, days, without, with_canary, np.array(relevant), tracker)
 
 
 def _raw_vector(values: dict[str, float], query: AnyQuery) -> np.ndarray:
@@ -279,7 +346,7 @@ def _raw_vector(values: dict[str, float], query: AnyQuery) -> np.ndarray:
 def _run_once(sc: _Scenario, canary: bool, bits: RandomBits) -> tuple[list[float], int]:
     """One whole run on the real engine path (as ``Monitor.close_day``): released values in
     (day, query, coordinate) order, and the canary's spent budget (lattice units)."""
-    engine = Engine(sc.params, bits)
+    engine = Engine(sc.params, bits, coverage=sc.coverage)
     for query in sc.queries:
         engine.register_query(query)
     values: list[float] = []
@@ -292,6 +359,8 @@ def _run_once(sc: _Scenario, canary: bool, bits: RandomBits) -> tuple[list[float
         engine.commit_day(outcome)
         for release in outcome.releases:
             values.extend(release.value)
+            if release.coverage is not None:
+                values.extend([release.coverage.users, release.coverage.counted_users])
     return values, engine.ledger.spent_units(CANARY)
 
 
@@ -363,7 +432,7 @@ def _wrap_sigma_halved(real: Callable[..., Release]) -> Callable[..., Release]:
 @contextlib.contextmanager
 def _injected(bug: str | None) -> Iterator[None]:
     """Swap one function of ``streamfilter.engine.day`` for a broken one, then restore it."""
-    if bug is None:
+    if bug is None or bug == "coverage_sensitivity_ignored":  # that one is built in _build
         yield
         return
     new: Callable[..., Any]
@@ -390,7 +459,7 @@ def _injected(bug: str | None) -> Iterator[None]:
 
 def _trials(config: AuditConfig, n: int, bug: str | None) -> tuple[np.ndarray, np.ndarray, int]:
     """``n`` runs of each world (interleaved): (releases without, releases with, canary spent)."""
-    sc = _build(config)
+    sc = _build(config, bug)
     bits = SystemRandomBits()
     k = len(sc.relevant)
     out0 = np.empty((n, k), dtype=np.float64)
@@ -533,8 +602,10 @@ def audit(
         raise ValueError(f"alpha must be in (0, 1), got alpha={alpha}")
     if bug is not None and bug not in BUGS:
         raise ValueError(f"unknown bug {bug!r}; known: {', '.join(BUGS)}")
+    if bug == "coverage_sensitivity_ignored" and config.coverage_rho is None:
+        raise ValueError("bug coverage_sensitivity_ignored needs coverage_rho (coverage on)")
     started = time.perf_counter()
-    sc = _build(config)
+    sc = _build(config, bug)
     params = sc.params
     workers = max(1, min(workers, trials // 2))
     if workers == 1:
@@ -550,6 +621,10 @@ def audit(
         raise RuntimeError("a release value is NaN or infinite")
     stats = _analyse(x0, x1, sc.relevant, params.delta, alpha)
     rho = params.rho_effective
+    coverage = None
+    if sc.coverage is not None and config.coverage_rho is not None:
+        coverage = coverage_accounting(sc.coverage, config.coverage_rho)
+        rho = float_up(Fraction(rho) + Fraction(config.coverage_rho))  # zCDP composition
     return AuditResult(
         epsilon_claimed=epsilon_from_rho_cks(rho, params.delta),
         delta=params.delta,
@@ -557,6 +632,7 @@ def audit(
         alpha=alpha,
         bug=bug,
         rho_claimed=rho,
+        coverage=coverage,
         sigma=params.sigma_released,
         mechanism=params.mechanism,
         canary_spent_fraction=spent / params.budget_units,
@@ -580,10 +656,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--delta", type=float, default=AuditConfig.delta)
     parser.add_argument("--days", type=int, default=AuditConfig.days)
     parser.add_argument("--mechanism", default=AuditConfig.mechanism)
+    parser.add_argument(
+        "--coverage-rho", type=float, default=None, help="audit the run with coverage on"
+    )
     args = parser.parse_args(argv)
-    config = AuditConfig(rho=args.rho, delta=args.delta, days=args.days, mechanism=args.mechanism)
+    config = AuditConfig(
+        rho=args.rho,
+        delta=args.delta,
+        days=args.days,
+        mechanism=args.mechanism,
+        coverage_rho=args.coverage_rho,
+    )
+    known = [b for b in BUGS if b != "coverage_sensitivity_ignored" or args.coverage_rho]
     bugs: list[Bug | None] = (
-        [None, *BUGS] if args.bug == "all" else [None if args.bug == "none" else args.bug]
+        [None, *known] if args.bug == "all" else [None if args.bug == "none" else args.bug]
     )
     results = [
         audit(config, args.trials, args.alpha, bug=b, workers=args.workers).to_json_dict()

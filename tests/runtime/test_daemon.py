@@ -284,3 +284,41 @@ def test_a_batch_of_one_open_day_counts_like_record_by_record(world):
         parts["store"].mirror_path.unlink()
     assert results[0] == results[1]
     assert results[0][:2] == (3, 1)
+
+
+def test_a_batch_across_a_day_boundary_is_added_per_day_run_like_record_by_record(world):
+    """A batch of valid events of two open days (the batch at a day's boundary) goes to each
+    day in runs; the days' records, duplicates and resume positions equal those of the same
+    events added one by one."""
+    from streamfilter.runtime.io.base import RecordBatch
+
+    def line(user, day, eid, v):
+        return json.dumps(
+            {"user_id": user, "day": day, "event_id": eid, "values": {"active": v, "c": "x"}}
+        ).encode()
+
+    values = [
+        line("a", "2026-01-01", "e1", 1),
+        line("b", "2026-01-01", "e1", 2),
+        line("a", "2026-01-01", "e1", 5),  # a repeat: counted once
+        line("a", "2026-01-02", "e1", 3),  # same id, another day: counted
+        line("c", "2026-01-02", "e2", 4),
+        line("a", "2026-01-01", "e3", 7),  # back to the first day: a third run
+    ]
+    make, _clock, _parts = world
+    daemon = make()
+    daemon._ingest_batch(RecordBatch("p0", list(range(10, 16)), values, 16))
+    for day, acc in daemon._open.items():
+        one_by_one = daemon.engine.new_day(day)
+        for raw in values:
+            parsed = daemon.engine.parse_records([raw])[0]
+            if parsed.day == day:
+                one_by_one.add(parsed)
+        got, want = acc.finish(), one_by_one.finish()
+        assert got.users.tolist() == want.users.tolist()
+        assert (
+            got.value.tolist() == want.value.tolist() and got.coord.tolist() == want.coord.tolist()
+        )
+    assert sorted(daemon._open) == ["2026-01-01", "2026-01-02"]
+    assert daemon._min_offset == {"2026-01-01": {"p0": 10}, "2026-01-02": {"p0": 13}}
+    assert (daemon.summary.events_accepted, daemon.summary.events_duplicate) == (5, 1)

@@ -165,8 +165,8 @@ def test_corrupted_database_fails_closed(tmp_path):
 
 
 # ---------------------------------------------------------------------------- the budget log
-# A day's budget changes are one packed row of ``budget_log``; the log is folded into the
-# ``budgets`` table once it holds more user rows than ``budget_log_max_rows`` and than the table.
+# A day's budget changes are one packed row of ``budget_log``; the entries by which the log
+# exceeds both ``budget_log_max_rows`` and the ``budgets`` table are folded into it, oldest first.
 
 ids = st.text(
     alphabet=st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=12
@@ -190,7 +190,9 @@ def budget_commit(day_index: int, changes: dict[str, tuple[int, bool]]) -> DayCo
 
 
 def log_and_table_rows(store: SQLiteStateStore) -> tuple[int, int]:
+    """(log entries not yet folded, rows of the table)"""
     log = store._db.execute("SELECT COALESCE(SUM(n_users), 0) FROM budget_log").fetchone()[0]
+    log -= store._folded_entries()
     table = store._db.execute("SELECT count(*) FROM budgets").fetchone()[0]
     return log, table
 
@@ -229,19 +231,28 @@ def test_budget_log_and_folding_keep_every_users_newest_state(
         again.close()
 
 
-def test_budget_log_folds_when_it_outgrows_the_threshold_and_the_table(tmp_path):
+def test_budget_log_folds_its_oldest_entries_beyond_the_threshold_and_the_table(tmp_path):
+    """Only the excess is folded, oldest first, a log row in part if need be: a day's commit
+    folds at most as many entries as it appended (no stall on the whole log)."""
     store = SQLiteStateStore(tmp_path / "state.db", budget_log_max_rows=4)
     try:
         store.commit_day(budget_commit(0, {"a": (1, False), "b": (1, False), "c": (1, False)}))
         assert log_and_table_rows(store) == (3, 0)  # 3 <= 4: stays in the log
         store.commit_day(budget_commit(1, {"a": (2, False), "d": (2, True)}))
-        assert log_and_table_rows(store) == (0, 4)  # 5 > max(4, 0): folded, each user once
+        assert log_and_table_rows(store) == (4, 1)  # 5 > max(4, 0): a's oldest entry folded
+        assert store._db.execute("SELECT count(*) FROM budget_log").fetchone()[0] == 2
+        assert store.spent_units("a") == (2, False)  # the log's newer entry wins
         store.commit_day(budget_commit(2, {"a": (3, False), "e": (3, False)}))
+        assert log_and_table_rows(store) == (4, 3)  # b and c: day 0's row is gone
         store.commit_day(budget_commit(3, {"a": (4, True), "f": (4, False)}))
-        assert log_and_table_rows(store) == (4, 4)  # 4 rows: not more than the table
+        assert log_and_table_rows(store) == (4, 4)  # day 1's a and d
         store.commit_day(budget_commit(4, {"g": (5, False)}))
-        assert log_and_table_rows(store) == (0, 7)  # 5 > max(4, 4)
+        assert log_and_table_rows(store) == (4, 4)  # day 2's a: upserted, not a new row
         assert store.spent_units("a") == (4, True) and store.spent_units("d") == (2, True)
+        assert sorted(store.load().budgets) == [
+            ("a", 4, True), ("b", 1, False), ("c", 1, False), ("d", 2, True),
+            ("e", 3, False), ("f", 4, False), ("g", 5, False),
+        ]  # fmt: skip
     finally:
         store.close()
 
@@ -254,7 +265,7 @@ def test_a_failed_commit_leaves_the_budget_log_and_its_counters_unchanged(tmp_pa
             store.commit_day(commit("2026-01-01", ["c", "d", "e"], [1, 1, 1], [("q1", b"y")]))
         assert log_and_table_rows(store) == (2, 0)
         store.commit_day(commit("2026-01-02", ["a"], [6], []))
-        assert log_and_table_rows(store) == (0, 2)  # 3 > 2: counted from the committed days
+        assert log_and_table_rows(store) == (2, 1)  # 3 > 2: counted from the committed days
         assert sorted(store.load().budgets) == [("a", 6, False), ("b", 7, False)]
     finally:
         store.close()

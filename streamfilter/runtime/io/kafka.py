@@ -63,6 +63,10 @@ log = logging.getLogger("streamfilter.kafka")
 _OFFSET, _VALUE = attrgetter("offset"), attrgetter("value")
 
 
+#: seconds ``KafkaSource.lag`` waits for the broker's end offsets
+LAG_TIMEOUT_S = 5.0
+
+
 @dataclass(frozen=True)
 class TopicSpec:
     role: str  # config key that names it, e.g. "source.topic"
@@ -241,7 +245,9 @@ class KafkaSource(Source):
             self._c.consumer.commit(mirror)
 
     def lag(self) -> dict[str, int]:
-        ends = self._c.consumer.end_offsets(self._c.tps)
+        """Records behind each partition's end; a metric, so it waits at most ``LAG_TIMEOUT_S``
+        for the broker (not the client's 30 s request timeout: the loop must not stall on it)."""
+        ends = self._c.consumer.end_offsets(self._c.tps, timeout_ms=int(LAG_TIMEOUT_S * 1000))
         return {
             label: max(0, ends[tp] - self._c.consumer.position(tp))
             for label, tp in self._c.by_label.items()

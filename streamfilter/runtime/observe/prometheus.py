@@ -76,11 +76,14 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import platform
+import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from streamfilter import __version__
 from streamfilter.engine.contract import RejectReason, Release
@@ -336,33 +339,7 @@ class PrometheusObserver(DaemonObserver):
             )
 
     def _privacy_gauges(self, params: PrivacyParams) -> None:
-        g = params.guarantee()
-        r = self.registry
-        Gauge(
-            "streamfilter_privacy_info",
-            "Privacy configuration of this run (always 1).",
-            ["mechanism", "exhaustion", "epsilon_method", "rho_calibration"],
-            registry=r,
-        ).labels(params.mechanism, str(params.exhaustion), g.method, params.rho_method).set(1)
-        scalars = {
-            "rho": ("ρ of the per-user ρ-zCDP guarantee for the whole run.", g.rho),
-            "sigma": ("Noise standard deviation per coordinate, data units.", g.sigma),
-            "norm_budget": ("B_norm: per-user budget on the sum of squared norms.", g.b_norm),
-            "delta": ("The configured δ of the (ε, δ) statement.", g.delta),
-            "epsilon": ("ε at the configured δ by the tightest sound conversion.", g.epsilon),
-            "granularity": ("Lattice step γ of contributions and releases.", params.granularity),
-            "ci95_halfwidth": ("95% half-width of one coordinate's noise.", params.ci95_halfwidth),
-        }
-        for name, (doc, value) in scalars.items():
-            Gauge(f"streamfilter_privacy_{name}", doc, registry=r).set(value)
-        by_conversion = Gauge(
-            "streamfilter_privacy_epsilon_by_conversion",
-            "ε at the configured δ by each sound zCDP → (ε, δ) conversion.",
-            ["conversion"],
-            registry=r,
-        )
-        for method, eps in g.epsilon_by_method.items():
-            by_conversion.labels(method).set(eps)
+        self.registry.register(_PrivacyGauges(params))
 
     # ------------------------------------------------------------------ readiness
     def readiness(self) -> tuple[bool, str]:
@@ -525,3 +502,76 @@ class PrometheusObserver(DaemonObserver):
 
     def stopped(self) -> None:
         self._is_stopped = True
+
+
+class _PrivacyGauges(Collector):
+    """The privacy configuration's gauges (``streamfilter_privacy_*``), computed at the first
+    scrape and kept: the (ε, δ) statement needs scipy's root finder (~0.5 s of start-up that a
+    run nobody scrapes, e.g. ``--until-end``, need not pay). Data-independent, as before."""
+
+    def __init__(self, params: PrivacyParams) -> None:
+        self._params = params
+        self._lock = threading.Lock()
+        self._families: list[GaugeMetricFamily] | None = None
+
+    _INFO = (
+        "streamfilter_privacy_info",
+        "Privacy configuration of this run (always 1).",
+        ["mechanism", "exhaustion", "epsilon_method", "rho_calibration"],
+    )
+    _SCALARS: ClassVar[dict[str, str]] = {
+        "rho": "ρ of the per-user ρ-zCDP guarantee for the whole run.",
+        "sigma": "Noise standard deviation per coordinate, data units.",
+        "norm_budget": "B_norm: per-user budget on the sum of squared norms.",
+        "delta": "The configured δ of the (ε, δ) statement.",
+        "epsilon": "ε at the configured δ by the tightest sound conversion.",
+        "granularity": "Lattice step γ of contributions and releases.",
+        "ci95_halfwidth": "95% half-width of one coordinate's noise.",
+    }
+    _BY_CONVERSION = (
+        "streamfilter_privacy_epsilon_by_conversion",
+        "ε at the configured δ by each sound zCDP → (ε, δ) conversion.",
+        ["conversion"],
+    )
+
+    def describe(self) -> list[GaugeMetricFamily]:
+        """The families without values (what the registry checks at registration)."""
+        return [
+            GaugeMetricFamily(self._INFO[0], self._INFO[1], labels=self._INFO[2]),
+            *(
+                GaugeMetricFamily(f"streamfilter_privacy_{name}", doc)
+                for name, doc in self._SCALARS.items()
+            ),
+            GaugeMetricFamily(*self._BY_CONVERSION[:2], labels=self._BY_CONVERSION[2]),
+        ]
+
+    def collect(self) -> list[GaugeMetricFamily]:
+        with self._lock:
+            if self._families is None:
+                self._families = self._compute()
+            return self._families
+
+    def _compute(self) -> list[GaugeMetricFamily]:
+        params = self._params
+        g = params.guarantee()
+        info = GaugeMetricFamily(self._INFO[0], self._INFO[1], labels=self._INFO[2])
+        info.add_metric(
+            [params.mechanism, str(params.exhaustion), g.method, params.rho_method], 1.0
+        )
+        values = {
+            "rho": g.rho,
+            "sigma": g.sigma,
+            "norm_budget": g.b_norm,
+            "delta": g.delta,
+            "epsilon": g.epsilon,
+            "granularity": params.granularity,
+            "ci95_halfwidth": params.ci95_halfwidth,
+        }
+        scalars = [
+            GaugeMetricFamily(f"streamfilter_privacy_{name}", doc, value=values[name])
+            for name, doc in self._SCALARS.items()
+        ]
+        by = GaugeMetricFamily(*self._BY_CONVERSION[:2], labels=self._BY_CONVERSION[2])
+        for method, eps in g.epsilon_by_method.items():
+            by.add_metric([method], eps)
+        return [info, *scalars, by]

@@ -110,6 +110,7 @@ class DayCommit:
     retired: np.ndarray
     positions: dict[str, Position]
     active_set_state: bytes | None = None  # opt-in telemetry tracker after this day (sensitive)
+    coverage_state: bytes | None = None  # coverage tracker after this day (sensitive)
 
 
 @dataclass
@@ -122,6 +123,7 @@ class StoredState:
     positions: dict[str, Position] = field(default_factory=dict)
     releases: list[bytes] = field(default_factory=list)  # every stored release, day order
     active_set_state: bytes | None = None  # the opt-in active-set tracker, if ever started
+    coverage_state: bytes | None = None  # the coverage tracker, if ever started
 
 
 class StateStore(abc.ABC):
@@ -169,12 +171,18 @@ class StateStore(abc.ABC):
         return []
 
     def charge_telemetry(
-        self, charge: TelemetryCharge, rho_total: float, *, active_set_state: bytes | None = None
+        self,
+        charge: TelemetryCharge,
+        rho_total: float,
+        *,
+        active_set_state: bytes | None = None,
+        coverage_state: bytes | None = None,
     ) -> TelemetryBalance:
         """Debit ``charge`` iff all charges still sum to at most ``rho_total``; else raise
         ``TelemetryBudgetError`` and write nothing. The first charge pins ``rho_total`` for the
-        state (a later, different total is refused). ``active_set_state`` is stored in the same
-        transaction. Stores without a telemetry ledger refuse every charge."""
+        state (a later, different total is refused). ``active_set_state`` / ``coverage_state``
+        are stored in the same transaction. Stores without a telemetry ledger refuse every
+        charge."""
         raise StoreError(f"{type(self).__name__} keeps no telemetry ledger")
 
     @abc.abstractmethod

@@ -209,6 +209,8 @@ class PostgresStateStore(StateStore):
                 ]
                 active = meta.get("active_set_state")
                 state.active_set_state = None if active is None else active.encode()
+                coverage = meta.get("coverage_state")
+                state.coverage_state = None if coverage is None else coverage.encode()
                 return state
         except self._psycopg.Error as exc:
             raise StoreError(
@@ -263,6 +265,8 @@ class PostgresStateStore(StateStore):
             # 5. the opt-in active-set tracker (exact partial counts: stored, never published)
             if commit.active_set_state is not None:
                 self._set_meta(cur, "active_set_state", commit.active_set_state.decode())
+            if commit.coverage_state is not None:
+                self._set_meta(cur, "coverage_state", commit.coverage_state.decode())
         return seq
 
     def _write_positions(self, cur: Any, positions: dict[str, Position]) -> None:
@@ -302,7 +306,12 @@ class PostgresStateStore(StateStore):
         return [TelemetryCharge(str(k), float(r), bytes(p)) for k, r, p in rows]
 
     def charge_telemetry(
-        self, charge: TelemetryCharge, rho_total: float, *, active_set_state: bytes | None = None
+        self,
+        charge: TelemetryCharge,
+        rho_total: float,
+        *,
+        active_set_state: bytes | None = None,
+        coverage_state: bytes | None = None,
     ) -> TelemetryBalance:
         """Check, then commit, in one serializable transaction (see :class:`StateStore`)."""
         check_telemetry_arguments(charge, rho_total)
@@ -323,6 +332,8 @@ class PostgresStateStore(StateStore):
             )
             if active_set_state is not None:
                 self._set_meta(cur, "active_set_state", active_set_state.decode())
+            if coverage_state is not None:
+                self._set_meta(cur, "coverage_state", coverage_state.decode())
         return telemetry_balance(rho_total, [*charges, charge.rho])
 
     def size_bytes(self) -> int | None:

@@ -6,6 +6,9 @@ instead of silently used (``integrity_check`` sees only SQLite's page structure)
 
 Budgets are log-structured: a day's debits are one ``budget_log`` row of packed columns (ids,
 spent units, retired flags); a user's state is their newest log entry, else their ``budgets`` row.
+The log's oldest entries are folded into ``budgets`` (sqlite.py), a whole row or a prefix of the
+oldest row at a time; the entries of a prefix already folded stay in the row until the whole row
+is (reading them again gives the same state: the table holds the same values, or newer ones).
 """
 
 from __future__ import annotations
@@ -172,6 +175,18 @@ class PackedBudgets:
         ):
             raise CorruptRowError(path, "budget_log")
         return lengths
+
+    def entries(self, start: int, stop: int, path: Path) -> PackedBudgets:
+        """Entries ``start`` to ``stop`` (exclusive) as a packed row of their own."""
+        offsets = np.concatenate(([0], np.cumsum(self.lengths(path))))
+        a, b = int(offsets[start]), int(offsets[stop])
+        return PackedBudgets(
+            stop - start,
+            self.id_lengths[4 * start : 4 * stop],
+            self.ids[a:b],
+            self.spent_units[8 * start : 8 * stop],
+            self.retired[start:stop],
+        )
 
     def unpack(self, path: Path) -> tuple[list[str], list[int], list[bool]]:
         """``(users, spent_units, retired)``; ``StoreError`` if the columns do not decode."""

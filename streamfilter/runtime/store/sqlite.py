@@ -1,9 +1,11 @@
 """The embedded state store: SQLite in WAL mode, ``synchronous=FULL``, one writer.
 
 One writer is enforced by an exclusive ``flock`` on ``<path>.lock``. Budgets are log-structured:
-a day's debits are one ``budget_log`` row (schema.py), folded into the per-user ``budgets`` table
-in the transaction of the day that makes the log outgrow both ``budget_log_max_rows`` and the
-table, so loading and one-user lookups stay bounded.
+a day's debits are one ``budget_log`` row (schema.py); whenever the log holds more entries than
+both ``budget_log_max_rows`` and the per-user ``budgets`` table, the day's transaction folds just
+the excess, oldest entries first, into the table. The log stays bounded (loading and one-user
+lookups too), and a commit folds at most as many entries as it appended: its cost scales with
+the users changed that day, never with the size of the log.
 
 Fail closed (docs/design.md §5). Opening refuses, with ``StoreError``, a file SQLite cannot read,
 a file whose ``PRAGMA integrity_check`` is not ``ok`` (a damaged state is never replaced by an
@@ -61,8 +63,8 @@ from streamfilter.runtime.store.schema import (
     sqlite_error_text,
 )
 
-#: the budget log is folded into ``budgets`` once it holds more rows than this and than
-#: ``budgets`` itself (``[state] budget_log_max_rows``)
+#: the budget log's entries beyond this and beyond the rows of ``budgets`` are folded into
+#: ``budgets`` (``[state] budget_log_max_rows``)
 BUDGET_LOG_MAX_ROWS = 1_000_000
 
 
@@ -99,7 +101,8 @@ class SQLiteStateStore(StateStore):
             self.state_id = str(self._meta("state_id"))
             self._check_mirror()
             row = self._db.execute("SELECT COALESCE(SUM(n_users), 0) FROM budget_log").fetchone()
-            self._log_users = int(row[0])  # budget changes in the log, not yet in ``budgets``
+            # budget changes in the log, not yet in ``budgets``
+            self._log_users = int(row[0]) - self._folded_entries()
         except sqlite3.Error as exc:
             self._close_on_error()
             raise StoreError(
@@ -299,6 +302,8 @@ class SQLiteStateStore(StateStore):
                 checked_row(path, "days", row)
             active_set = self._meta("active_set_state")
             state.active_set_state = None if active_set is None else active_set.encode()
+            coverage = self._meta("coverage_state")
+            state.coverage_state = None if coverage is None else coverage.encode()
             return state
         except sqlite3.Error as exc:
             raise StoreError(
@@ -330,11 +335,12 @@ class SQLiteStateStore(StateStore):
         """One transaction: 1. budgets, 2. releases (unsent), 3. positions, 4. day + sequence.
 
         The day's budget changes are appended to the budget log as one row of packed columns
-        (a few milliseconds for a million users; an upsert per user costs ~1.3 µs each). When
-        the log holds more user rows than ``budget_log_max_rows`` and than ``budgets`` itself,
-        it is folded into ``budgets`` in the same transaction (each user once, the newest state
-        wins): the log stays at most as large as the table, so loading the state and looking up
-        one user stay bounded, and users active on several days are upserted once.
+        (a few milliseconds for a million users; an upsert per user costs ~1.3 µs each). The
+        entries by which the log then exceeds both ``budget_log_max_rows`` and ``budgets`` are
+        folded into ``budgets`` in the same transaction, oldest first (``_fold_oldest``): the
+        log stays at most as large as the table, so loading the state and looking up one user
+        stay bounded, and a day folds at most as many entries as it appended (once the log is
+        within bounds), so no commit stalls on the whole log.
         """
         base_rows, log_users = self._base_rows, self._log_users
         with self._transaction() as db:
@@ -349,8 +355,10 @@ class SQLiteStateStore(StateStore):
                 log_users += packed.n_users
                 if base_rows is None:
                     base_rows = int(db.execute("SELECT count(*) FROM budgets").fetchone()[0])
-                if log_users > max(self.budget_log_max_rows, base_rows):
-                    base_rows, log_users = self._compact(db), 0
+                excess = log_users - max(self.budget_log_max_rows, base_rows)
+                if excess > 0:
+                    base_rows = self._fold_oldest(db, excess)
+                    log_users -= excess
             # 2. releases, noise already drawn; the primary key refuses a second (day, query)
             db.executemany(
                 "INSERT INTO releases(day, query_id, ord, payload, sent, crc) "
@@ -372,26 +380,59 @@ class SQLiteStateStore(StateStore):
             # 5. the opt-in active-set tracker (exact partial counts: stored, never published)
             if commit.active_set_state is not None:
                 self._set_meta(db, "active_set_state", commit.active_set_state.decode())
+            if commit.coverage_state is not None:
+                self._set_meta(db, "coverage_state", commit.coverage_state.decode())
         self._base_rows, self._log_users = base_rows, log_users
         # 6. mirror the sequence outside the store (a crash here leaves it behind: repaired)
         crash_point("before_mirror")
         self._write_mirror(seq, commit.day)
         return seq
 
-    def _compact(self, db: sqlite3.Connection) -> int:
-        """Fold the budget log into ``budgets`` (inside the caller's transaction); returns the
-        number of ``budgets`` rows after."""
-        newer = newest_in_log(db, self.path)
-        crash_point("mid_compaction")
-        users = list(newer)
-        spent = [s for s, _ in newer.values()]
-        retired = [r for _, r in newer.values()]
-        db.executemany(
-            BUDGET_UPSERT,
-            zip(users, spent, map(int, retired), budget_crcs(users, spent, retired), strict=True),
-        )
-        db.execute("DELETE FROM budget_log")
+    def _fold_oldest(self, db: sqlite3.Connection, n_entries: int) -> int:
+        """Fold the budget log's ``n_entries`` oldest unfolded entries into ``budgets`` (inside
+        the caller's transaction). A log row is deleted once all its entries are folded; of the
+        oldest row, meta ``budget_log_folded`` counts those already folded (rewriting the row
+        would cost as much as the fold). A user's state stays their newest log entry, else
+        their table row. Returns the number of ``budgets`` rows after."""
+        folded = self._folded_entries()
+        while n_entries > 0:
+            row = db.execute(
+                f"SELECT {LOG_COLUMNS} FROM budget_log ORDER BY seq LIMIT 1"
+            ).fetchone()
+            if row is None or not 0 <= folded < as_int(row[1]):
+                raise StoreError(
+                    f"state store {self.path} is corrupt: the budget log does not match its "
+                    "folded-entries count; refusing to use it — restore the newest intact copy"
+                )
+            seq, n, *blobs = checked_row(self.path, "budget_log", row)
+            packed = PackedBudgets(as_int(n), *map(as_blob, blobs))
+            stop = min(folded + n_entries, packed.n_users)
+            users, spent, retired = packed.entries(folded, stop, self.path).unpack(self.path)
+            # in key order: the upserts walk the table's B-tree pages in sequence instead of at
+            # random (the day's users come in hash order; a 600k-entry fold took 10 s unsorted);
+            # stable, so a user listed twice keeps their newest entry last
+            order = sorted(range(len(users)), key=users.__getitem__)
+            users = [users[i] for i in order]
+            spent = [spent[i] for i in order]
+            retired = [retired[i] for i in order]
+            db.executemany(
+                BUDGET_UPSERT,
+                zip(
+                    users, spent, map(int, retired), budget_crcs(users, spent, retired), strict=True
+                ),
+            )
+            crash_point("mid_compaction")
+            n_entries -= stop - folded
+            folded = stop
+            if folded == packed.n_users:
+                db.execute("DELETE FROM budget_log WHERE seq = ?", (seq,))
+                folded = 0
+        self._set_meta(db, "budget_log_folded", str(folded))
         return int(db.execute("SELECT count(*) FROM budgets").fetchone()[0])
+
+    def _folded_entries(self) -> int:
+        """Entries of the oldest budget log row already folded into ``budgets``."""
+        return int(self._meta("budget_log_folded") or 0)
 
     @staticmethod
     def _set_meta(db: sqlite3.Connection, key: str, value: str) -> None:
@@ -462,7 +503,12 @@ class SQLiteStateStore(StateStore):
             ) from exc
 
     def charge_telemetry(
-        self, charge: TelemetryCharge, rho_total: float, *, active_set_state: bytes | None = None
+        self,
+        charge: TelemetryCharge,
+        rho_total: float,
+        *,
+        active_set_state: bytes | None = None,
+        coverage_state: bytes | None = None,
     ) -> TelemetryBalance:
         """Check, then commit, in one ``BEGIN IMMEDIATE`` transaction (see :class:`StateStore`)."""
         check_telemetry_arguments(charge, rho_total)
@@ -480,6 +526,8 @@ class SQLiteStateStore(StateStore):
             )
             if active_set_state is not None:
                 self._set_meta(db, "active_set_state", active_set_state.decode())
+            if coverage_state is not None:
+                self._set_meta(db, "coverage_state", coverage_state.decode())
         return telemetry_balance(rho_total, [*charges, charge.rho])
 
     def size_bytes(self) -> int | None:

@@ -336,3 +336,44 @@ def test_committed_offsets_are_only_mirrored_never_read_back(case):
     case.opened.remove(source)
     again = case.start()  # no stored positions: from the start, whatever was mirrored
     assert values_of(read(case, lambda: again.poll(100), case.total)) == non_empty(case.written)
+
+
+# ------------------------------------------------------------- FileSource.poll_batches edges
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from streamfilter.runtime.io.base import group_records  # noqa: E402
+
+file_lines = st.lists(
+    st.sampled_from([b'{"a": 1}', b"", b"  ", b"\r", b'{"b": 2}\r', b"x\r\r", b" y ", b"\t"]),
+    max_size=30,
+)
+
+
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    lines=file_lines,
+    tail=st.sampled_from([b"", b'{"partial": 1', b"  "]),
+    follow=st.booleans(),
+    max_records=st.integers(1, 7),
+)
+def test_file_poll_batches_equal_the_line_by_line_poll_on_blank_crlf_and_partial_lines(
+    tmp_path_factory, lines, tail, follow, max_records
+):
+    """FileSource reads its batches with C-level line splitting: on blank and whitespace lines,
+    CR line ends and a trailing partial line (kept for later in follow mode), every poll gives
+    what the line-by-line ``poll`` gives, and both leave the source at the same offset."""
+    path = tmp_path_factory.mktemp("file") / "events.jsonl"
+    path.write_bytes(b"".join(line + b"\n" for line in lines) + tail)
+    plain, batched = FileSource(path, follow=follow), FileSource(path, follow=follow)
+    plain.seek({})
+    batched.seek({})
+    try:
+        for _ in range(len(lines) + 2):
+            assert batched.poll_batches(max_records) == group_records(plain.poll(max_records))
+            assert batched._offset == plain._offset
+    finally:
+        plain.close()
+        batched.close()
