@@ -361,6 +361,9 @@ def _build_worker(settings: Settings, params: PrivacyParams, bits: RandomBits) -
                 f"[privacy] differs from the configuration the cluster's ledger was created with "
                 f"(state {st.describe()}); start a new ledger instead"
             )
+        # coverage with every release, on by default: the first worker charges it once and
+        # stores the tracker in the ledger; the releaser steps it with every released day
+        coverage = load_coverage(settings, params, ledger, ledger.coverage_state())
         check_topics(settings)
         s, k, c = settings.source, settings.kafka, settings.cluster
         assert s.topic is not None
@@ -398,7 +401,7 @@ def _build_worker(settings: Settings, params: PrivacyParams, bits: RandomBits) -
         metrics = metrics_endpoint(settings, params)
     w, lim = settings.window, settings.limits
     daemon = ClusterDaemon(
-        Engine(params, bits),
+        Engine(params, bits, coverage=coverage),
         ledger,
         source,
         feed,

@@ -38,7 +38,13 @@ from typing import Any
 import numpy as np
 
 from streamfilter.engine.contract import Reject, RejectReason, Release
-from streamfilter.engine.day import exact_stats_of, partial_day, release_partials
+from streamfilter.engine.coverage import CoverageTracker
+from streamfilter.engine.day import (
+    coverage_counts_of,
+    exact_stats_of,
+    partial_day,
+    release_partials,
+)
 from streamfilter.engine.engine import DayInput, Engine
 from streamfilter.engine.ledger import BudgetLedger
 from streamfilter.engine.records import DayAccumulator
@@ -313,6 +319,8 @@ class ClusterDaemon(Daemon):
         """Partials of ``todo`` for ``day`` in one ledger transaction; False if fenced."""
         queries = self.engine.queries.for_day(day)
         params = self.engine.params
+        coverage = self.engine.coverage  # public thresholds only; the releaser keeps the counts
+        thresholds = None if coverage is None else coverage.thresholds_units
         started = time.perf_counter()
         parts = {}
         for p in todo:
@@ -327,7 +335,7 @@ class ClusterDaemon(Daemon):
                     np.array(spent, np.int64),
                     np.array(retired, bool),
                 )
-            parts[p] = partial_day(records, queries, ledger, params)
+            parts[p] = partial_day(records, queries, ledger, params, thresholds)
         positions = self._positions_for(day, todo)
         self.reject_sink.flush()
         crash_point("before_partition_commit")
@@ -399,13 +407,23 @@ class ClusterDaemon(Daemon):
         made: list[Release] = []
         stats: dict[str, int] = {}
 
-        def make(sums: dict[str, np.ndarray], counters: dict[str, int]) -> list[tuple[str, bytes]]:
+        def make(
+            sums: dict[str, np.ndarray], counters: dict[str, int], coverage_state: bytes | None
+        ) -> tuple[list[tuple[str, bytes]], bytes | None]:
             zeros = {q.query_id: np.zeros(q.weights().shape[1], np.int64) for q in queries}
-            made[:] = release_partials(
-                day, queries, {**zeros, **sums}, self.engine.params, self.engine.bits
+            coverage = None
+            if self.engine.coverage is not None:  # the ledger's tracker, stepped once per day
+                if coverage_state is None:
+                    raise StoreError(f"{self.store.where} holds no coverage tracker")
+                tracker = CoverageTracker.from_json(coverage_state)
+                counts = coverage_counts_of(counters, len(tracker.thresholds_units))
+                coverage = (tracker, counts)
+            made[:], after = release_partials(
+                day, queries, {**zeros, **sums}, self.engine.params, self.engine.bits, coverage
             )
             stats.update(counters)
-            return [(r.query_id, r.to_json().encode()) for r in made]
+            payloads = [(r.query_id, r.to_json().encode()) for r in made]
+            return payloads, None if after is None else after.to_json().encode()
 
         if not self.store.release_day(day, make):
             return False

@@ -62,16 +62,19 @@ def test_a_worker_that_lost_its_partition_commits_nothing(ledgers):
     a.commit_partitions(
         DAY1, "a", {0: epochs_a[0]}, {0: part(DAY1, {"u0": 5}, [1])}, {0: Position(3, 3)}
     )
-    assert not b.release_day(DAY1, lambda sums, counters: [])  # partition 1 is missing
+    assert not b.release_day(
+        DAY1, lambda sums, counters, coverage: ([], None)
+    )  # partition 1 is missing
     b.commit_partitions(DAY1, "b", epochs_b, {1: part(DAY1, {"u1": 7}, [2])}, {1: Position(4, 4)})
     seen = {}
 
-    def make(sums, counters):
-        seen.update(sums=sums, counters=counters)
-        return [("q", b"release")]
+    def make(sums, counters, coverage):
+        seen.update(sums=sums, counters=counters, coverage=coverage)
+        return [("q", b"release")], b'{"tracker": 1}'
 
     assert b.release_day(DAY1, make)
     assert seen["sums"]["q"].tolist() == [3] and seen["counters"] == {"users_with_records": 2}
+    assert seen["coverage"] is None and a.coverage_state() == b'{"tracker": 1}'  # same commit
     assert not a.release_day(DAY1, make)  # released once
     assert a.unsent_releases() == [(DAY1, "q", b"release")]
     assert sorted(a.budgets_of(["u0", "u1"])) == [("u0", 5, False), ("u1", 7, False)]
@@ -87,7 +90,7 @@ def test_days_close_in_order(ledgers):
     with pytest.raises(StoreError, match="day barrier"):
         a.commit_partitions(DAY2, "a", epochs, {0: part(DAY2, {}, [0])}, {0: Position(0, 0)})
     a.commit_partitions(DAY1, "a", epochs, {0: part(DAY1, {}, [0])}, {0: Position(0, 0)})
-    assert a.release_day(DAY1, lambda sums, counters: [])
+    assert a.release_day(DAY1, lambda sums, counters, coverage: ([], None))
     assert a.freeze_day(DAY2)
 
 
@@ -113,3 +116,44 @@ def test_one_releaser_at_a_time(ledgers):
     assert not b.try_become_releaser()
     a.close()  # the session ends: the lock is free
     assert b.try_become_releaser()
+
+
+def test_workers_starting_together_charge_coverage_once(postgres_url):
+    """Coverage's one-time telemetry charge (docs/design.md §2.11) is made by the first worker;
+    the others, starting at the same moment, find it made: one charge, one tracker."""
+    import threading
+
+    from streamfilter.runtime.store import TelemetryCharge
+
+    url = urlsplit(postgres_url)
+    bare = urlunsplit(url._replace(netloc=f"{url.username}@{url.hostname}:{url.port}"))
+    schema = f"cov_{uuid.uuid4().hex[:10]}"
+    opened = [ClusterLedger(bare, schema=schema, password=url.password) for _ in range(5)]
+    start = threading.Barrier(len(opened))
+    errors: list[BaseException] = []
+
+    def charge(ledger: ClusterLedger, i: int) -> None:
+        start.wait()
+        try:
+            ledger.charge_telemetry(
+                TelemetryCharge("coverage", 0.02, b"{}"),
+                0.05,
+                coverage_state=b'{"worker": %d}' % i,
+            )
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=charge, args=(led, i)) for i, led in enumerate(opened)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert not errors, errors
+        charges = opened[0].telemetry_ledger()
+        assert [c.kind for c in charges] == ["coverage"]
+        states = {led.coverage_state() for led in opened}
+        assert len(states) == 1 and states != {None}
+    finally:
+        for ledger in opened:
+            ledger.close()

@@ -46,7 +46,7 @@ from streamfilter.errors import StoreError
 from streamfilter.runtime.store.base import Position
 from streamfilter.runtime.store.postgres import PostgresStateStore, _first_line
 
-__all__ = ["Claim", "ClusterLedger", "ClusterView", "PartitionFencedError"]
+__all__ = ["Claim", "ClusterLedger", "ClusterView", "MakeReleases", "PartitionFencedError"]
 
 _CLUSTER_TABLES = """
 CREATE TABLE IF NOT EXISTS {s}.cluster_partitions (
@@ -73,6 +73,13 @@ INSERT INTO {s}.meta(key, value) VALUES ('released_through', '') ON CONFLICT (ke
 
 #: attempts of one transaction that PostgreSQL aborts for conflicting with another worker's
 SERIAL_RETRIES = 30
+
+
+#: the releaser's callback: (sums, counters, coverage state) → (releases, coverage state)
+MakeReleases = Callable[
+    [dict[str, np.ndarray], dict[str, int], bytes | None],
+    tuple[list[tuple[str, bytes]], bytes | None],
+]
 
 
 class PartitionFencedError(StoreError):
@@ -219,6 +226,12 @@ class ClusterLedger(PostgresStateStore):
         )
         released, frozen, first, first_seen, last = rows[0]
         return ClusterView(released or None, frozen or None, first or None, first_seen, last)
+
+    # -- coverage (docs/design.md §2.11) ---------------------------------------------------
+    def coverage_state(self) -> bytes | None:
+        """The coverage tracker the ledger holds (None before the first worker charged it)."""
+        rows = self._read("SELECT value FROM {s}.meta WHERE key = 'coverage_state'")
+        return None if not rows else str(rows[0][0]).encode()
 
     # -- queries -------------------------------------------------------------------------
     def add_queries(self, canonical_jsons: Sequence[bytes]) -> None:
@@ -398,15 +411,12 @@ class ClusterLedger(PostgresStateStore):
         )
         return bool(rows[0][0])
 
-    def release_day(
-        self,
-        day: str,
-        make_releases: Callable[[dict[str, np.ndarray], dict[str, int]], list[tuple[str, bytes]]],
-    ) -> bool:
+    def release_day(self, day: str, make_releases: MakeReleases) -> bool:
         """Release ``day`` if every pinned partition committed it and it is not released yet:
-        ``make_releases(sums, counters)`` (exact sums over the partitions; noise drawn by the
-        caller) gives ``(query_id, payload)`` in publication order, stored in the same
-        transaction that marks the day released. False when the day is not ready."""
+        ``make_releases(sums, counters, coverage_state)`` (exact sums and counters over the
+        partitions, the stored coverage tracker; noise drawn by the caller) gives ``(query_id,
+        payload)`` in publication order and the coverage tracker after the day, both stored in
+        the same transaction that marks the day released. False when the day is not ready."""
         s = self.schema
 
         def body(cur: Any) -> Any:
@@ -437,7 +447,14 @@ class ClusterLedger(PostgresStateStore):
             ):
                 for k, v in (blob if isinstance(blob, dict) else json.loads(blob)).items():
                     counters[k] = counters.get(k, 0) + int(v)
-            releases = make_releases(sums, counters)
+            row = cur.execute(
+                f"SELECT value FROM {s}.meta WHERE key = 'coverage_state' FOR UPDATE"
+            ).fetchone()
+            releases, coverage = make_releases(
+                sums, counters, None if row is None else str(row[0]).encode()
+            )
+            if coverage is not None:
+                self._set_meta(cur, "coverage_state", coverage.decode())
             if releases:
                 cur.executemany(
                     f"INSERT INTO {s}.releases(day, query_id, ord, payload) VALUES(%s, %s, %s, %s)",

@@ -313,16 +313,27 @@ class PostgresStateStore(StateStore):
         active_set_state: bytes | None = None,
         coverage_state: bytes | None = None,
     ) -> TelemetryBalance:
-        """Check, then commit, in one serializable transaction (see :class:`StateStore`)."""
+        """Check, then commit, in one serializable transaction (see :class:`StateStore`).
+
+        The coverage tracker's one-time charge is made at most once per state: a charge that
+        comes with ``coverage_state`` when the state already holds one (cluster workers starting
+        together, docs/design.md §7) finds it made, under the ledger's exclusive lock, and writes
+        nothing."""
         check_telemetry_arguments(charge, rho_total)
         s = self.schema
         with self._transaction() as cur:
+            # LOCK TABLE takes no snapshot: the reads below see every earlier charge
             cur.execute(f"LOCK TABLE {s}.telemetry_ledger IN EXCLUSIVE MODE")
             row = cur.execute(
                 f"SELECT value FROM {s}.meta WHERE key = 'telemetry_rho_total'"
             ).fetchone()
             pinned = None if row is None else str(row[0])
             charges = [float(r) for (r,) in cur.execute(f"SELECT rho FROM {s}.telemetry_ledger")]
+            if (
+                coverage_state is not None
+                and cur.execute(f"SELECT 1 FROM {s}.meta WHERE key = 'coverage_state'").fetchone()
+            ):
+                return telemetry_balance(rho_total, charges)
             check_telemetry_charge(charge, rho_total, pinned, charges, self.where)
             if pinned is None:
                 self._set_meta(cur, "telemetry_rho_total", repr(float(rho_total)))
