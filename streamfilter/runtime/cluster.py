@@ -214,8 +214,8 @@ class ClusterDaemon(Daemon):
                     records = self.source.poll_batches(self.batch_size)
                     self._note_new_partitions()
                     self._ingest_batches(records)
-                    self._close_ready()
                     self._release_and_relay()
+                    self._close_ready()
                     if not records:
                         self.stop_event.wait(self.poll_interval_s)
                 self.reject_sink.flush()

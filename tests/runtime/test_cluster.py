@@ -345,3 +345,71 @@ def test_workers_joining_and_leaving_mid_run_change_nothing(
     assert_debits_as_reference(cluster, tmp_path / "reference")
     writers = {w for (w,) in cluster.sql("SELECT DISTINCT worker FROM {s}.cluster_commits")}
     assert len(writers) == 3  # every worker did a share
+
+
+def restricted_role(cluster: Cluster) -> None:
+    """Make the workers connect as a new role with no superuser (nor role-, database- or
+    schema-creation) rights: it owns only the cluster's schema, made for it by the admin."""
+    import psycopg
+
+    role, password = f"sf_w_{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
+    with psycopg.connect(cluster.url, autocommit=True) as db:
+        db.execute(
+            f"CREATE ROLE {role} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE PASSWORD '{password}'"
+        )
+        db.execute(f"CREATE SCHEMA {cluster.schema} AUTHORIZATION {role}")
+        db.execute(f"REVOKE CREATE ON SCHEMA public FROM {role}")
+    config = cluster.work / "cluster.toml"
+    url = urlsplit(cluster.url)
+    text = config.read_text().replace(f"{url.username}@", f"{role}@", 1)
+    assert f"{role}@" in text
+    config.write_text(text)
+    cluster.env["SF_TEST_PG_PASSWORD"] = password
+    with psycopg.connect(cluster.url) as db:
+        assert db.execute(
+            "SELECT rolsuper, rolcreatedb, rolcreaterole FROM pg_roles WHERE rolname = %s", (role,)
+        ).fetchone() == (False, False, False)
+
+
+@pytest.mark.timeout(600)
+def test_sigkill_at_named_crash_points_as_a_restricted_role(
+    kafka_bootstrap, postgres_url, tmp_path
+):
+    """Workers running as a non-superuser role are SIGKILLed at the named crash points — after
+    the partial-sum commit, after the release insert, after publishing, before marking sent —
+    and the others with them; restarted each time, the cluster publishes every (day, query)
+    with the single process's value (no second noise draw), none missing, and every user's
+    spent budget is the single process's (so none above B)."""
+    events = make_events(days=10, users=200, seed=17)
+    expected = reference(tmp_path, events)
+    by_day: dict[str, list[bytes]] = {}
+    day = "2026-01-01"
+    for ev in events:
+        with contextlib.suppress(ValueError):
+            day = json.loads(ev)["day"]
+        by_day.setdefault(day, []).append(ev)
+    days = sorted(by_day)
+    cluster = Cluster(tmp_path, kafka_bootstrap, postgres_url)
+    restricted_role(cluster)
+    points = ["after_partition_commit", "after_release_insert", "after_publish", "before_mark_sent"]
+    for i, point in enumerate(points):
+        cluster.produce([e for d in days[2 * i : 2 * i + 2] for e in by_day[d]])
+        crashing = cluster.worker(f"crash{i}", env={"STREAMFILTER_CRASH_AT": f"{point}:1"})
+        wait_for_log(crashing, "this worker is the releaser", 120)
+        other = cluster.worker(f"other{i}")
+        assert crashing.wait(timeout=120) == -signal.SIGKILL, (point, crashing.tail())
+        other.send_signal(signal.SIGKILL)  # and the other one at a moment of no importance
+        other.wait(timeout=30)
+    cluster.produce([e for d in days[2 * len(points) :] for e in by_day[d]])
+    procs = [cluster.worker("final0"), cluster.worker("final1")]
+    try:
+        got = cluster.wait_for(set(expected), procs, timeout=240)
+        time.sleep(2)
+        got = cluster.releases()
+    finally:
+        stop_all(procs)
+    assert_same_as_reference(got, expected)
+    assert_debits_as_reference(cluster, tmp_path / "reference")
+    assert sorted(cluster.sql("SELECT day, query_id FROM {s}.releases WHERE sent")) == sorted(
+        expected
+    )

@@ -126,7 +126,11 @@ class PostgresStateStore(StateStore):
                     "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
                     (f"streamfilter-ddl:{schema}",),
                 )
-                cur.execute(f"CREATE SCHEMA IF NOT EXISTS {schema}")
+                exists = cur.execute(
+                    "SELECT 1 FROM pg_namespace WHERE nspname = %s", (schema,)
+                ).fetchone()
+                if exists is None:  # a role that owns a schema made for it needs no CREATE
+                    cur.execute(f"CREATE SCHEMA {schema}")  # right on the database
                 cur.execute(_TABLES.format(s=schema))
                 self._create_more(cur)
         except BaseException:
