@@ -9,7 +9,9 @@ back. Releases go out in Kafka transactions under the releases topic's own trans
 topic with its state. A release is marked sent in the store only after its transaction
 committed, and a restart republishes the stored bytes, so the releases topic holds exactly one
 distinct value per key for ``read_committed`` readers (possibly repeated: readers dedupe on the
-key). Codec handling: ``kafka_codecs``.
+key). Codec handling: ``kafka_codecs``. In cluster mode (docs/design.md §7) the workers read the
+events through the consumer group instead (``KafkaGroupSource``) and only the releaser builds the
+release sink.
 """
 
 from __future__ import annotations
