@@ -384,6 +384,7 @@ def _build_worker(settings: Settings, params: PrivacyParams, bits: RandomBits) -
         feed,
         release_sink,
         reject_sink,
+        lease_s=settings.cluster.releaser_lease,
         allowed_lateness_s=w.allowed_lateness,
         idle_timeout_s=w.idle_timeout,
         poll_interval_s=w.poll_interval,

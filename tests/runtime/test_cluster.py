@@ -85,6 +85,7 @@ enabled = true
 session_timeout = "6s"
 heartbeat_interval = "1s"
 max_poll_interval = "60s"
+releaser_lease = "6s"
 [state]
 kind = "postgres"
 url = "{bare}"
@@ -279,15 +280,16 @@ def worker_id(proc) -> str:
 def test_a_zombie_worker_cannot_commit_after_the_group_moved_on(
     kafka_bootstrap, postgres_url, tmp_path
 ):
-    """Worker A stops (SIGSTOP) right before its first day-close commit; the group gives its
-    partitions to B, which closes and releases every day alone; A continues (SIGCONT): its
-    commit is refused by the epoch check, and nothing A computed is ever released."""
+    """Worker A (started first: the releaser) stops (SIGSTOP) right before its first day-close
+    commit; the group gives its partitions to B, and its releaser lease expires and passes to
+    B, which closes and releases every day alone; A continues (SIGCONT): its commit is refused
+    by the epoch check, it steps down as the releaser, and nothing A computed is released."""
     events = make_events(days=4, users=240, seed=11)
     expected = reference(tmp_path, events)
     cluster = Cluster(tmp_path, kafka_bootstrap, postgres_url)
     cluster.produce(events)
     a = cluster.worker("a", env={"STREAMFILTER_PAUSE_AT": "before_partition_commit:3"})
-    wait_for_log(a, "cluster worker", 60)
+    wait_for_log(a, "this worker is the releaser", 60)
     b = cluster.worker("b")
     try:
         wait_for_log(a, "pausing 3s at crash point before_partition_commit", 120)
@@ -295,6 +297,7 @@ def test_a_zombie_worker_cannot_commit_after_the_group_moved_on(
         got = cluster.wait_for(set(expected), [b], timeout=180)
         a.send_signal(signal.SIGCONT)
         wait_for_log(a, "epoch moved on", 60)
+        wait_for_log(a, "stepping down as the releaser", 60)
         time.sleep(3)  # A rejoins the group; there is nothing left for it to commit
         got = cluster.releases()
     finally:
@@ -304,6 +307,8 @@ def test_a_zombie_worker_cannot_commit_after_the_group_moved_on(
     assert_debits_as_reference(cluster, tmp_path / "reference")
     writers = {w for (w,) in cluster.sql("SELECT DISTINCT worker FROM {s}.cluster_commits")}
     assert writers == {worker_id(b)}
+    releasers = {w for (w,) in cluster.sql("SELECT DISTINCT releaser FROM {s}.cluster_days")}
+    assert releasers == {worker_id(b)}
     released = cluster.sql("SELECT day, query_id FROM {s}.releases")
     assert sorted(released) == sorted(expected)  # each (day, query) stored once
 

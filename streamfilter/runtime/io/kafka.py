@@ -308,7 +308,7 @@ class KafkaGroupSource(Source):
 
     On every assignment (kafka-python's protocol is eager: a rebalance first revokes every
     partition, then assigns the new set) ``on_assign`` is called inside the poll with the new
-    partitions' labels and returns where each must resume (the ledger's stored positions); the
+    partitions' labels (an empty list on revocation) and returns where each must resume (the ledger's stored positions); the
     consumer seeks there before it fetches. The group's committed offsets only mirror the
     ledger's, as in single-process mode."""
 
@@ -346,7 +346,7 @@ class KafkaGroupSource(Source):
 
     def _assigned(self, tps: list[TopicPartition]) -> None:
         self._tps = list(tps)
-        offsets = self.on_assign([_label(tp) for tp in tps]) if tps else {}
+        offsets = self.on_assign([_label(tp) for tp in tps])
         for tp in tps:
             self.consumer.seek(tp, offsets.get(_label(tp), 0))
         self._ends_at = 0.0

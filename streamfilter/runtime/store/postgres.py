@@ -120,19 +120,21 @@ class PostgresStateStore(StateStore):
                     f"state store {self.where} is in use by another streamfilter process (its "
                     "advisory lock is held); only one writer may own a state"
                 )
-            with self._transaction() as cur:
-                # concurrent CREATE ... IF NOT EXISTS can collide: one creator at a time
-                cur.execute(
-                    "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
-                    (f"streamfilter-ddl:{schema}",),
-                )
-                exists = cur.execute(
-                    "SELECT 1 FROM pg_namespace WHERE nspname = %s", (schema,)
-                ).fetchone()
-                if exists is None:  # a role that owns a schema made for it needs no CREATE
-                    cur.execute(f"CREATE SCHEMA {schema}")  # right on the database
-                cur.execute(_TABLES.format(s=schema))
-                self._create_more(cur)
+            # concurrent CREATE ... IF NOT EXISTS can collide: one creator at a time, the lock
+            # taken before the transaction (whose snapshot then sees the previous creator's work)
+            ddl_lock = (f"streamfilter-ddl:{schema}",)
+            self._db.execute("SELECT pg_advisory_lock(hashtextextended(%s, 0))", ddl_lock)
+            try:
+                with self._transaction() as cur:
+                    exists = cur.execute(
+                        "SELECT 1 FROM pg_namespace WHERE nspname = %s", (schema,)
+                    ).fetchone()
+                    if exists is None:  # a role that owns a schema made for it needs no
+                        cur.execute(f"CREATE SCHEMA {schema}")  # CREATE right on the database
+                    cur.execute(_TABLES.format(s=schema))
+                    self._create_more(cur)
+            finally:
+                self._db.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", ddl_lock)
         except BaseException:
             self._db.close()
             raise
