@@ -376,6 +376,22 @@ def _build_worker(settings: Settings, params: PrivacyParams, bits: RandomBits) -
             settings, settings.sink.kind, settings.sink.path or Path(), settings.sink.topic, True
         )
 
+    metrics = None
+    if settings.metrics.enabled:  # several workers on one host need one [metrics] port each
+        from streamfilter.runtime.observe.http import metrics_endpoint
+
+        metrics = metrics_endpoint(settings, params)
+        try:
+            metrics.start()
+        except OSError as exc:
+            for part in reversed(parts):
+                with contextlib.suppress(Exception):
+                    part.close()  # type: ignore[attr-defined]
+            raise ConfigError(
+                f"metrics.port: cannot listen on {settings.metrics.host}:{settings.metrics.port}: "
+                f"{exc.strerror or exc} (give each worker on a host its own port, or set "
+                "[metrics] enabled = false)"
+            ) from None
     w, lim = settings.window, settings.limits
     daemon = ClusterDaemon(
         Engine(params, bits),
@@ -397,9 +413,10 @@ def _build_worker(settings: Settings, params: PrivacyParams, bits: RandomBits) -
             max_live_queries=lim.max_live_queries,
             max_reject_raw_bytes=settings.rejects.max_raw_bytes,
         ),
+        observer=metrics.observer if metrics is not None else None,
         state=StoredState(None, None, 0),
     )
-    return _WorkerComponents(daemon, ledger, source, daemon.sink, reject_sink)
+    return _WorkerComponents(daemon, ledger, source, daemon.sink, reject_sink, metrics)
 
 
 class _WorkerComponents(Components):
@@ -436,7 +453,7 @@ def startup_summary(settings: Settings, parts: Components) -> str:
     return (
         f"starting: source {src}; queries {queries}; "
         f"releases {where(settings.sink.kind, settings.sink.path, settings.sink.topic)}; "
-        f"state {settings.state.path} (last closed day "
+        f"state {settings.state.describe()} (last closed day "
         f"{parts.daemon.engine.last_closed_day or 'none'}); privacy {g.rho:g}-zCDP per user "
         f"(+ telemetry {settings.telemetry.rho:g}), {params.mechanism} σ = "
         f"{params.sigma_released:.4g}, B_norm = {params.b_norm:g}, exhaustion "

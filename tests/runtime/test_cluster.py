@@ -77,8 +77,10 @@ class Cluster:
         self.env = {"SF_TEST_PG_PASSWORD": url.password or ""}
         self.schema = f"cl_{uuid.uuid4().hex[:10]}"
         self.url = postgres_url
+        head = _head().replace("[metrics]\nenabled = false", "[metrics]\nenabled = true\nport = 0")
+        assert "port = 0" in head  # each worker serves /metrics on a port of its own
         (self.work / "cluster.toml").write_text(
-            _head()
+            head
             + f"""
 [cluster]
 enabled = true
@@ -151,6 +153,20 @@ topic = "{self.topics["rejects"]}"
             return list(db.execute(query.format(s=self.schema)).fetchall())
 
 
+def metric(proc, name: str) -> float:
+    """A counter's value on the worker's /metrics (its URL is in its start-up log)."""
+    import re
+    import urllib.request
+
+    url = re.search(r"metrics on (http://\S+/metrics)", proc.log.read_text()).group(1)
+    text = urllib.request.urlopen(url, timeout=10).read().decode()
+    return sum(
+        float(line.split()[-1])
+        for line in text.splitlines()
+        if line.startswith(name + " ") or line.startswith(name + "{")
+    )
+
+
 def user_key(event: bytes) -> bytes:
     """The key an event is produced with: its user_id (a malformed line gets any key)."""
     try:
@@ -201,8 +217,10 @@ def test_workers_publish_the_single_process_releases(
         got = cluster.wait_for(set(expected), procs, timeout=240)
         time.sleep(2)  # nothing more arrives
         got = cluster.releases()
+        published = sum(metric(p, "streamfilter_releases_published_total") for p in procs)
     finally:
         stop_all(procs)
+    assert published >= len(expected)  # the releaser's /metrics count what it published
     assert_same_as_reference(got, expected)
     assert_debits_as_reference(cluster, tmp_path / "reference")
     writers = {w for (w,) in cluster.sql("SELECT DISTINCT worker FROM {s}.cluster_commits")}
