@@ -436,3 +436,43 @@ def test_sigkill_at_named_crash_points_as_a_restricted_role(
     assert sorted(cluster.sql("SELECT day, query_id FROM {s}.releases WHERE sent")) == sorted(
         expected
     )
+
+
+@pytest.mark.timeout(600)
+def test_sigkill_of_random_workers_at_random_moments(kafka_bootstrap, postgres_url, tmp_path):
+    """Three workers; ten times a random one is SIGKILLed at a random moment and restarted at
+    once (as a supervisor would), while the input arrives in stages: every (day, query) is
+    published with the single process's value, none missing, with the single process's debits."""
+    import random
+
+    events = make_events(days=8, users=200, seed=19)
+    expected = reference(tmp_path, events)
+    by_day: dict[str, list[bytes]] = {}
+    day = "2026-01-01"
+    for ev in events:
+        with contextlib.suppress(ValueError):
+            day = json.loads(ev)["day"]
+        by_day.setdefault(day, []).append(ev)
+    days = sorted(by_day)
+    cluster = Cluster(tmp_path, kafka_bootstrap, postgres_url)
+    rng = random.Random(23)
+    procs = [cluster.worker(f"w{i}") for i in range(3)]
+    try:
+        for k in range(10):
+            if k % 3 == 0:  # days 1-2, 3-4, 5-6, 7-8 arrive at kills 0, 3, 6, 9
+                cluster.produce(
+                    [e for d in days[2 * (k // 3) : 2 * (k // 3) + 2] for e in by_day[d]]
+                )
+            time.sleep(rng.uniform(0.5, 4.0))
+            i = rng.randrange(3)
+            assert procs[i].poll() is None, procs[i].tail()
+            procs[i].send_signal(signal.SIGKILL)
+            procs[i].wait(timeout=30)
+            procs[i] = cluster.worker(f"w{i}")
+        got = cluster.wait_for(set(expected), procs, timeout=300)
+        time.sleep(2)
+        got = cluster.releases()
+    finally:
+        stop_all(procs)
+    assert_same_as_reference(got, expected)
+    assert_debits_as_reference(cluster, tmp_path / "reference")
