@@ -110,6 +110,7 @@ class ClusterDaemon(Daemon):
         self._fenced = False
         self._queries_seen = 0
         self._first_day: str | None = None
+        self._released_seen: str | None = None
         self._assign_error: BaseException | None = None
         self._claimed: dict[str, Position] = {}
         super().__init__(engine, ledger, source, feed, NoSink(), reject_sink, **kwargs)
@@ -255,6 +256,9 @@ class ClusterDaemon(Daemon):
         """The day the cluster closes next; before the first freeze, the earliest day seen."""
         view = self.store.view()
         self._first_day = view.first_day
+        if view.released_through != self._released_seen:  # every worker shows the cluster's
+            self._released_seen = view.released_through  # last closed day (alerts, §7.3)
+            self.observer.restore(view.released_through)
         return view.next_day() or min(
             filter(None, (view.first_seen, min(self._open, default=None))), default=None
         )

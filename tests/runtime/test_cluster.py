@@ -9,6 +9,7 @@ same bytes, each (day, query) once — which also shows that no user was charged
 from __future__ import annotations
 
 import contextlib
+import datetime
 import json
 import signal
 import time
@@ -218,9 +219,13 @@ def test_workers_publish_the_single_process_releases(
         time.sleep(2)  # nothing more arrives
         got = cluster.releases()
         published = sum(metric(p, "streamfilter_releases_published_total") for p in procs)
+        last_closed = {metric(p, "streamfilter_last_closed_day_timestamp_seconds") for p in procs}
     finally:
         stop_all(procs)
     assert published >= len(expected)  # the releaser's /metrics count what it published
+    last_day = max(day for day, _ in expected)
+    midnight = datetime.datetime.fromisoformat(last_day).replace(tzinfo=datetime.UTC)
+    assert last_closed == {midnight.timestamp()}  # every worker shows the cluster's last day
     assert_same_as_reference(got, expected)
     assert_debits_as_reference(cluster, tmp_path / "reference")
     writers = {w for (w,) in cluster.sql("SELECT DISTINCT worker FROM {s}.cluster_commits")}
