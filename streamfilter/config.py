@@ -23,6 +23,7 @@ from pydantic import (
     ConfigDict,
     Field,
     SecretStr,
+    StrictBool,
     ValidationError,
     field_validator,
     model_validator,
@@ -397,7 +398,8 @@ class ClusterSection(_Section):
     group). ``releaser_lease``: how long the releaser's lease lasts without renewal (it is
     renewed at every turn of its loop); a releaser silent for longer is replaced."""
 
-    enabled: bool = False
+    #: strict: a TOML boolean only (a switch this consequential is never coerced from text)
+    enabled: StrictBool = False
     session_timeout: Seconds = 10.0
     heartbeat_interval: Seconds = 3.0
     max_poll_interval: Seconds = 300.0

@@ -235,6 +235,11 @@ def build_daemon(
         )
     bits: RandomBits = SeededPerRelease(seed) if seed is not None else SystemRandomBits()
     if settings.cluster.enabled:
+        if not follow:
+            raise ConfigError(
+                "cluster.enabled: cluster workers follow the input; --until-end is not "
+                "available in cluster mode (stop the workers with SIGTERM)"
+            )
         return _build_worker(settings, params, bits)
     store = open_store(settings.state)
     try:

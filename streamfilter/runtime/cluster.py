@@ -44,7 +44,7 @@ from streamfilter.engine.day import exact_stats_of, partial_day, release_partial
 from streamfilter.engine.engine import DayInput, Engine
 from streamfilter.engine.ledger import BudgetLedger
 from streamfilter.engine.records import DayAccumulator
-from streamfilter.errors import PublisherFencedError, StoreError
+from streamfilter.errors import PublisherFencedError
 from streamfilter.runtime.daemon import Daemon, RunSummary, collector_for_run
 from streamfilter.runtime.faults import crash_point
 from streamfilter.runtime.io.base import QueryFeed, Sink
@@ -228,8 +228,8 @@ class ClusterDaemon(Daemon):
 
     # ------------------------------------------------------------------ main loop
     def run(self, until_end: bool = False, through_day: str | None = None) -> RunSummary:
-        if until_end:
-            raise StoreError("cluster workers run in follow mode (--until-end is not available)")
+        if until_end:  # refused by the wiring already (a configuration error)
+            raise ValueError("cluster workers run in follow mode (--until-end is not available)")
         with collector_for_run():
             try:
                 self.observer.started()
