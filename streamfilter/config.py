@@ -23,6 +23,7 @@ from pydantic import (
     ConfigDict,
     Field,
     SecretStr,
+    StrictBool,
     ValidationError,
     field_validator,
     model_validator,
@@ -394,14 +395,23 @@ class ClusterSection(_Section):
     (the shared ledger) and central mode. ``session_timeout`` and ``heartbeat_interval`` are the
     group's (a worker silent for ``session_timeout`` loses its partitions);
     ``max_poll_interval`` bounds the time between two polls (a worker stuck longer leaves the
-    group)."""
+    group). ``releaser_lease``: how long the releaser's lease lasts without renewal (it is
+    renewed at every turn of its loop); a releaser silent for longer is replaced."""
 
-    enabled: bool = False
+    #: strict: a TOML boolean only (a switch this consequential is never coerced from text)
+    enabled: StrictBool = False
     session_timeout: Seconds = 10.0
     heartbeat_interval: Seconds = 3.0
     max_poll_interval: Seconds = 300.0
+    releaser_lease: Seconds = Field(30.0, gt=0)
 
-    @field_validator("session_timeout", "heartbeat_interval", "max_poll_interval", mode="before")
+    @field_validator(
+        "session_timeout",
+        "heartbeat_interval",
+        "max_poll_interval",
+        "releaser_lease",
+        mode="before",
+    )
     @classmethod
     def _duration(cls, v: Any) -> float:
         return parse_duration(v)

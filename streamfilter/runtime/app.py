@@ -241,6 +241,11 @@ def build_daemon(
         )
     bits: RandomBits = SeededPerRelease(seed) if seed is not None else SystemRandomBits()
     if settings.cluster.enabled:
+        if not follow:
+            raise ConfigError(
+                "cluster.enabled: cluster workers follow the input; --until-end is not "
+                "available in cluster mode (stop the workers with SIGTERM)"
+            )
         return _build_worker(settings, params, bits)
     store = open_store(settings.state)
     try:
@@ -395,10 +400,21 @@ def _build_worker(settings: Settings, params: PrivacyParams, bits: RandomBits) -
         )
 
     metrics = None
-    if settings.metrics.enabled:  # every worker serves its own /metrics, /healthz, /readyz
+    if settings.metrics.enabled:  # several workers on one host need one [metrics] port each
         from streamfilter.runtime.observe.http import metrics_endpoint
 
         metrics = metrics_endpoint(settings, params)
+        try:
+            metrics.start()
+        except OSError as exc:
+            for part in reversed(parts):
+                with contextlib.suppress(Exception):
+                    part.close()  # type: ignore[attr-defined]
+            raise ConfigError(
+                f"metrics.port: cannot listen on {settings.metrics.host}:{settings.metrics.port}: "
+                f"{exc.strerror or exc} (give each worker on a host its own port, or set "
+                "[metrics] enabled = false)"
+            ) from None
     w, lim = settings.window, settings.limits
     daemon = ClusterDaemon(
         Engine(params, bits, coverage=coverage),
@@ -407,6 +423,7 @@ def _build_worker(settings: Settings, params: PrivacyParams, bits: RandomBits) -
         feed,
         release_sink,
         reject_sink,
+        lease_s=settings.cluster.releaser_lease,
         allowed_lateness_s=w.allowed_lateness,
         idle_timeout_s=w.idle_timeout,
         poll_interval_s=w.poll_interval,
@@ -422,10 +439,7 @@ def _build_worker(settings: Settings, params: PrivacyParams, bits: RandomBits) -
         observer=metrics.observer if metrics is not None else None,
         state=StoredState(None, None, 0),
     )
-    worker = _WorkerComponents(daemon, ledger, source, daemon.sink, reject_sink, metrics)
-    if metrics is not None:
-        _serve_metrics(settings, worker)
-    return worker
+    return _WorkerComponents(daemon, ledger, source, daemon.sink, reject_sink, metrics)
 
 
 class _WorkerComponents(Components):
@@ -462,7 +476,7 @@ def startup_summary(settings: Settings, parts: Components) -> str:
     return (
         f"starting: source {src}; queries {queries}; "
         f"releases {where(settings.sink.kind, settings.sink.path, settings.sink.topic)}; "
-        f"state {settings.state.path} (last closed day "
+        f"state {settings.state.describe()} (last closed day "
         f"{parts.daemon.engine.last_closed_day or 'none'}); privacy {g.rho:g}-zCDP per user "
         f"(+ telemetry {settings.telemetry.rho:g}), {params.mechanism} σ = "
         f"{params.sigma_released:.4g}, B_norm = {params.b_norm:g}, exhaustion "

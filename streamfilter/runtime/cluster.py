@@ -19,7 +19,8 @@ What differs from the single process (``runtime.daemon``):
   filter against the users' budgets read from the ledger, exact integer partial sums, all in one
   transaction that checks the partitions' epochs (``ClusterLedger.commit_partitions``). A fenced
   commit writes nothing; the worker drops its buffers and waits for its next assignment.
-* **Release.** The worker holding the releaser's advisory lock sums the partials of a day every
+* **Release.** The worker holding the releaser lease (a row in the ledger, renewed every loop,
+  taken over when it expires) sums the partials of a day every
   partition committed, draws the noise once with ``engine.day.release_partials`` (the single
   process's code) and stores the releases in the same transaction; it alone owns the
   transactional release producer and relays the outbox.
@@ -27,6 +28,7 @@ What differs from the single process (``runtime.daemon``):
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -48,13 +50,17 @@ from streamfilter.engine.day import (
 from streamfilter.engine.engine import DayInput, Engine
 from streamfilter.engine.ledger import BudgetLedger
 from streamfilter.engine.records import DayAccumulator
-from streamfilter.errors import StoreError
+from streamfilter.errors import PublisherFencedError, StoreError
 from streamfilter.runtime.daemon import Daemon, RunSummary, collector_for_run
 from streamfilter.runtime.faults import crash_point
 from streamfilter.runtime.io.base import QueryFeed, Sink
 from streamfilter.runtime.io.kafka import KafkaGroupSource, key_partition
 from streamfilter.runtime.store import Position, StoredState, check_sink_not_ahead
-from streamfilter.runtime.store.cluster import ClusterLedger, PartitionFencedError
+from streamfilter.runtime.store.cluster import (
+    ClusterLedger,
+    PartitionFencedError,
+    ReleaserFencedError,
+)
 
 __all__ = ["ClusterDaemon", "NoSink", "worker_name"]
 
@@ -94,11 +100,14 @@ class ClusterDaemon(Daemon):
         feed: QueryFeed,
         sink_factory: Callable[[], Sink],
         reject_sink: Sink,
+        *,
+        lease_s: float = 30.0,
         **kwargs: Any,
     ) -> None:
         self.worker = worker_name()
         self._sink_factory = sink_factory
-        self._releaser = False
+        self._lease_token: int | None = None
+        self.lease_s = lease_s
         self._epochs: dict[int, int] = {}
         self._committed: dict[int, str | None] = {}
         self._parts: dict[tuple[str, int], DayAccumulator] = {}
@@ -107,6 +116,9 @@ class ClusterDaemon(Daemon):
         self._fenced = False
         self._queries_seen = 0
         self._first_day: str | None = None
+        self._released_seen: str | None = None
+        self._assign_error: BaseException | None = None
+        self._claimed: dict[str, Position] = {}
         super().__init__(engine, ledger, source, feed, NoSink(), reject_sink, **kwargs)
         self._screen = self._screen_records
         source.on_assign = self._on_assign
@@ -128,19 +140,27 @@ class ClusterDaemon(Daemon):
 
     # ------------------------------------------------------------------ assignment
     def _on_assign(self, labels: list[str]) -> dict[str, int]:
-        """Called inside the consumer's poll: claim the partitions, return where to resume
-        (none assigned: this worker idles until the next rebalance)."""
-        claims = self.store.claim([_partition_number(label) for label in labels], self.worker)
+        """Called inside the consumer's poll: claim the partitions (none: all were revoked),
+        return where to resume. An error here is raised by the loop after the poll (the client
+        would only log it): the worker fails closed and its supervisor restarts it."""
+        self._epochs = {}
+        self._reset_pending = True
+        try:
+            claims = self.store.claim([_partition_number(label) for label in labels], self.worker)
+        except BaseException as exc:
+            self._assign_error = exc
+            return {}
         topic = self.source.topic
         self._epochs = {p: c.epoch for p, c in claims.items()}
         self._committed = {p: c.committed_day for p, c in claims.items()}
         self._claimed = {f"{topic}:{p}": c.position for p, c in claims.items()}
         self._reset_pending = True
         self._fenced = False
-        log.info(
-            "assigned partition(s) %s",
-            ", ".join(f"{p} (epoch {e})" for p, e in sorted(self._epochs.items())),
-        )
+        if labels:
+            log.info(
+                "assigned partition(s) %s",
+                ", ".join(f"{p} (epoch {e})" for p, e in sorted(self._epochs.items())),
+            )
         return {label: pos.resume_offset for label, pos in self._claimed.items()}
 
     def _note_new_partitions(self) -> None:
@@ -148,9 +168,12 @@ class ClusterDaemon(Daemon):
         (only what was committed counts; the open days are read again)."""
         if not self._reset_pending:
             return
+        error, self._assign_error = self._assign_error, None
+        if error is not None:
+            raise error
         self._reset_pending = False
         self._drop_buffers()
-        claimed = getattr(self, "_claimed", {})
+        claimed = self._claimed
         self._read_offset = {label: pos.resume_offset for label, pos in claimed.items()}
         self._high = {label: pos.high_offset for label, pos in claimed.items()}
         now = self.monotonic()
@@ -212,8 +235,8 @@ class ClusterDaemon(Daemon):
 
     # ------------------------------------------------------------------ main loop
     def run(self, until_end: bool = False, through_day: str | None = None) -> RunSummary:
-        if until_end:
-            raise StoreError("cluster workers run in follow mode (--until-end is not available)")
+        if until_end:  # refused by the wiring already (a configuration error)
+            raise ValueError("cluster workers run in follow mode (--until-end is not available)")
         with collector_for_run():
             try:
                 self.observer.started()
@@ -222,8 +245,8 @@ class ClusterDaemon(Daemon):
                     records = self.source.poll_batches(self.batch_size)
                     self._note_new_partitions()
                     self._ingest_batches(records)
-                    self._close_ready()
                     self._release_and_relay()
+                    self._close_ready()
                     if not records:
                         self.stop_event.wait(self.poll_interval_s)
                 self.reject_sink.flush()
@@ -240,6 +263,9 @@ class ClusterDaemon(Daemon):
         """The day the cluster closes next; before the first freeze, the earliest day seen."""
         view = self.store.view()
         self._first_day = view.first_day
+        if view.released_through != self._released_seen:  # every worker shows the cluster's
+            self._released_seen = view.released_through  # last closed day (alerts, §7.3)
+            self.observer.restore(view.released_through)
         return view.next_day() or min(
             filter(None, (view.first_seen, min(self._open, default=None))), default=None
         )
@@ -384,22 +410,40 @@ class ClusterDaemon(Daemon):
 
     # ------------------------------------------------------------------ release
     def _release_and_relay(self) -> None:
-        """The releaser (holder of the ledger's advisory lock) releases every day all
-        partitions committed, then relays the outbox; other workers try to take the lock."""
-        if not self._releaser:
-            if not self.store.try_become_releaser():
-                return
-            self._releaser = True
+        """The releaser (holder of the ledger's releaser lease) releases every day all
+        partitions committed, then relays the outbox; other workers try to take an expired
+        lease. A releaser whose lease moved on (it was stopped longer than the lease) steps
+        down: its release transactions are refused and its producer is fenced by the new
+        releaser's."""
+        token = self.store.hold_releaser_lease(self.worker, self._lease_token, self.lease_s)
+        if token is None or token != self._lease_token:
+            self._step_down("the releaser lease expired or moved to another worker")
+        if token is None:
+            return
+        if self._lease_token is None:
+            self._lease_token = token
             self.sink = self._sink_factory()  # fences any earlier publisher of the topic
             check_sink_not_ahead(
                 self.store.where, self.store.view().released_through, self.sink.last_published_day()
             )
             log.info("this worker is the releaser")
-        while not self.stop_event.is_set():
-            day = self.store.view().next_day()
-            if day is None or not self._release(day):
-                break
-        self._relay_outbox()
+        try:
+            while not self.stop_event.is_set():
+                day = self.store.view().next_day()
+                if day is None or not self._release(day):
+                    break
+            self._relay_outbox()
+        except (ReleaserFencedError, PublisherFencedError) as exc:
+            self._step_down(str(exc))
+
+    def _step_down(self, reason: str) -> None:
+        if self._lease_token is None:
+            return
+        log.warning("%s; stepping down as the releaser", reason)
+        self._lease_token = None
+        sink, self.sink = self.sink, NoSink()
+        with contextlib.suppress(Exception):  # a fenced producer's flush fails: nothing is lost
+            sink.close()
 
     def _release(self, day: str) -> bool:
         self._refresh_queries()
@@ -425,7 +469,8 @@ class ClusterDaemon(Daemon):
             payloads = [(r.query_id, r.to_json().encode()) for r in made]
             return payloads, None if after is None else after.to_json().encode()
 
-        if not self.store.release_day(day, make):
+        assert self._lease_token is not None
+        if not self.store.release_day(day, make, lease=(self.worker, self._lease_token)):
             return False
         crash_point("after_release_insert")
         self.engine.last_closed_day = day

@@ -9,6 +9,7 @@ same bytes, each (day, query) once — which also shows that no user was charged
 from __future__ import annotations
 
 import contextlib
+import datetime
 import json
 import signal
 import time
@@ -77,14 +78,17 @@ class Cluster:
         self.env = {"SF_TEST_PG_PASSWORD": url.password or ""}
         self.schema = f"cl_{uuid.uuid4().hex[:10]}"
         self.url = postgres_url
+        head = _head().replace("[metrics]\nenabled = false", "[metrics]\nenabled = true\nport = 0")
+        assert "port = 0" in head  # each worker serves /metrics on a port of its own
         (self.work / "cluster.toml").write_text(
-            _head()
+            head
             + f"""
 [cluster]
 enabled = true
 session_timeout = "6s"
 heartbeat_interval = "1s"
 max_poll_interval = "60s"
+releaser_lease = "6s"
 [state]
 kind = "postgres"
 url = "{bare}"
@@ -150,6 +154,20 @@ topic = "{self.topics["rejects"]}"
             return list(db.execute(query.format(s=self.schema)).fetchall())
 
 
+def metric(proc, name: str) -> float:
+    """A counter's value on the worker's /metrics (its URL is in its start-up log)."""
+    import re
+    import urllib.request
+
+    url = re.search(r"metrics on (http://\S+/metrics)", proc.log.read_text()).group(1)
+    text = urllib.request.urlopen(url, timeout=10).read().decode()
+    return sum(
+        float(line.split()[-1])
+        for line in text.splitlines()
+        if line.startswith(name + " ") or line.startswith(name + "{")
+    )
+
+
 def user_key(event: bytes) -> bytes:
     """The key an event is produced with: its user_id (a malformed line gets any key)."""
     try:
@@ -200,8 +218,14 @@ def test_workers_publish_the_single_process_releases(
         got = cluster.wait_for(set(expected), procs, timeout=240)
         time.sleep(2)  # nothing more arrives
         got = cluster.releases()
+        published = sum(metric(p, "streamfilter_releases_published_total") for p in procs)
+        last_closed = {metric(p, "streamfilter_last_closed_day_timestamp_seconds") for p in procs}
     finally:
         stop_all(procs)
+    assert published >= len(expected)  # the releaser's /metrics count what it published
+    last_day = max(day for day, _ in expected)
+    midnight = datetime.datetime.fromisoformat(last_day).replace(tzinfo=datetime.UTC)
+    assert last_closed == {midnight.timestamp()}  # every worker shows the cluster's last day
     assert_same_as_reference(got, expected)
     assert_debits_as_reference(cluster, tmp_path / "reference")
     writers = {w for (w,) in cluster.sql("SELECT DISTINCT worker FROM {s}.cluster_commits")}
@@ -279,15 +303,16 @@ def worker_id(proc) -> str:
 def test_a_zombie_worker_cannot_commit_after_the_group_moved_on(
     kafka_bootstrap, postgres_url, tmp_path
 ):
-    """Worker A stops (SIGSTOP) right before its first day-close commit; the group gives its
-    partitions to B, which closes and releases every day alone; A continues (SIGCONT): its
-    commit is refused by the epoch check, and nothing A computed is ever released."""
+    """Worker A (started first: the releaser) stops (SIGSTOP) right before its first day-close
+    commit; the group gives its partitions to B, and its releaser lease expires and passes to
+    B, which closes and releases every day alone; A continues (SIGCONT): its commit is refused
+    by the epoch check, it steps down as the releaser, and nothing A computed is released."""
     events = make_events(days=4, users=240, seed=11)
     expected = reference(tmp_path, events)
     cluster = Cluster(tmp_path, kafka_bootstrap, postgres_url)
     cluster.produce(events)
     a = cluster.worker("a", env={"STREAMFILTER_PAUSE_AT": "before_partition_commit:3"})
-    wait_for_log(a, "cluster worker", 60)
+    wait_for_log(a, "this worker is the releaser", 60)
     b = cluster.worker("b")
     try:
         wait_for_log(a, "pausing 3s at crash point before_partition_commit", 120)
@@ -295,6 +320,7 @@ def test_a_zombie_worker_cannot_commit_after_the_group_moved_on(
         got = cluster.wait_for(set(expected), [b], timeout=180)
         a.send_signal(signal.SIGCONT)
         wait_for_log(a, "epoch moved on", 60)
+        wait_for_log(a, "stepping down as the releaser", 60)
         time.sleep(3)  # A rejoins the group; there is nothing left for it to commit
         got = cluster.releases()
     finally:
@@ -304,6 +330,8 @@ def test_a_zombie_worker_cannot_commit_after_the_group_moved_on(
     assert_debits_as_reference(cluster, tmp_path / "reference")
     writers = {w for (w,) in cluster.sql("SELECT DISTINCT worker FROM {s}.cluster_commits")}
     assert writers == {worker_id(b)}
+    releasers = {w for (w,) in cluster.sql("SELECT DISTINCT releaser FROM {s}.cluster_days")}
+    assert releasers == {worker_id(b)}
     released = cluster.sql("SELECT day, query_id FROM {s}.releases")
     assert sorted(released) == sorted(expected)  # each (day, query) stored once
 
@@ -345,3 +373,111 @@ def test_workers_joining_and_leaving_mid_run_change_nothing(
     assert_debits_as_reference(cluster, tmp_path / "reference")
     writers = {w for (w,) in cluster.sql("SELECT DISTINCT worker FROM {s}.cluster_commits")}
     assert len(writers) == 3  # every worker did a share
+
+
+def restricted_role(cluster: Cluster) -> None:
+    """Make the workers connect as a new role with no superuser (nor role-, database- or
+    schema-creation) rights: it owns only the cluster's schema, made for it by the admin."""
+    import psycopg
+
+    role, password = f"sf_w_{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
+    with psycopg.connect(cluster.url, autocommit=True) as db:
+        db.execute(
+            f"CREATE ROLE {role} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE PASSWORD '{password}'"
+        )
+        db.execute(f"CREATE SCHEMA {cluster.schema} AUTHORIZATION {role}")
+        db.execute(f"REVOKE CREATE ON SCHEMA public FROM {role}")
+    config = cluster.work / "cluster.toml"
+    url = urlsplit(cluster.url)
+    text = config.read_text().replace(f"{url.username}@", f"{role}@", 1)
+    assert f"{role}@" in text
+    config.write_text(text)
+    cluster.env["SF_TEST_PG_PASSWORD"] = password
+    with psycopg.connect(cluster.url) as db:
+        assert db.execute(
+            "SELECT rolsuper, rolcreatedb, rolcreaterole FROM pg_roles WHERE rolname = %s", (role,)
+        ).fetchone() == (False, False, False)
+
+
+@pytest.mark.timeout(600)
+def test_sigkill_at_named_crash_points_as_a_restricted_role(
+    kafka_bootstrap, postgres_url, tmp_path
+):
+    """Workers running as a non-superuser role are SIGKILLed at the named crash points — after
+    the partial-sum commit, after the release insert, after publishing, before marking sent —
+    and the others with them; restarted each time, the cluster publishes every (day, query)
+    with the single process's value (no second noise draw), none missing, and every user's
+    spent budget is the single process's (so none above B)."""
+    events = make_events(days=10, users=200, seed=17)
+    expected = reference(tmp_path, events)
+    by_day: dict[str, list[bytes]] = {}
+    day = "2026-01-01"
+    for ev in events:
+        with contextlib.suppress(ValueError):
+            day = json.loads(ev)["day"]
+        by_day.setdefault(day, []).append(ev)
+    days = sorted(by_day)
+    cluster = Cluster(tmp_path, kafka_bootstrap, postgres_url)
+    restricted_role(cluster)
+    points = ["after_partition_commit", "after_release_insert", "after_publish", "before_mark_sent"]
+    for i, point in enumerate(points):
+        cluster.produce([e for d in days[2 * i : 2 * i + 2] for e in by_day[d]])
+        crashing = cluster.worker(f"crash{i}", env={"STREAMFILTER_CRASH_AT": f"{point}:1"})
+        wait_for_log(crashing, "this worker is the releaser", 120)
+        other = cluster.worker(f"other{i}")
+        assert crashing.wait(timeout=120) == -signal.SIGKILL, (point, crashing.tail())
+        other.send_signal(signal.SIGKILL)  # and the other one at a moment of no importance
+        other.wait(timeout=30)
+    cluster.produce([e for d in days[2 * len(points) :] for e in by_day[d]])
+    procs = [cluster.worker("final0"), cluster.worker("final1")]
+    try:
+        got = cluster.wait_for(set(expected), procs, timeout=240)
+        time.sleep(2)
+        got = cluster.releases()
+    finally:
+        stop_all(procs)
+    assert_same_as_reference(got, expected)
+    assert_debits_as_reference(cluster, tmp_path / "reference")
+    assert sorted(cluster.sql("SELECT day, query_id FROM {s}.releases WHERE sent")) == sorted(
+        expected
+    )
+
+
+@pytest.mark.timeout(600)
+def test_sigkill_of_random_workers_at_random_moments(kafka_bootstrap, postgres_url, tmp_path):
+    """Three workers; ten times a random one is SIGKILLed at a random moment and restarted at
+    once (as a supervisor would), while the input arrives in stages: every (day, query) is
+    published with the single process's value, none missing, with the single process's debits."""
+    import random
+
+    events = make_events(days=8, users=200, seed=19)
+    expected = reference(tmp_path, events)
+    by_day: dict[str, list[bytes]] = {}
+    day = "2026-01-01"
+    for ev in events:
+        with contextlib.suppress(ValueError):
+            day = json.loads(ev)["day"]
+        by_day.setdefault(day, []).append(ev)
+    days = sorted(by_day)
+    cluster = Cluster(tmp_path, kafka_bootstrap, postgres_url)
+    rng = random.Random(23)
+    procs = [cluster.worker(f"w{i}") for i in range(3)]
+    try:
+        for k in range(10):
+            if k % 3 == 0:  # days 1-2, 3-4, 5-6, 7-8 arrive at kills 0, 3, 6, 9
+                cluster.produce(
+                    [e for d in days[2 * (k // 3) : 2 * (k // 3) + 2] for e in by_day[d]]
+                )
+            time.sleep(rng.uniform(0.5, 4.0))
+            i = rng.randrange(3)
+            assert procs[i].poll() is None, procs[i].tail()
+            procs[i].send_signal(signal.SIGKILL)
+            procs[i].wait(timeout=30)
+            procs[i] = cluster.worker(f"w{i}")
+        got = cluster.wait_for(set(expected), procs, timeout=300)
+        time.sleep(2)
+        got = cluster.releases()
+    finally:
+        stop_all(procs)
+    assert_same_as_reference(got, expected)
+    assert_debits_as_reference(cluster, tmp_path / "reference")

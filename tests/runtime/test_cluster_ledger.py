@@ -4,6 +4,7 @@ once, and a conflicting transaction is retried rather than failed."""
 
 from __future__ import annotations
 
+import time
 import uuid
 from urllib.parse import urlsplit, urlunsplit
 
@@ -14,7 +15,11 @@ from streamfilter.engine.contract import Reject
 from streamfilter.engine.day import DayPartial
 from streamfilter.errors import StoreError
 from streamfilter.runtime.store import Position
-from streamfilter.runtime.store.cluster import ClusterLedger, PartitionFencedError
+from streamfilter.runtime.store.cluster import (
+    ClusterLedger,
+    PartitionFencedError,
+    ReleaserFencedError,
+)
 
 DAY1, DAY2 = "2026-01-01", "2026-01-02"
 
@@ -110,12 +115,29 @@ def test_queries_are_one_list_and_frozen_days_refuse_new_ones(ledgers):
     assert a.queries_after(1) == [b'{"from_day":"2026-01-02","query_id":"q3"}']
 
 
-def test_one_releaser_at_a_time(ledgers):
+def test_one_releaser_at_a_time_and_a_stale_one_releases_nothing(ledgers):
     a, b = ledgers
-    assert a.try_become_releaser()
-    assert not b.try_become_releaser()
-    a.close()  # the session ends: the lock is free
-    assert b.try_become_releaser()
+    token_a = a.hold_releaser_lease("a", None, 0.5)
+    assert token_a == 1
+    assert b.hold_releaser_lease("b", None, 0.5) is None  # a's lease is live
+    assert a.hold_releaser_lease("a", token_a, 0.5) == token_a  # renewed
+    a.claim([0], "a")
+    a.pin_day(DAY1, 1)
+    assert a.freeze_day(DAY1)
+    epochs = {0: 1}
+    a.commit_partitions(DAY1, "a", epochs, {0: part(DAY1, {}, [0])}, {0: Position(0, 0)})
+    time.sleep(1.0)  # a stops for longer than its lease
+    token_b = b.hold_releaser_lease("b", None, 0.5)
+    assert token_b == token_a + 1
+    with pytest.raises(ReleaserFencedError):
+        a.release_day(
+            DAY1, lambda sums, counters, coverage: ([("q", b"a")], None), lease=("a", token_a)
+        )
+    assert a.hold_releaser_lease("a", token_a, 0.5) is None  # a learns it is not the releaser
+    assert b.release_day(
+        DAY1, lambda sums, counters, coverage: ([("q", b"b")], None), lease=("b", token_b)
+    )
+    assert a.unsent_releases() == [(DAY1, "q", b"b")]
 
 
 def test_workers_starting_together_charge_coverage_once(postgres_url):

@@ -9,7 +9,9 @@ back. Releases go out in Kafka transactions under the releases topic's own trans
 topic with its state. A release is marked sent in the store only after its transaction
 committed, and a restart republishes the stored bytes, so the releases topic holds exactly one
 distinct value per key for ``read_committed`` readers (possibly repeated: readers dedupe on the
-key). Codec handling: ``kafka_codecs``.
+key). Codec handling: ``kafka_codecs``. In cluster mode (docs/design.md §7) the workers read the
+events through the consumer group instead (``KafkaGroupSource``) and only the releaser builds the
+release sink.
 """
 
 from __future__ import annotations
@@ -312,7 +314,7 @@ class KafkaGroupSource(Source):
 
     On every assignment (kafka-python's protocol is eager: a rebalance first revokes every
     partition, then assigns the new set) ``on_assign`` is called inside the poll with the new
-    partitions' labels and returns where each must resume (the ledger's stored positions); the
+    partitions' labels (an empty list on revocation) and returns where each must resume (the ledger's stored positions); the
     consumer seeks there before it fetches. The group's committed offsets only mirror the
     ledger's, as in single-process mode."""
 

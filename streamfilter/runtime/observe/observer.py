@@ -16,6 +16,15 @@ __all__ = ["DaemonObserver"]
 
 
 class DaemonObserver:
+    def restore(
+        self,
+        last_closed_day: str | None,
+        releases: Sequence[Release] = (),
+        store_bytes: int | None = None,
+    ) -> None:
+        """The stored state: its last closed day (a cluster worker calls it again whenever the
+        cluster released a day), that day's releases, the store's size."""
+
     def started(self) -> None:
         """The store is open and the source seeked: the daemon is ready."""
 

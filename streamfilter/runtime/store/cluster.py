@@ -46,7 +46,14 @@ from streamfilter.errors import StoreError
 from streamfilter.runtime.store.base import Position
 from streamfilter.runtime.store.postgres import PostgresStateStore, _first_line
 
-__all__ = ["Claim", "ClusterLedger", "ClusterView", "MakeReleases", "PartitionFencedError"]
+__all__ = [
+    "Claim",
+    "ClusterLedger",
+    "ClusterView",
+    "MakeReleases",
+    "PartitionFencedError",
+    "ReleaserFencedError",
+]
 
 _CLUSTER_TABLES = """
 CREATE TABLE IF NOT EXISTS {s}.cluster_partitions (
@@ -56,7 +63,8 @@ CREATE TABLE IF NOT EXISTS {s}.cluster_partitions (
 );
 CREATE TABLE IF NOT EXISTS {s}.cluster_days (
     day TEXT PRIMARY KEY, partitions INTEGER NOT NULL CHECK (partitions > 0),
-    frozen BOOLEAN NOT NULL DEFAULT FALSE, released BOOLEAN NOT NULL DEFAULT FALSE
+    frozen BOOLEAN NOT NULL DEFAULT FALSE, released BOOLEAN NOT NULL DEFAULT FALSE,
+    releaser TEXT
 );
 CREATE TABLE IF NOT EXISTS {s}.cluster_commits (
     day TEXT NOT NULL, partition INTEGER NOT NULL, epoch BIGINT NOT NULL, worker TEXT NOT NULL,
@@ -66,10 +74,17 @@ CREATE TABLE IF NOT EXISTS {s}.cluster_partials (
     day TEXT NOT NULL, query_id TEXT NOT NULL, partition INTEGER NOT NULL,
     sums BIGINT[] NOT NULL, PRIMARY KEY (day, query_id, partition)
 );
+CREATE TABLE IF NOT EXISTS {s}.cluster_releaser (
+    id INTEGER PRIMARY KEY CHECK (id = 1), holder TEXT NOT NULL, token BIGINT NOT NULL,
+    expires_at TIMESTAMPTZ NOT NULL
+);
 INSERT INTO {s}.meta(key, value) VALUES ('frozen_through', '') ON CONFLICT (key) DO NOTHING;
 INSERT INTO {s}.meta(key, value) VALUES ('released_through', '') ON CONFLICT (key) DO NOTHING;
 """
 
+
+#: how long a worker's session may sit inside an open transaction before the server ends it
+IDLE_IN_TRANSACTION_S = 60
 
 #: attempts of one transaction that PostgreSQL aborts for conflicting with another worker's
 SERIAL_RETRIES = 30
@@ -84,6 +99,10 @@ MakeReleases = Callable[
 
 class PartitionFencedError(StoreError):
     """A commit for a partition this worker no longer owns (its epoch moved on): refused."""
+
+
+class ReleaserFencedError(StoreError):
+    """A release by a worker whose releaser lease moved on or expired: refused."""
 
 
 @dataclass(frozen=True)
@@ -128,6 +147,10 @@ class ClusterLedger(PostgresStateStore):
 
     def _create_more(self, cur: Any) -> None:
         cur.execute(_CLUSTER_TABLES.format(s=self.schema))
+        # a worker stopped inside a transaction (SIGSTOP, a pause) holds row locks that would
+        # block the worker taking its partitions over: the server ends such a session (and with
+        # it the stopped worker's transaction and locks) after this long
+        cur.execute(f"SET idle_in_transaction_session_timeout = '{IDLE_IN_TRANSACTION_S}s'")
 
     def _serial(self, body: Callable[[Any], Any]) -> Any:
         """``body(cursor)`` in one serializable transaction, run again (after a short random
@@ -403,23 +426,67 @@ class ClusterLedger(PostgresStateStore):
         self._serial(body)
 
     # -- the releaser ------------------------------------------------------------------------
-    def try_become_releaser(self) -> bool:
-        """Take the releaser's session lock (held until this connection ends) if it is free."""
-        rows = self._read(
-            "SELECT pg_try_advisory_lock(hashtextextended(%s, 0))",
-            (f"streamfilter-releaser:{self.schema}",),
-        )
-        return bool(rows[0][0])
+    def hold_releaser_lease(self, worker: str, token: int | None, lease_s: float) -> int | None:
+        """Renew this worker's releaser lease (``token``: the one it holds) or take it over if
+        it has expired (a new token); the token held, or None when another worker holds a live
+        lease. Expiry is the server's clock (``clock_timestamp()``): the workers' clocks never
+        decide who releases."""
+        s = self.schema
 
-    def release_day(self, day: str, make_releases: MakeReleases) -> bool:
+        def body(cur: Any) -> int | None:
+            row = cur.execute(
+                f"SELECT holder, token, expires_at < clock_timestamp() FROM {s}.cluster_releaser "
+                "WHERE id = 1 FOR UPDATE"
+            ).fetchone()
+            until = "clock_timestamp() + make_interval(secs => %s)"
+            if row is None:
+                cur.execute(
+                    f"INSERT INTO {s}.cluster_releaser VALUES (1, %s, 1, {until})",
+                    (worker, lease_s),
+                )
+                return 1
+            holder, held, expired = str(row[0]), int(row[1]), bool(row[2])
+            if holder == worker and held == token and not expired:
+                cur.execute(
+                    f"UPDATE {s}.cluster_releaser SET expires_at = {until} WHERE id = 1",
+                    (lease_s,),
+                )
+                return held
+            if not expired and not (holder == worker and held == token):
+                return None
+            cur.execute(
+                f"UPDATE {s}.cluster_releaser SET holder = %s, token = %s, expires_at = {until} "
+                "WHERE id = 1",
+                (worker, held + 1, lease_s),
+            )
+            return held + 1
+
+        token_held: int | None = self._serial(body)
+        return token_held
+
+    def release_day(
+        self, day: str, make_releases: MakeReleases, lease: tuple[str, int] | None = None
+    ) -> bool:
         """Release ``day`` if every pinned partition committed it and it is not released yet:
         ``make_releases(sums, counters, coverage_state)`` (exact sums and counters over the
         partitions, the stored coverage tracker; noise drawn by the caller) gives ``(query_id,
         payload)`` in publication order and the coverage tracker after the day, both stored in
-        the same transaction that marks the day released. False when the day is not ready."""
+        the same transaction that marks the day released. False when the day is not ready. With
+        ``lease`` (worker, token), the transaction first checks that the releaser lease is
+        still that one and live, else raises :class:`ReleaserFencedError` (nothing written)."""
         s = self.schema
 
         def body(cur: Any) -> Any:
+            if lease is not None:
+                row = cur.execute(
+                    f"SELECT holder, token, expires_at > clock_timestamp() "
+                    f"FROM {s}.cluster_releaser WHERE id = 1 FOR UPDATE"
+                ).fetchone()
+                if row is None or (str(row[0]), int(row[1])) != lease or not row[2]:
+                    raise ReleaserFencedError(
+                        f"the releaser lease of {self.where} moved to another worker or expired; "
+                        "this worker releases nothing"
+                    )
             row = cur.execute(
                 f"SELECT partitions, frozen, released FROM {s}.cluster_days WHERE day = %s "
                 "FOR UPDATE",
@@ -460,7 +527,10 @@ class ClusterLedger(PostgresStateStore):
                     f"INSERT INTO {s}.releases(day, query_id, ord, payload) VALUES(%s, %s, %s, %s)",
                     [(day, q, i, bytes(p)) for i, (q, p) in enumerate(releases)],
                 )
-            cur.execute(f"UPDATE {s}.cluster_days SET released = TRUE WHERE day = %s", (day,))
+            cur.execute(
+                f"UPDATE {s}.cluster_days SET released = TRUE, releaser = %s WHERE day = %s",
+                (lease[0] if lease is not None else None, day),
+            )
             self._set_meta(cur, "released_through", day)
             self._set_meta(cur, "last_closed_day", day)
             return True
