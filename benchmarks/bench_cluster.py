@@ -192,6 +192,12 @@ def _closes_seconds(log: str) -> float:
     return total
 
 
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a live process (``/proc/<pid>/stat``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _peak_rss_mib(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
@@ -245,6 +251,7 @@ def _arm(workers: int, bootstrap: str, topic: str, pg: str, n: int, users: int) 
             done_at = time.perf_counter()
             metrics = [_get(f"http://127.0.0.1:{port}/metrics")[1] for port in ports]
             rss = [_peak_rss_mib(p.pid) for p in procs]
+            cpu = [_cpu_seconds(p.pid) for p in procs]
         finally:
             for p in procs:
                 if p.poll() is None:
@@ -271,9 +278,11 @@ def _arm(workers: int, bootstrap: str, topic: str, pg: str, n: int, users: int) 
                 "day_close_s": round(c, 2),
                 "commit_s": round(k, 2),
                 "peak_rss_mib": round(m),
+                "cpu_s": round(u, 2),
             }
-            for r, c, k, m in zip(read, close_s, commit_s, rss, strict=True)
+            for r, c, k, m, u in zip(read, close_s, commit_s, rss, cpu, strict=True)
         ],
+        "worker_cpu_s": sum(cpu),
         "commit_s_per_1m_users": sum(commit_s) / (users * DAYS) * 1e6,
         "release_latency_s": statistics.median(latency),
     }
@@ -338,12 +347,15 @@ def _entry(arms: dict[int, list[dict]], n: int, users: int, rounds: int) -> dict
     cores = os.cpu_count() or 1
     predicted_3_here = 1 / (s + (1 - s) / min(3, cores))
     predicted_3 = 1 / (s + (1 - s) / 3)
+    # CPU per event of all workers together: flat in w means the group adds little work, so
+    # with a free core per worker the rate would grow with w up to the partitions
+    cpu_us = {w: _median(a, "worker_cpu_s") / n * 1e6 for w, a in arms.items()}
     parts = []
     for w in WORKERS:
         last = arms[w][-1]
         per = "; ".join(
             f"w{i}: {p['records']:,} records, close {p['day_close_s']} s, "
-            f"commit {p['commit_s']} s, {p['peak_rss_mib']} MiB"
+            f"commit {p['commit_s']} s, CPU {p['cpu_s']} s, {p['peak_rss_mib']} MiB"
             for i, p in enumerate(last["per_worker"])
         )
         parts.append(
@@ -356,7 +368,10 @@ def _entry(arms: dict[int, list[dict]], n: int, users: int, rounds: int) -> dict
     model = (
         f"model (Amdahl fitted to 1 and 2 workers after start-up): serial fraction "
         f"s = {s:.2f}; 3 workers predicted {predicted_3_here:.2f}x here ({cores} cores), "
-        f"{predicted_3:.2f}x on >= 3 cores; at most {PARTITIONS} workers (partitions) share work"
+        f"{predicted_3:.2f}x on >= 3 cores; at most {PARTITIONS} workers (partitions) share work; "
+        f"worker CPU per event (all workers): "
+        + ", ".join(f"{w} worker{'s' if w > 1 else ''} {cpu_us[w]:.0f} µs" for w in WORKERS)
+        + f" (the broker and PostgreSQL share the same {cores} cores)"
     )
     return entry(
         NAME,
@@ -372,5 +387,6 @@ def _entry(arms: dict[int, list[dict]], n: int, users: int, rounds: int) -> dict
         speedup_2=round(speedup[2], 3),
         speedup_3=round(speedup[3], 3),
         serial_fraction=round(s, 3),
+        worker_cpu_us_per_event={str(w): round(cpu_us[w], 1) for w in WORKERS},
         arms={str(w): arms[w] for w in WORKERS},
     )
