@@ -113,3 +113,40 @@ def test_one_releaser_at_a_time(ledgers):
     assert not b.try_become_releaser()
     a.close()  # the session ends: the lock is free
     assert b.try_become_releaser()
+
+
+def test_workers_starting_at_once_on_a_new_schema_all_start(postgres_url):
+    """Workers started together (a deployment's replicas) all create the ledger's schema and
+    tables at once: every one opens it (the DDL lock is taken before the transaction's
+    snapshot, so a later creator sees the first one's schema instead of creating it again)."""
+    url = urlsplit(postgres_url)
+    bare = urlunsplit(url._replace(netloc=f"{url.username}@{url.hostname}:{url.port}"))
+    for _ in range(3):  # the race is narrow: a few rounds make a wrong lock fail reliably
+        opened, failed = open_at_once(bare, url.password or "", f"led_{uuid.uuid4().hex[:10]}", 6)
+        assert not failed, failed
+        assert len(opened) == 6
+
+
+def open_at_once(url: str, password: str, schema: str, n: int):
+    """``n`` ledgers on ``schema`` opened by ``n`` threads released together."""
+    import threading
+
+    start = threading.Barrier(n)
+    opened: list[ClusterLedger] = []
+    failed: list[BaseException] = []
+
+    def open_one() -> None:
+        start.wait()
+        try:
+            opened.append(ClusterLedger(url, schema=schema, password=password))
+        except BaseException as exc:
+            failed.append(exc)
+
+    threads = [threading.Thread(target=open_one) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    for ledger in opened:
+        ledger.close()
+    return opened, failed

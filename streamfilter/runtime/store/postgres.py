@@ -120,20 +120,25 @@ class PostgresStateStore(StateStore):
                     f"state store {self.where} is in use by another streamfilter process (its "
                     "advisory lock is held); only one writer may own a state"
                 )
-            with self._transaction() as cur:
-                # concurrent CREATE ... IF NOT EXISTS can collide: one creator at a time
-                cur.execute(
-                    "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
-                    (f"streamfilter-ddl:{schema}",),
-                )
-                # only when missing: CREATE SCHEMA IF NOT EXISTS checks the CREATE privilege on
-                # the database first, which a restricted role owning its schema does not hold
-                # (deploy/cluster/worker-role.sql)
-                cur.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (schema,))
-                if cur.fetchone() is None:
-                    cur.execute(f"CREATE SCHEMA {schema}")
-                cur.execute(_TABLES.format(s=schema))
-                self._create_more(cur)
+            # concurrent CREATE ... IF NOT EXISTS can collide: one creator at a time. The lock
+            # is taken before the transaction: a serializable transaction's snapshot is taken at
+            # its first statement, so one that waited for the lock inside it would not see the
+            # schema its predecessor created (and would create it again: DuplicateSchema)
+            ddl_lock = (f"streamfilter-ddl:{schema}",)
+            self._db.execute("SELECT pg_advisory_lock(hashtextextended(%s, 0))", ddl_lock)
+            try:
+                with self._transaction() as cur:
+                    # only when missing: CREATE SCHEMA IF NOT EXISTS checks the CREATE privilege
+                    # on the database first, which a restricted role owning its schema does not
+                    # hold (deploy/cluster/worker-role.sql)
+                    cur.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (schema,))
+                    if cur.fetchone() is None:
+                        cur.execute(f"CREATE SCHEMA {schema}")
+                    cur.execute(_TABLES.format(s=schema))
+                    self._create_more(cur)
+            finally:
+                with suppress(self._psycopg.Error):  # a lost connection released it already
+                    self._db.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", ddl_lock)
         except BaseException:
             self._db.close()
             raise
