@@ -98,6 +98,7 @@ class ClusterDaemon(Daemon):
         self._parts: dict[tuple[str, int], DayAccumulator] = {}
         self._pinned: dict[str, int] = {}
         self._reset_pending = False
+        self._assign_error: StoreError | None = None  # a claim that failed inside the poll
         self._fenced = False
         self._queries_seen = 0
         self._first_day: str | None = None
@@ -123,8 +124,22 @@ class ClusterDaemon(Daemon):
     # ------------------------------------------------------------------ assignment
     def _on_assign(self, labels: list[str]) -> dict[str, int]:
         """Called inside the consumer's poll: claim the partitions, return where to resume
-        (none assigned: this worker idles until the next rebalance)."""
-        claims = self.store.claim([_partition_number(label) for label in labels], self.worker)
+        (none assigned — a revocation, or the consumer closing —: nothing to claim, this worker
+        idles until the next rebalance).
+
+        kafka-python logs and swallows a listener's exception, and the consumer would then
+        fetch from the group's offsets with the old claims in force: a ledger error here is
+        kept instead, the worker claims nothing, and the main loop fails closed with it
+        (:meth:`_note_new_partitions`)."""
+        try:
+            claims = (
+                self.store.claim([_partition_number(label) for label in labels], self.worker)
+                if labels
+                else {}
+            )
+        except StoreError as exc:
+            self._assign_error = exc
+            claims = {}
         topic = self.source.topic
         self._epochs = {p: c.epoch for p, c in claims.items()}
         self._committed = {p: c.committed_day for p, c in claims.items()}
@@ -140,6 +155,8 @@ class ClusterDaemon(Daemon):
     def _note_new_partitions(self) -> None:
         """After a poll that rebalanced: drop every buffer, restart from the claimed positions
         (only what was committed counts; the open days are read again)."""
+        if self._assign_error is not None:
+            raise self._assign_error
         if not self._reset_pending:
             return
         self._reset_pending = False
