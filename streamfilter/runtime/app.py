@@ -450,7 +450,7 @@ def startup_summary(settings: Settings, parts: Components) -> str:
     return (
         f"starting: source {src}; queries {queries}; "
         f"releases {where(settings.sink.kind, settings.sink.path, settings.sink.topic)}; "
-        f"state {settings.state.path} (last closed day "
+        f"state {settings.state.describe()} (last closed day "
         f"{parts.daemon.engine.last_closed_day or 'none'}); privacy {g.rho:g}-zCDP per user "
         f"(+ telemetry {settings.telemetry.rho:g}), {params.mechanism} σ = "
         f"{params.sigma_released:.4g}, B_norm = {params.b_norm:g}, exhaustion "

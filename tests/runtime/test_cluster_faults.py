@@ -267,6 +267,7 @@ def test_postgres_restarted_mid_run(kafka_bootstrap, postgres_private_server, tm
     for name in sup.procs:
         log = (cluster.work / name / "daemon.log").read_text()
         assert "Traceback" not in log  # one line on stderr, no crash
+        assert f"state postgres schema {cluster.schema} (last closed day" in log
     assert_as_single_process(cluster, got, expected, tmp_path)
 
 
