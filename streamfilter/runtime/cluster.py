@@ -43,9 +43,9 @@ from streamfilter.engine.engine import DayInput, Engine
 from streamfilter.engine.ledger import BudgetLedger
 from streamfilter.engine.records import DayAccumulator
 from streamfilter.errors import StoreError
-from streamfilter.runtime.daemon import Daemon, RunSummary, collector_for_run
+from streamfilter.runtime.daemon import Daemon, RunSummary, _transient, collector_for_run
 from streamfilter.runtime.faults import crash_point
-from streamfilter.runtime.io.base import QueryFeed, Sink
+from streamfilter.runtime.io.base import QueryFeed, RecordBatch, Sink
 from streamfilter.runtime.io.kafka import KafkaGroupSource, key_partition
 from streamfilter.runtime.store import Position, StoredState, check_sink_not_ahead
 from streamfilter.runtime.store.cluster import ClusterLedger, PartitionFencedError
@@ -230,7 +230,7 @@ class ClusterDaemon(Daemon):
                 self.observer.started()
                 log.info("cluster worker %s started", self.worker)
                 while not self.stop_event.is_set():
-                    records = self.source.poll_batches(self.batch_size)
+                    records = self._poll()
                     self._note_new_partitions()
                     self._ingest_batches(records)
                     self._close_ready()
@@ -246,6 +246,22 @@ class ClusterDaemon(Daemon):
                     self.summary.days_closed,
                     self.summary.releases_published,
                 )
+
+    def _poll(self) -> list[RecordBatch]:
+        """The next records of this worker's partitions; none while the broker is away: the
+        group consumer's poll raises a retriable error when it cannot find the group's
+        coordinator (a broker outage). The worker stays, /readyz says why, and the group
+        re-forms when the broker is back (docs/cluster.md, "What happens when…")."""
+        try:
+            records = self.source.poll_batches(self.batch_size)
+        except Exception as exc:
+            if not _transient(exc):
+                raise
+            self._input_unavailable("could not poll the events topic's consumer group", exc)
+            return []
+        if self._input_down_probe_at is not None:
+            self._input_available()
+        return records
 
     def _first_open_day(self) -> str | None:
         """The day the cluster closes next; before the first freeze, the earliest day seen."""
