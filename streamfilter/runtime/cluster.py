@@ -51,9 +51,9 @@ from streamfilter.engine.engine import DayInput, Engine
 from streamfilter.engine.ledger import BudgetLedger
 from streamfilter.engine.records import DayAccumulator
 from streamfilter.errors import PublisherFencedError, StoreError
-from streamfilter.runtime.daemon import Daemon, RunSummary, collector_for_run
+from streamfilter.runtime.daemon import Daemon, RunSummary, _transient, collector_for_run
 from streamfilter.runtime.faults import crash_point
-from streamfilter.runtime.io.base import QueryFeed, Sink
+from streamfilter.runtime.io.base import QueryFeed, RecordBatch, Sink
 from streamfilter.runtime.io.kafka import KafkaGroupSource, key_partition
 from streamfilter.runtime.store import Position, StoredState, check_sink_not_ahead
 from streamfilter.runtime.store.cluster import (
@@ -113,11 +113,11 @@ class ClusterDaemon(Daemon):
         self._parts: dict[tuple[str, int], DayAccumulator] = {}
         self._pinned: dict[str, int] = {}
         self._reset_pending = False
+        self._assign_error: StoreError | None = None  # a claim that failed inside the poll
         self._fenced = False
         self._queries_seen = 0
         self._first_day: str | None = None
         self._released_seen: str | None = None
-        self._assign_error: BaseException | None = None
         self._claimed: dict[str, Position] = {}
         super().__init__(engine, ledger, source, feed, NoSink(), reject_sink, **kwargs)
         self._screen = self._screen_records
@@ -140,16 +140,23 @@ class ClusterDaemon(Daemon):
 
     # ------------------------------------------------------------------ assignment
     def _on_assign(self, labels: list[str]) -> dict[str, int]:
-        """Called inside the consumer's poll: claim the partitions (none: all were revoked),
-        return where to resume. An error here is raised by the loop after the poll (the client
-        would only log it): the worker fails closed and its supervisor restarts it."""
-        self._epochs = {}
-        self._reset_pending = True
+        """Called inside the consumer's poll: claim the partitions, return where to resume
+        (none assigned — a revocation, or the consumer closing —: nothing to claim, this worker
+        idles until the next rebalance).
+
+        kafka-python logs and swallows a listener's exception, and the consumer would then
+        fetch from the group's offsets with the old claims in force: a ledger error here is
+        kept instead, the worker claims nothing, and the main loop fails closed with it
+        (:meth:`_note_new_partitions`)."""
         try:
-            claims = self.store.claim([_partition_number(label) for label in labels], self.worker)
-        except BaseException as exc:
+            claims = (
+                self.store.claim([_partition_number(label) for label in labels], self.worker)
+                if labels
+                else {}
+            )
+        except StoreError as exc:
             self._assign_error = exc
-            return {}
+            claims = {}
         topic = self.source.topic
         self._epochs = {p: c.epoch for p, c in claims.items()}
         self._committed = {p: c.committed_day for p, c in claims.items()}
@@ -166,11 +173,10 @@ class ClusterDaemon(Daemon):
     def _note_new_partitions(self) -> None:
         """After a poll that rebalanced: drop every buffer, restart from the claimed positions
         (only what was committed counts; the open days are read again)."""
+        if self._assign_error is not None:
+            raise self._assign_error
         if not self._reset_pending:
             return
-        error, self._assign_error = self._assign_error, None
-        if error is not None:
-            raise error
         self._reset_pending = False
         self._drop_buffers()
         claimed = self._claimed
@@ -242,7 +248,7 @@ class ClusterDaemon(Daemon):
                 self.observer.started()
                 log.info("cluster worker %s started", self.worker)
                 while not self.stop_event.is_set():
-                    records = self.source.poll_batches(self.batch_size)
+                    records = self._poll()
                     self._note_new_partitions()
                     self._ingest_batches(records)
                     self._release_and_relay()
@@ -258,6 +264,22 @@ class ClusterDaemon(Daemon):
                     self.summary.days_closed,
                     self.summary.releases_published,
                 )
+
+    def _poll(self) -> list[RecordBatch]:
+        """The next records of this worker's partitions; none while the broker is away: the
+        group consumer's poll raises a retriable error when it cannot find the group's
+        coordinator (a broker outage). The worker stays, /readyz says why, and the group
+        re-forms when the broker is back (docs/cluster.md, "What happens when…")."""
+        try:
+            records = self.source.poll_batches(self.batch_size)
+        except Exception as exc:
+            if not _transient(exc):
+                raise
+            self._input_unavailable("could not poll the events topic's consumer group", exc)
+            return []
+        if self._input_down_probe_at is not None:
+            self._input_available()
+        return records
 
     def _first_open_day(self) -> str | None:
         """The day the cluster closes next; before the first freeze, the earliest day seen."""
