@@ -32,6 +32,7 @@ MODULES = [
     "benchmarks.bench_noise",
     "benchmarks.bench_store",
     "benchmarks.bench_kafka",
+    "benchmarks.bench_cluster",  # cluster_workers: 1, 2, 3 workers over Kafka + PostgreSQL (#18)
     "benchmarks.bench_recovery",
     "benchmarks.bench_local",
     "benchmarks.bench_sparse",

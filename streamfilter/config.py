@@ -23,6 +23,7 @@ from pydantic import (
     ConfigDict,
     Field,
     SecretStr,
+    StrictBool,
     ValidationError,
     field_validator,
     model_validator,
@@ -387,6 +388,41 @@ class StateSection(_Section):
         return None
 
 
+class ClusterSection(_Section):
+    """Cluster mode (docs/design.md §7): ``enabled = true`` makes every ``streamfilter run``
+    with this configuration one worker of a cluster. It needs ``[source] kind = "kafka"`` (the
+    consumer group ``[kafka] group_id`` assigns the partitions), ``[state] kind = "postgres"``
+    (the shared ledger) and central mode. ``session_timeout`` and ``heartbeat_interval`` are the
+    group's (a worker silent for ``session_timeout`` loses its partitions);
+    ``max_poll_interval`` bounds the time between two polls (a worker stuck longer leaves the
+    group). ``releaser_lease``: how long the releaser's lease lasts without renewal (it is
+    renewed at every turn of its loop); a releaser silent for longer is replaced."""
+
+    #: strict: a TOML boolean only (a switch this consequential is never coerced from text)
+    enabled: StrictBool = False
+    session_timeout: Seconds = 10.0
+    heartbeat_interval: Seconds = 3.0
+    max_poll_interval: Seconds = 300.0
+    releaser_lease: Seconds = Field(30.0, gt=0)
+
+    @field_validator(
+        "session_timeout",
+        "heartbeat_interval",
+        "max_poll_interval",
+        "releaser_lease",
+        mode="before",
+    )
+    @classmethod
+    def _duration(cls, v: Any) -> float:
+        return parse_duration(v)
+
+    @model_validator(mode="after")
+    def _heartbeat_below_session(self) -> ClusterSection:
+        if self.heartbeat_interval >= self.session_timeout:
+            raise ValueError("cluster.heartbeat_interval must be below cluster.session_timeout")
+        return self
+
+
 class MetricsSection(_Section):
     """``/metrics``, ``/healthz`` and ``/readyz`` are served by default (``enabled = false`` opts
     out). When the port is taken and ``enabled`` was not set explicitly, ``run`` warns and goes on
@@ -480,6 +516,22 @@ class Settings(BaseSettings):
     limits: LimitsSection = LimitsSection()
     mode: ModeSection = ModeSection()
     local: LocalSection = LocalSection()
+    cluster: ClusterSection = ClusterSection()
+
+    @model_validator(mode="after")
+    def _cluster_mode(self) -> Settings:
+        if not self.cluster.enabled:
+            return self
+        needs = {
+            "source.kind = 'kafka'": self.source.kind == "kafka",
+            "state.kind = 'postgres'": self.state.kind == "postgres",
+            "mode.kind = 'central'": self.mode.kind == "central",
+            "telemetry.active_set = false": not self.telemetry.active_set,
+        }
+        missing = [k for k, ok in needs.items() if not ok]
+        if missing:
+            raise ValueError(f"cluster.enabled = true needs {', '.join(missing)}")
+        return self
 
     @model_validator(mode="after")
     def _local_mode(self) -> Settings:

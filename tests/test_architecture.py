@@ -60,6 +60,7 @@ RUNTIME_LAYERS: dict[str, int] = {
     "active_set": 2,
     "coverage": 2,  # coverage with every release (issue #16 point 1)
     "daemon": 2,
+    "cluster": 2,  # the cluster worker: the daemon loop over a consumer group (issue #18)
     "budget": 2,
     "notebook": 2,  # PersistentMonitor: Monitor + the state store (issue #16)
     "app": 3,

@@ -74,6 +74,7 @@ def exported_metric_names() -> set[str]:
     obs = PrometheusObserver(reg, PrivacyParams.create(b_norm=4.0, rho=0.5))
     obs.records_read("p", 1)
     obs.partition_lag("p", 1)
+    obs.partitions_owned(1)  # registered by cluster workers
     families = list(reg.collect())  # labelled gauges without children have no samples yet
     return {m.name for m in families} | {s.name for m in families for s in m.samples}
 
@@ -91,7 +92,9 @@ def test_promtool_checks_the_scrape_config_and_the_alert_rules():
     assert "SUCCESS" in out.stdout + out.stderr
     out = run([tool, "check", "rules", str(PROM_DIR / "alerts.yml")])
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "SUCCESS: 12 rules found" in out.stdout + out.stderr
+    shipped = len(_exprs_of_alerts())
+    assert shipped >= 13
+    assert f"SUCCESS: {shipped} rules found" in out.stdout + out.stderr
 
 
 def test_promtool_unit_tests_of_the_alerts_pass():
@@ -282,6 +285,88 @@ def test_compose_environment_uses_only_keys_the_daemon_accepts(monkeypatch):
     kraft = services["kafka"]["environment"]
     assert "controller" in kraft["KAFKA_PROCESS_ROLES"]  # KRaft, no ZooKeeper
     assert services["streamfilter"]["command"][0] == "run"
+
+
+CLUSTER = DEPLOY / "cluster"
+
+
+def _cluster_settings(env: dict[str, str], monkeypatch):
+    for key, value in env.items():
+        if key.startswith("STREAMFILTER_") and "__" in key:
+            monkeypatch.setenv(key, str(value))
+    monkeypatch.setenv("STREAMFILTER_PG_PASSWORD", "not-a-secret")
+    return load_config(CLUSTER / "cluster.toml")
+
+
+def test_cluster_compose_runs_n_workers_of_one_configuration(monkeypatch):
+    """deploy/cluster/docker-compose.yml (issue #18): N replicas of the same `run --config
+    cluster.toml` over Kafka + PostgreSQL; the worker role is created by postgres-init.sh; every
+    replica is a Prometheus target under the job the alerts expect."""
+    compose = yaml.safe_load((CLUSTER / "docker-compose.yml").read_text())
+    services = compose["services"]
+    assert {"kafka", "postgres", "topics", "worker", "prometheus"} <= set(services)
+    worker = services["worker"]
+    assert worker["deploy"]["replicas"] >= 2
+    assert worker["command"] == ["run", "--config", "/etc/streamfilter/cluster.toml"]
+    env = worker["environment"]
+    assert env["STREAMFILTER_PG_PASSWORD"].startswith("${")  # from the operator's environment
+    s = _cluster_settings(env, monkeypatch)
+    assert s.cluster.enabled and s.source.kind == "kafka" and s.state.kind == "postgres"
+    assert s.kafka.group_id and s.state.password_env == "STREAMFILTER_PG_PASSWORD"
+    assert "@postgres:" in s.state.url and ":" not in s.state.url.split("//")[1].split("@")[0]
+    assert s.metrics.enabled and s.metrics.host == "0.0.0.0"
+    for service in services.values():
+        for volume in service.get("volumes", []):
+            if volume.startswith("./") or volume.startswith("../"):
+                assert (CLUSTER / volume.split(":")[0]).exists(), volume
+    init = {v.split(":")[1] for v in services["postgres"]["volumes"]}
+    assert "/docker-entrypoint-initdb.d/worker-role.sql.in" in init
+    prom = yaml.safe_load((CLUSTER / "prometheus.yml").read_text())
+    (job,) = prom["scrape_configs"]
+    assert job["job_name"] == "streamfilter"
+    (sd,) = job["dns_sd_configs"]
+    assert sd["names"] == ["worker"] and sd["port"] == s.metrics.port
+    out = run([promtool(), "check", "config", "--syntax-only", str(CLUSTER / "prometheus.yml")])
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_cluster_kubernetes_manifests_agree(monkeypatch):
+    """deploy/cluster (kustomize): a Deployment of N workers with probes, the database password
+    from a Secret, one scrape target per pod, a disruption budget and PostgreSQL initialised by
+    the same role script."""
+    kust = yaml.safe_load((CLUSTER / "kustomization.yaml").read_text())
+    for res in kust["resources"]:
+        assert (CLUSTER / res).exists(), res
+    generated = {g["name"]: g["files"] for g in kust["configMapGenerator"]}
+    for files in generated.values():
+        for f in files:
+            assert (CLUSTER / f.split("=")[-1]).exists(), f
+    docs = {}
+    for res in kust["resources"]:
+        for doc in yaml.safe_load_all((CLUSTER / res).read_text()):
+            docs[(doc["kind"], doc["metadata"]["name"])] = doc
+    deployment = docs[("Deployment", "streamfilter-worker")]
+    assert deployment["spec"]["replicas"] >= 2
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    env = {e["name"]: e for e in container["env"]}
+    assert "value" not in env["STREAMFILTER_PG_PASSWORD"]  # from the Secret, never inline
+    assert env["STREAMFILTER_PG_PASSWORD"]["valueFrom"]["secretKeyRef"]["name"]
+    s = _cluster_settings({k: e["value"] for k, e in env.items() if "value" in e}, monkeypatch)
+    assert s.cluster.enabled and "@streamfilter-postgres:" in s.state.url
+    assert container["args"] == ["run", "--config", "/etc/streamfilter/cluster.toml"]
+    assert pod["volumes"][0]["configMap"]["name"] in generated
+    assert "cluster.toml" in generated[pod["volumes"][0]["configMap"]["name"]]
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert {p["containerPort"] for p in container["ports"]} == {s.metrics.port}
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    svc = docs[("Service", "streamfilter-worker")]
+    pdb = docs[("PodDisruptionBudget", "streamfilter-worker")]
+    for selector in (svc["spec"]["selector"], pdb["spec"]["selector"]["matchLabels"]):
+        assert selector.items() <= labels.items()
+    pg = docs[("StatefulSet", "streamfilter-postgres")]["spec"]["template"]["spec"]
+    assert pg["volumes"][0]["configMap"]["name"] == "streamfilter-postgres-init"
 
 
 def test_dockerfile_and_systemd_unit_agree_with_the_cli(tmp_path):

@@ -13,6 +13,14 @@ if pg_running; then
     pg_url
     exit 0
 fi
+if [ "${PG_KEEP_DATA:-0}" = 1 ] && [ -f "$PG_RUN_DIR/data/PG_VERSION" ] && [ -f "$PG_RUN_DIR/password" ]; then
+    # the files `PG_KEEP_DATA=1 pg-down.sh` kept: start the same cluster again (same data,
+    # port and password)
+    pg_as_owner "$PG_BIN/pg_ctl" -D "$PG_RUN_DIR/data" -l "$PG_RUN_DIR/postgres.log" -w \
+        -t "$PG_START_TIMEOUT" start >/dev/null 9>&- || { tail -n 40 "$PG_RUN_DIR/postgres.log" >&2; exit 1; }
+    pg_url
+    exit 0
+fi
 rm -rf "$PG_RUN_DIR"
 mkdir -p "$PG_RUN_DIR"
 umask 077

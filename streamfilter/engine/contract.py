@@ -77,6 +77,7 @@ class RejectReason(StrEnum):
     LATE = "late"
     FUTURE = "future"
     WRONG_DAY = "wrong_day"
+    WRONG_PARTITION = "wrong_partition"
     # queries
     UNKNOWN_QUERY_KIND = "unknown_query_kind"
     INVALID_QUERY = "invalid_query"
@@ -113,6 +114,8 @@ REJECT_REASON_MEANING: dict[RejectReason, str] = {
     RejectReason.LATE: "the event's day is already closed",
     RejectReason.FUTURE: "the event's day is after today (UTC) plus [window] future_slack",
     RejectReason.WRONG_DAY: "Python API: an event of another day passed to close_day",
+    RejectReason.WRONG_PARTITION: "cluster mode: the event's user_id does not map to the Kafka "
+    "partition it was read from (murmur2 of user_id over the day's pinned partition count)",
     RejectReason.UNKNOWN_QUERY_KIND: "kind is not sum, histogram or linear",
     RejectReason.INVALID_QUERY: "a query field is missing, malformed or out of range",
     RejectReason.DUPLICATE_QUERY_ID: "query_id already registered with another definition",

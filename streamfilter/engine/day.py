@@ -17,7 +17,12 @@ import numpy as np
 
 from streamfilter.engine.active_set import ACTIVE_SET_QUERY_ID, ActiveSetTracker
 from streamfilter.engine.contract import Release
-from streamfilter.engine.coverage import COVERAGE_NOISE_ID, CoverageTracker, coverage_counts
+from streamfilter.engine.coverage import (
+    COVERAGE_NOISE_ID,
+    CoverageCounts,
+    CoverageTracker,
+    coverage_counts,
+)
 from streamfilter.engine.ledger import BudgetLedger, KeyedUsers
 from streamfilter.engine.params import LINF_FAILURE_PROBABILITY, PrivacyParams
 from streamfilter.engine.queries import AnyQuery
@@ -25,7 +30,16 @@ from streamfilter.engine.records import DayRecords
 from streamfilter.privacy.individual import filter_contributions, query_vectors
 from streamfilter.privacy.noise import RandomBits, SeededRandomBits, discrete_gaussian, gaussian
 
-__all__ = ["DayOutcome", "ExactDayStats", "SeededPerRelease", "close_day", "noisy_release"]
+__all__ = [
+    "DayOutcome",
+    "DayPartial",
+    "ExactDayStats",
+    "SeededPerRelease",
+    "close_day",
+    "noisy_release",
+    "partial_day",
+    "release_partials",
+]
 
 
 class SeededPerRelease:
@@ -177,6 +191,27 @@ def _filter_day(
     return totals, admitted_n, refused_n
 
 
+def with_coverage(
+    day: str,
+    releases: Sequence[Release],
+    queries: Sequence[AnyQuery],
+    tracker: CoverageTracker,
+    counts: CoverageCounts,
+    params: PrivacyParams,
+    bits: RandomBits,
+) -> tuple[list[Release], CoverageTracker]:
+    """The day's query releases with their coverage (docs/design.md §2.11): the day's exact
+    ``counts`` go into ``tracker`` with noise from the day's own coverage key, so no other
+    released value moves; returns the releases and the tracker after the day."""
+    estimate, after = tracker.step(counts, _bits_for(bits, day, COVERAGE_NOISE_ID))
+    gamma = params.granularity
+    covered = [
+        replace(r, coverage=estimate.for_cost(params.lattice.max_cost_units(q.clip), gamma))
+        for r, q in zip(releases, queries, strict=True)
+    ]
+    return covered, after
+
+
 def close_day(
     records: DayRecords,
     queries: Sequence[AnyQuery],
@@ -219,13 +254,9 @@ def close_day(
         counts = coverage_counts(
             spent_before, retired_before, spent, retired, budget, coverage.thresholds_units
         )
-        noise = _bits_for(bits, records.day, COVERAGE_NOISE_ID)
-        estimate, covered = coverage.step(counts, noise)
-        gamma = params.granularity
-        releases[: len(queries)] = [
-            replace(r, coverage=estimate.for_cost(params.lattice.max_cost_units(q.clip), gamma))
-            for r, q in zip(releases, queries, strict=False)
-        ]
+        releases[: len(queries)], covered = with_coverage(
+            records.day, releases[: len(queries)], queries, coverage, counts, params, bits
+        )
     changed = np.flatnonzero((spent != spent_before) | (retired != retired_before))
     return DayOutcome(
         day=records.day,
@@ -244,4 +275,106 @@ def close_day(
         ),
         active_set=tracker,
         coverage=covered,
+    )
+
+
+@dataclass(frozen=True)
+class DayPartial:
+    """One part of a day (a cluster worker's partition, docs/design.md §7.2): the exact integer
+    sums of its users' admitted contributions per query and its users' new budgets; no noise.
+
+    Every user of the day is in exactly one part, and every step of ``_filter_day`` is row-wise,
+    so adding the parts' ``sums`` (and ``counters``) gives exactly the single process's sums
+    (and counts). ``counters`` are named exact per-user counts of the part (SENSITIVE, like
+    :class:`ExactDayStats`): stored beside the partial sums, never published."""
+
+    day: str
+    sums: dict[str, np.ndarray]
+    counters: dict[str, int]
+    changed_users: np.ndarray
+    spent_units: np.ndarray
+    retired: np.ndarray
+
+
+def partial_day(
+    records: DayRecords,
+    queries: Sequence[AnyQuery],
+    ledger: BudgetLedger,
+    params: PrivacyParams,
+    coverage_thresholds_units: tuple[int, ...] | None = None,
+) -> DayPartial:
+    """Algorithm 3's admission and exact sums for the users of ``records`` (one part of the
+    day), against their budgets in ``ledger``; no noise (that is :func:`release_partials`).
+    With ``coverage_thresholds_units`` the part's exact coverage counts are among its
+    ``counters`` (sums over its users, so the parts' counts add: :func:`coverage_counts_of`)."""
+    users = records.users
+    keys = ledger.keys_of(users, records.keys)
+    located = ledger.locate(users, keys)
+    spent, retired = ledger.state_at(located)
+    spent_before, retired_before = spent.copy(), retired.copy()
+    totals, admitted_n, refused_n = _filter_day(records, queries, params, spent, retired)
+    changed = np.flatnonzero((spent != spent_before) | (retired != retired_before))
+    counters = {"users_with_records": records.n_users}
+    for query, a, r in zip(queries, admitted_n, refused_n, strict=True):
+        counters[f"admitted:{query.query_id}"] = a
+        counters[f"refused:{query.query_id}"] = r
+    if coverage_thresholds_units is not None:
+        counts = coverage_counts(
+            spent_before,
+            retired_before,
+            spent,
+            retired,
+            params.budget_units,
+            coverage_thresholds_units,
+        )
+        counters[_COUNTED] = counts.counted
+        for k, departed in enumerate(counts.departed):
+            counters[f"{_DEPARTED}{k}"] = departed
+    return DayPartial(
+        day=records.day,
+        sums={q.query_id: t for q, t in zip(queries, totals, strict=True)},
+        counters=counters,
+        changed_users=users[changed],
+        spent_units=spent[changed],
+        retired=retired[changed],
+    )
+
+
+#: names of the coverage counts among a part's ``counters``
+_COUNTED, _DEPARTED = "coverage:counted", "coverage:departed:"
+
+
+def coverage_counts_of(counters: dict[str, int], thresholds: int) -> CoverageCounts:
+    """The day's :class:`CoverageCounts` from the summed ``counters`` of its parts."""
+    return CoverageCounts(
+        counters.get(_COUNTED, 0),
+        tuple(counters.get(f"{_DEPARTED}{k}", 0) for k in range(thresholds)),
+    )
+
+
+def release_partials(
+    day: str,
+    queries: Sequence[AnyQuery],
+    sums: dict[str, np.ndarray],
+    params: PrivacyParams,
+    bits: RandomBits,
+    coverage: tuple[CoverageTracker, CoverageCounts] | None = None,
+) -> tuple[list[Release], CoverageTracker | None]:
+    """The day's releases from the exact sums over all parts: the same :func:`noisy_release`
+    as the single process, one noise batch per query in registration order; with
+    ``coverage`` (the tracker and the parts' summed counts), each carries its coverage as in
+    :func:`close_day`. Returns the releases and the tracker after the day."""
+    releases = [noisy_release(day, q, sums[q.query_id], params, bits) for q in queries]
+    if coverage is None:
+        return releases, None
+    tracker, counts = coverage
+    return with_coverage(day, releases, queries, tracker, counts, params, bits)
+
+
+def exact_stats_of(counters: dict[str, int], queries: Sequence[AnyQuery]) -> ExactDayStats:
+    """:class:`ExactDayStats` from the summed ``counters`` of a day's parts."""
+    return ExactDayStats(
+        users_with_records=counters.get("users_with_records", 0),
+        admitted_per_query={q.query_id: counters.get(f"admitted:{q.query_id}", 0) for q in queries},
+        refused_per_query={q.query_id: counters.get(f"refused:{q.query_id}", 0) for q in queries},
     )

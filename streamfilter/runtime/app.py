@@ -24,7 +24,7 @@ from streamfilter.runtime.io.base import NoQueryFeed, QueryFeed, Sink, Source
 from streamfilter.runtime.io.files import FileQueryFeed, FileSink, FileSource, StdoutSink
 from streamfilter.runtime.io.policy import PolicyFeed
 from streamfilter.runtime.io.synthetic import SyntheticSource
-from streamfilter.runtime.store import StateStore
+from streamfilter.runtime.store import StateStore, StoredState
 from streamfilter.runtime.store.open import open_store
 
 log = logging.getLogger("streamfilter.app")
@@ -240,6 +240,13 @@ def build_daemon(
             "`run` refuses it unless --testing is given"
         )
     bits: RandomBits = SeededPerRelease(seed) if seed is not None else SystemRandomBits()
+    if settings.cluster.enabled:
+        if not follow:
+            raise ConfigError(
+                "cluster.enabled: cluster workers follow the input; --until-end is not "
+                "available in cluster mode (stop the workers with SIGTERM)"
+            )
+        return _build_worker(settings, params, bits)
     store = open_store(settings.state)
     try:
         fingerprint = config_fingerprint(params, settings)
@@ -313,24 +320,132 @@ def build_daemon(
             [r for r in daemon.engine.history if r.day == last],
             store.size_bytes(),
         )
+        _serve_metrics(settings, parts)
+    return parts
+
+
+def _serve_metrics(settings: Settings, parts: Components) -> None:
+    """Start ``parts.metrics``. A port that cannot be bound is a configuration error when
+    ``[metrics] enabled`` was set explicitly; with the default it is a warning and the run goes
+    on without the endpoint."""
+    assert parts.metrics is not None
+    try:
+        parts.metrics.start()
+    except OSError as exc:
+        m = settings.metrics
+        if "enabled" in m.model_fields_set:  # asked for explicitly: refuse to run without
+            parts.close()
+            raise ConfigError(f"metrics.port: cannot listen on {m.host}:{m.port}: {exc}") from None
+        log.warning(
+            "metrics: cannot listen on %s:%d (%s); running without /metrics, /healthz and "
+            "/readyz — set [metrics] port, or enabled = false to opt out",
+            m.host,
+            m.port,
+            exc.strerror or exc,
+        )
+        parts.metrics = None
+
+
+def _build_worker(settings: Settings, params: PrivacyParams, bits: RandomBits) -> Components:
+    """Cluster mode (docs/design.md §7): a worker over the group's partitions and the shared
+    ledger; the release sink is built only if this worker becomes the releaser."""
+    from streamfilter.runtime.cluster import ClusterDaemon
+    from streamfilter.runtime.io.kafka import KafkaGroupSource
+    from streamfilter.runtime.io.kafka_errors import check_group_access, kafka_access
+    from streamfilter.runtime.store.cluster import ClusterLedger
+
+    st = settings.state
+    assert st.url is not None  # checked by the configuration
+    ledger = ClusterLedger(st.url, schema=st.pg_schema, password=st.postgres_password())
+    parts: list[object] = [ledger]
+    try:
+        fingerprint = config_fingerprint(params, settings)
+        ledger.set_config_fingerprint(fingerprint)  # the first worker's stays
+        if ledger.load_fingerprint() != fingerprint:
+            raise ConfigError(
+                f"[privacy] differs from the configuration the cluster's ledger was created with "
+                f"(state {st.describe()}); start a new ledger instead"
+            )
+        # coverage with every release, on by default: the first worker charges it once and
+        # stores the tracker in the ledger; the releaser steps it with every released day
+        coverage = load_coverage(settings, params, ledger, ledger.coverage_state())
+        check_topics(settings)
+        s, k, c = settings.source, settings.kafka, settings.cluster
+        assert s.topic is not None
+        check_group_access(k.client_config(), k.group_id, s.topic)
+        with kafka_access(k.client_config(), topic=s.topic, role="source.topic", group=k.group_id):
+            source = KafkaGroupSource(
+                s.topic,
+                k.client_config(),
+                k.group_id,
+                session_timeout_s=c.session_timeout,
+                heartbeat_interval_s=c.heartbeat_interval,
+                max_poll_interval_s=c.max_poll_interval,
+            )
+        parts.append(source)
+        feed = _feed(settings)
+        parts.append(feed)
+        reject_sink = _sink(
+            settings, settings.rejects.kind, settings.rejects_path(), settings.rejects.topic, False
+        )
+    except BaseException:
+        for part in reversed(parts):
+            with contextlib.suppress(Exception):
+                part.close()  # type: ignore[attr-defined]
+        raise
+
+    def release_sink() -> Sink:
+        return _sink(
+            settings, settings.sink.kind, settings.sink.path or Path(), settings.sink.topic, True
+        )
+
+    metrics = None
+    if settings.metrics.enabled:  # several workers on one host need one [metrics] port each
+        from streamfilter.runtime.observe.http import metrics_endpoint
+
+        metrics = metrics_endpoint(settings, params)
         try:
             metrics.start()
         except OSError as exc:
-            m = settings.metrics
-            if "enabled" in m.model_fields_set:  # asked for explicitly: refuse to run without
-                parts.close()
-                raise ConfigError(
-                    f"metrics.port: cannot listen on {m.host}:{m.port}: {exc}"
-                ) from None
-            log.warning(
-                "metrics: cannot listen on %s:%d (%s); running without /metrics, /healthz and "
-                "/readyz — set [metrics] port, or enabled = false to opt out",
-                m.host,
-                m.port,
-                exc.strerror or exc,
-            )
-            parts.metrics = None
-    return parts
+            for part in reversed(parts):
+                with contextlib.suppress(Exception):
+                    part.close()  # type: ignore[attr-defined]
+            raise ConfigError(
+                f"metrics.port: cannot listen on {settings.metrics.host}:{settings.metrics.port}: "
+                f"{exc.strerror or exc} (give each worker on a host its own port, or set "
+                "[metrics] enabled = false)"
+            ) from None
+    w, lim = settings.window, settings.limits
+    daemon = ClusterDaemon(
+        Engine(params, bits, coverage=coverage),
+        ledger,
+        source,
+        feed,
+        release_sink,
+        reject_sink,
+        lease_s=settings.cluster.releaser_lease,
+        allowed_lateness_s=w.allowed_lateness,
+        idle_timeout_s=w.idle_timeout,
+        poll_interval_s=w.poll_interval,
+        future_slack_s=w.future_slack,
+        limits=InputLimits(
+            max_event_bytes=lim.max_event_bytes,
+            max_query_bytes=lim.max_query_bytes,
+            max_query_memory_bytes=lim.max_query_memory_bytes,
+            expected_users=lim.expected_users,
+            max_live_queries=lim.max_live_queries,
+            max_reject_raw_bytes=settings.rejects.max_raw_bytes,
+        ),
+        observer=metrics.observer if metrics is not None else None,
+        state=StoredState(None, None, 0),
+    )
+    return _WorkerComponents(daemon, ledger, source, daemon.sink, reject_sink, metrics)
+
+
+class _WorkerComponents(Components):
+    def close(self) -> None:
+        self.sink = self.daemon.sink  # the release sink, if this worker became the releaser
+        super().close()
 
 
 def startup_summary(settings: Settings, parts: Components) -> str:
@@ -361,7 +476,7 @@ def startup_summary(settings: Settings, parts: Components) -> str:
     return (
         f"starting: source {src}; queries {queries}; "
         f"releases {where(settings.sink.kind, settings.sink.path, settings.sink.topic)}; "
-        f"state {settings.state.path} (last closed day "
+        f"state {settings.state.describe()} (last closed day "
         f"{parts.daemon.engine.last_closed_day or 'none'}); privacy {g.rho:g}-zCDP per user "
         f"(+ telemetry {settings.telemetry.rho:g}), {params.mechanism} σ = "
         f"{params.sigma_released:.4g}, B_norm = {params.b_norm:g}, exhaustion "

@@ -212,6 +212,9 @@ class Daemon:
         self._last_seen: dict[str, float] = {}
         self._started = monotonic()
         self._input_down_probe_at: float | None = None  # set while the input's broker is down
+        #: a subclass's check of each parsed batch (partition, parsed) → parsed, a ``Reject`` in
+        #: place of each record it refuses (cluster mode: ``wrong_partition``); None: no check
+        self._screen: Callable[[str, Any], Any] | None = None
         self._restore(state if state is not None else store.load())
 
     # ------------------------------------------------------------------ start-up
@@ -435,6 +438,8 @@ class Daemon:
         if limit < MAX_EVENT_BYTES and max(map(len, values)) > limit:
             too_big = Reject(RejectReason.OVERSIZED, f"event exceeds {limit} bytes")
             parsed = [too_big if len(v) > limit else p for p, v in zip(parsed, values, strict=True)]
+        if self._screen is not None:
+            parsed = self._screen(partition, parsed)
         self.summary.records_read += len(values)
         self._last_seen[partition] = self.monotonic()
         self.observer.records_read(partition, len(values))

@@ -1,11 +1,13 @@
 """Issue #18, point 5: streamfilter runs as a restricted PostgreSQL role, created by the
-operator's script ``deploy/postgres/worker-role.sql`` (no superuser, no CREATEDB/CREATEROLE, no
+operator's script ``deploy/cluster/postgres-init.sh`` (``deploy/cluster/worker-role.sql``; the
+compose file and the Kubernetes manifests run the same script when the database first starts) (no superuser, no CREATEDB/CREATEROLE, no
 replication, no BYPASSRLS; it owns one schema and may connect). The seeded golden run publishes
 the same bytes as with the administrator's role, and the role can touch nothing else.
 """
 
 from __future__ import annotations
 
+import os
 import secrets
 import shutil
 import subprocess
@@ -18,18 +20,33 @@ import pytest
 from streamfilter.cli import main
 from tests.test_golden_releases import GOLDEN
 
-ROLE_SQL = Path(__file__).resolve().parents[2] / "deploy" / "postgres" / "worker-role.sql"
+CLUSTER = Path(__file__).resolve().parents[2] / "deploy" / "cluster"
 
 
-def _psql(url: str, *args: str) -> subprocess.CompletedProcess[str]:
-    psql = shutil.which("psql")
-    assert psql, "psql (postgresql-client) is installed with the server by make test-deps"
-    return subprocess.run(
-        [psql, url, "-X", "-q", "-v", "ON_ERROR_STOP=1", *args],
+def _init_role(admin_url: str, role: str, schema: str, password: str) -> None:
+    """Run the operator's script as the container entrypoint would, against the test server."""
+    assert shutil.which("psql"), "psql (postgresql-client) comes with the server (make test-deps)"
+    url = urlsplit(admin_url)
+    env = {
+        **os.environ,
+        "PGHOST": url.hostname or "127.0.0.1",
+        "PGPORT": str(url.port),
+        "PGPASSWORD": url.password or "",
+        "POSTGRES_USER": url.username or "",
+        "POSTGRES_DB": url.path.lstrip("/"),
+        "STREAMFILTER_PG_ROLE": role,
+        "STREAMFILTER_PG_SCHEMA": schema,
+        "STREAMFILTER_PG_PASSWORD": password,
+        "STREAMFILTER_ROLE_SQL": str(CLUSTER / "worker-role.sql"),
+    }
+    made = subprocess.run(
+        ["bash", str(CLUSTER / "postgres-init.sh")],
+        env=env,
         capture_output=True,
         text=True,
         timeout=60,
     )
+    assert made.returncode == 0, made.stderr
 
 
 def test_streamfilter_runs_as_a_restricted_role(postgres_url, tmp_path, monkeypatch):
@@ -37,18 +54,7 @@ def test_streamfilter_runs_as_a_restricted_role(postgres_url, tmp_path, monkeypa
     role = f"sf_worker_{uuid.uuid4().hex[:8]}"
     schema = f"sf_state_{uuid.uuid4().hex[:8]}"
     password = secrets.token_urlsafe(18)
-    made = _psql(
-        postgres_url,
-        "-v",
-        f"role={role}",
-        "-v",
-        f"schema={schema}",
-        "-v",
-        f"password={password}",
-        "-f",
-        str(ROLE_SQL),
-    )
-    assert made.returncode == 0, made.stderr
+    _init_role(postgres_url, role, schema, password)
     with psycopg.connect(postgres_url, autocommit=True) as admin:
         flags = admin.execute(
             "SELECT rolsuper, rolcreatedb, rolcreaterole, rolreplication, rolbypassrls "

@@ -57,3 +57,18 @@ def test_make_pg_up_is_idempotent_and_pg_down_removes_the_cluster():
             ["make", "--no-print-directory", "pg-down"], cwd=ROOT, env=env, timeout=120
         )
     assert down.returncode == 0 and not run_dir.exists()
+
+
+def test_a_server_stopped_with_keep_data_starts_again_with_its_data(postgres_private_server):
+    """``PG_KEEP_DATA=1`` pg-down.sh then pg-up.sh: the same server (URL, password, data)."""
+    server = postgres_private_server
+    url = server.url
+    with psycopg.connect(url) as con:
+        con.execute("CREATE TABLE kept (x INT)")
+        con.execute("INSERT INTO kept VALUES (42)")
+    server.stop(keep_data=True)
+    with pytest.raises(psycopg.OperationalError):
+        psycopg.connect(url, connect_timeout=5)
+    assert server.start(keep_data=True) == url
+    with psycopg.connect(url) as con:
+        assert con.execute("SELECT x FROM kept").fetchall() == [(42,)]

@@ -9,7 +9,9 @@ back. Releases go out in Kafka transactions under the releases topic's own trans
 topic with its state. A release is marked sent in the store only after its transaction
 committed, and a restart republishes the stored bytes, so the releases topic holds exactly one
 distinct value per key for ``read_committed`` readers (possibly repeated: readers dedupe on the
-key). Codec handling: ``kafka_codecs``.
+key). Codec handling: ``kafka_codecs``. In cluster mode (docs/design.md §7) the workers read the
+events through the consumer group instead (``KafkaGroupSource``) and only the releaser builds the
+release sink.
 """
 
 from __future__ import annotations
@@ -22,7 +24,13 @@ from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any
 
-from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
+from kafka import (
+    ConsumerRebalanceListener,
+    KafkaAdminClient,
+    KafkaConsumer,
+    KafkaProducer,
+    TopicPartition,
+)
 from kafka.admin import NewTopic
 from kafka.errors import (
     AuthorizationError,
@@ -33,6 +41,7 @@ from kafka.errors import (
     TopicAlreadyExistsError,
     TopicAuthorizationFailedError,
 )
+from kafka.partitioner.default import murmur2
 from kafka.structs import OffsetAndMetadata
 
 from streamfilter.errors import KafkaAccessError, PublisherFencedError, PublishError
@@ -41,11 +50,13 @@ from streamfilter.runtime.io.kafka_codecs import Undecodable, poll_decodable
 from streamfilter.runtime.io.kafka_errors import kafka_access
 
 __all__ = [
+    "KafkaGroupSource",
     "KafkaQueryFeed",
     "KafkaSink",
     "KafkaSource",
     "TopicSpec",
     "create_topics",
+    "key_partition",
     "missing_topics",
     "release_transactional_id",
 ]
@@ -259,6 +270,145 @@ class KafkaSource(Source):
 
     def close(self) -> None:
         self._c.close()
+
+
+def key_partition(key: bytes, partitions: int) -> int:
+    """The partition Kafka's default partitioner (the Java client's and kafka-python's) gives a
+    record with ``key``: ``(murmur2(key) & 0x7fffffff) % partitions``."""
+    return (murmur2(key) & 0x7FFFFFFF) % partitions
+
+
+def _batches(
+    polled: dict[TopicPartition, list[Any]], undecodable: list[Undecodable]
+) -> list[RecordBatch]:
+    out: list[RecordBatch] = [
+        RecordBatch(_label(u.tp), [u.offset], [b""], u.offset + 1, undecodable=u.detail)
+        for u in undecodable
+    ]
+    for tp, records in sorted(polled.items(), key=lambda kv: kv[0].partition):
+        if not records:
+            continue
+        offsets = list(map(_OFFSET, records))
+        values = list(map(_VALUE, records))
+        if None in values:  # a tombstone (null value) is an empty record: rejected as such
+            values = [b"" if v is None else v for v in values]
+        out.append(RecordBatch(_label(tp), offsets, values, offsets[-1] + 1))
+    return out
+
+
+class _Rebalance(ConsumerRebalanceListener):
+    def __init__(self, source: KafkaGroupSource) -> None:
+        self.source = source
+
+    def on_partitions_revoked(self, revoked: Any) -> None:
+        self.source._assigned([])
+
+    def on_partitions_assigned(self, assigned: Any) -> None:
+        self.source._assigned(sorted(assigned, key=attrgetter("partition")))
+
+
+class KafkaGroupSource(Source):
+    """Events of the partitions the consumer group assigns this worker (cluster mode,
+    docs/design.md §7.1): Kafka's group protocol decides who reads what; a worker joining or
+    leaving rebalances the group without any operator action.
+
+    On every assignment (kafka-python's protocol is eager: a rebalance first revokes every
+    partition, then assigns the new set) ``on_assign`` is called inside the poll with the new
+    partitions' labels (an empty list on revocation) and returns where each must resume (the ledger's stored positions); the
+    consumer seeks there before it fetches. The group's committed offsets only mirror the
+    ledger's, as in single-process mode."""
+
+    def __init__(
+        self,
+        topic: str,
+        client: dict[str, Any],
+        group_id: str,
+        *,
+        session_timeout_s: float = 10.0,
+        heartbeat_interval_s: float = 3.0,
+        max_poll_interval_s: float = 300.0,
+        poll_timeout_ms: int = 500,
+    ) -> None:
+        self.topic = topic
+        self.on_assign: Any = lambda labels: {}
+        self._tps: list[TopicPartition] = []
+        self._poll_timeout_ms = poll_timeout_ms
+        self.consumer = KafkaConsumer(
+            **client,
+            group_id=group_id,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            isolation_level="read_committed",
+            session_timeout_ms=int(session_timeout_s * 1000),
+            heartbeat_interval_ms=int(heartbeat_interval_s * 1000),
+            max_poll_interval_ms=int(max_poll_interval_s * 1000),
+        )
+        if not self.consumer.partitions_for_topic(topic):
+            self.consumer.close()
+            raise LookupError(f"kafka topic {topic!r} does not exist")
+        self.consumer.subscribe([topic], listener=_Rebalance(self))
+        self._ends: dict[TopicPartition, int] = {}
+        self._ends_at = 0.0
+
+    def _assigned(self, tps: list[TopicPartition]) -> None:
+        self._tps = list(tps)
+        offsets = self.on_assign([_label(tp) for tp in tps])  # also none: the worker idles
+        for tp in tps:
+            self.consumer.seek(tp, offsets.get(_label(tp), 0))
+        self._ends_at = 0.0
+
+    def partition_count(self) -> int:
+        """The topic's partition count in the client's metadata."""
+        return len(self.consumer.partitions_for_topic(self.topic) or ())
+
+    def partitions(self) -> list[str]:
+        return [_label(tp) for tp in self._tps]
+
+    def seek(self, offsets: dict[str, int]) -> None:  # positions come with each assignment
+        pass
+
+    def poll(self, max_records: int) -> list[SourceRecord]:
+        return [
+            SourceRecord(b.partition, offset, offset + 1, value)
+            for b in self.poll_batches(max_records)
+            for offset, value in zip(b.offsets, b.values, strict=True)
+        ]
+
+    def poll_batches(self, max_records: int) -> list[RecordBatch]:
+        polled, undecodable = poll_decodable(self.consumer, max_records, self._poll_timeout_ms)
+        return _batches(polled, undecodable)
+
+    def at_end(self) -> bool:
+        return False
+
+    def committed(self, offsets: dict[str, int]) -> None:
+        mirror = {
+            tp: OffsetAndMetadata(offsets[_label(tp)], "", -1)
+            for tp in self._tps
+            if _label(tp) in offsets
+        }
+        if mirror:
+            self.consumer.commit(mirror)
+
+    def lag(self) -> dict[str, int]:
+        ends = self.consumer.end_offsets(self._tps)
+        return {_label(tp): max(0, ends[tp] - self.consumer.position(tp)) for tp in self._tps}
+
+    def caught_up(self, partition: str) -> bool:
+        now = time.monotonic()
+        if now - self._ends_at >= 1.0:
+            try:
+                self._ends = self.consumer.end_offsets(self._tps)
+                self._ends_at = now
+            except KafkaError:
+                return False
+        tp = TopicPartition(self.topic, int(partition.rsplit(":", 1)[1]))
+        if tp not in self._ends:
+            return False
+        return bool(self.consumer.position(tp) >= self._ends[tp])
+
+    def close(self) -> None:
+        self.consumer.close(autocommit=False)
 
 
 class KafkaQueryFeed(QueryFeed):

@@ -16,6 +16,15 @@ __all__ = ["DaemonObserver"]
 
 
 class DaemonObserver:
+    def restore(
+        self,
+        last_closed_day: str | None,
+        releases: Sequence[Release] = (),
+        store_bytes: int | None = None,
+    ) -> None:
+        """The stored state: its last closed day (a cluster worker calls it again whenever the
+        cluster released a day), that day's releases, the store's size."""
+
     def started(self) -> None:
         """The store is open and the source seeked: the daemon is ready."""
 
@@ -27,6 +36,9 @@ class DaemonObserver:
 
     def partitions(self, count: int, added: list[str]) -> None:
         """The input has ``count`` partitions; ``added`` were added while running."""
+
+    def partitions_owned(self, owned: int) -> None:
+        """Cluster mode: this worker owns ``owned`` partitions of the events topic now."""
 
     def outbox(self, pending: int) -> None:
         """The outbox holds ``pending`` committed releases not yet acknowledged."""

@@ -197,6 +197,7 @@ class PrometheusObserver(DaemonObserver):
             "Input partitions the daemon reads (added partitions included once seen).",
             registry=r,
         )
+        self.partitions_owned_gauge: Gauge | None = None  # cluster workers only (below)
         self.partitions_added = Counter(
             "streamfilter_source_partitions_added_total",
             "Input partitions added while the daemon ran (read from their beginning).",
@@ -418,6 +419,17 @@ class PrometheusObserver(DaemonObserver):
 
     def offsets_skipped(self, partition: str, count: int) -> None:
         self.offsets_skipped_total.inc(count)
+
+    def partitions_owned(self, owned: int) -> None:
+        if self.partitions_owned_gauge is None:  # registered by cluster workers only, so that
+            # a single process does not read as a worker that owns nothing
+            self.partitions_owned_gauge = Gauge(
+                "streamfilter_cluster_partitions_owned",
+                "Cluster mode: partitions of the events topic this worker owns (the group "
+                "assigned them); summed over the workers it equals streamfilter_source_partitions.",
+                registry=self.registry,
+            )
+        self.partitions_owned_gauge.set(owned)
 
     def partitions(self, count: int, added: list[str]) -> None:
         self.source_partitions.set(count)

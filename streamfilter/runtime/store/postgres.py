@@ -88,6 +88,9 @@ def _driver() -> Any:
 class PostgresStateStore(StateStore):
     """A state in one schema of a PostgreSQL database; single writer by advisory lock."""
 
+    #: False in a subclass whose writers share the state (the cluster ledger, ``store.cluster``)
+    single_writer = True
+
     def __init__(self, url: str, *, schema: str = "streamfilter", password: str | None = None):
         if not _SCHEMA_NAME.fullmatch(schema):
             raise StoreError(
@@ -105,25 +108,43 @@ class PostgresStateStore(StateStore):
                 f"{_first_line(exc)}; refusing to start"
             ) from None
         try:
-            locked = self._db.execute(
-                "SELECT pg_try_advisory_lock(hashtextextended(%s, 0))", (f"streamfilter:{schema}",)
-            ).fetchone()[0]
+            locked = (
+                not self.single_writer
+                or self._db.execute(
+                    "SELECT pg_try_advisory_lock(hashtextextended(%s, 0))",
+                    (f"streamfilter:{schema}",),
+                ).fetchone()[0]
+            )
             if not locked:
                 raise StoreLockedError(
                     f"state store {self.where} is in use by another streamfilter process (its "
                     "advisory lock is held); only one writer may own a state"
                 )
-            with self._transaction() as cur:
-                # only when missing: CREATE SCHEMA IF NOT EXISTS checks the CREATE privilege on
-                # the database first, which a restricted role owning its schema does not hold
-                # (deploy/postgres/worker-role.sql)
-                cur.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (schema,))
-                if cur.fetchone() is None:
-                    cur.execute(f"CREATE SCHEMA {schema}")
-                cur.execute(_TABLES.format(s=schema))
+            # concurrent CREATE ... IF NOT EXISTS can collide: one creator at a time. The lock
+            # is taken before the transaction: a serializable transaction's snapshot is taken at
+            # its first statement, so one that waited for the lock inside it would not see the
+            # schema its predecessor created (and would create it again: DuplicateSchema)
+            ddl_lock = (f"streamfilter-ddl:{schema}",)
+            self._db.execute("SELECT pg_advisory_lock(hashtextextended(%s, 0))", ddl_lock)
+            try:
+                with self._transaction() as cur:
+                    # only when missing: CREATE SCHEMA IF NOT EXISTS checks the CREATE privilege
+                    # on the database first, which a restricted role owning its schema does not
+                    # hold (deploy/cluster/worker-role.sql)
+                    cur.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (schema,))
+                    if cur.fetchone() is None:
+                        cur.execute(f"CREATE SCHEMA {schema}")
+                    cur.execute(_TABLES.format(s=schema))
+                    self._create_more(cur)
+            finally:
+                with suppress(self._psycopg.Error):  # a lost connection released it already
+                    self._db.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", ddl_lock)
         except BaseException:
             self._db.close()
             raise
+
+    def _create_more(self, cur: Any) -> None:
+        """A subclass's own tables, created in the same transaction as the common ones."""
 
     # -- plumbing --------------------------------------------------------------------------
     @contextmanager
@@ -297,16 +318,27 @@ class PostgresStateStore(StateStore):
         active_set_state: bytes | None = None,
         coverage_state: bytes | None = None,
     ) -> TelemetryBalance:
-        """Check, then commit, in one serializable transaction (see :class:`StateStore`)."""
+        """Check, then commit, in one serializable transaction (see :class:`StateStore`).
+
+        The coverage tracker's one-time charge is made at most once per state: a charge that
+        comes with ``coverage_state`` when the state already holds one (cluster workers starting
+        together, docs/design.md §7) finds it made, under the ledger's exclusive lock, and writes
+        nothing."""
         check_telemetry_arguments(charge, rho_total)
         s = self.schema
         with self._transaction() as cur:
+            # LOCK TABLE takes no snapshot: the reads below see every earlier charge
             cur.execute(f"LOCK TABLE {s}.telemetry_ledger IN EXCLUSIVE MODE")
             row = cur.execute(
                 f"SELECT value FROM {s}.meta WHERE key = 'telemetry_rho_total'"
             ).fetchone()
             pinned = None if row is None else str(row[0])
             charges = [float(r) for (r,) in cur.execute(f"SELECT rho FROM {s}.telemetry_ledger")]
+            if (
+                coverage_state is not None
+                and cur.execute(f"SELECT 1 FROM {s}.meta WHERE key = 'coverage_state'").fetchone()
+            ):
+                return telemetry_balance(rho_total, charges)
             check_telemetry_charge(charge, rho_total, pinned, charges, self.where)
             if pinned is None:
                 self._set_meta(cur, "telemetry_rho_total", repr(float(rho_total)))

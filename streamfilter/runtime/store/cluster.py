@@ -1,0 +1,538 @@
+"""The cluster ledger: the state that every worker of a cluster shares, in PostgreSQL
+(docs/design.md §7).
+
+It extends the PostgreSQL state store (same schema: budgets, the query book, releases with their
+outbox flag, meta) without its single-writer lock, and adds:
+
+* ``cluster_partitions``: per input partition its **epoch** (incremented by every worker that is
+  assigned the partition), its input positions and the last day it committed;
+* ``cluster_days``: per day the **pinned partition count** (fixed when the day is first seen:
+  events are verified against it, §7.1) and whether the day's queries are frozen and whether it
+  is released;
+* ``cluster_commits`` and ``cluster_partials``: per (day, partition) who committed it and its
+  exact named counters, and per (day, query, partition) the **exact integer partial sum**. They
+  are as sensitive as the events: they never leave the database.
+
+Transactions (all ``SERIALIZABLE``):
+
+* :meth:`ClusterLedger.commit_partitions` — a worker's day close for its partitions: the epochs
+  checked (``SELECT … FOR UPDATE``; a worker that lost a partition is refused with
+  :class:`PartitionFencedError` and writes nothing), the day barrier checked (the day before is
+  released, §7.2), the budgets debited, the partials written, the positions advanced.
+* :meth:`ClusterLedger.release_day` — the releaser's: once every pinned partition committed the
+  day, the partials summed exactly, the noise drawn (by the caller, inside the transaction), the
+  releases stored under their primary key ``(day, query_id)`` and the day marked released. Killed
+  before the commit it left nothing; after it the stored noise is the only noise.
+* :meth:`ClusterLedger.add_query` / :meth:`ClusterLedger.freeze_day` — the query book is one
+  list in registration order; both take the same row lock, so registrations are serialised
+  and a day's queries cannot change once the day is frozen.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from streamfilter.engine.contract import Reject, RejectReason
+from streamfilter.engine.day import DayPartial
+from streamfilter.errors import StoreError
+from streamfilter.runtime.store.base import Position
+from streamfilter.runtime.store.postgres import PostgresStateStore, _first_line
+
+__all__ = [
+    "Claim",
+    "ClusterLedger",
+    "ClusterView",
+    "MakeReleases",
+    "PartitionFencedError",
+    "ReleaserFencedError",
+]
+
+_CLUSTER_TABLES = """
+CREATE TABLE IF NOT EXISTS {s}.cluster_partitions (
+    partition INTEGER PRIMARY KEY, epoch BIGINT NOT NULL, owner TEXT NOT NULL,
+    resume_offset BIGINT NOT NULL DEFAULT 0, high_offset BIGINT NOT NULL DEFAULT 0,
+    committed_day TEXT
+);
+CREATE TABLE IF NOT EXISTS {s}.cluster_days (
+    day TEXT PRIMARY KEY, partitions INTEGER NOT NULL CHECK (partitions > 0),
+    frozen BOOLEAN NOT NULL DEFAULT FALSE, released BOOLEAN NOT NULL DEFAULT FALSE,
+    releaser TEXT
+);
+CREATE TABLE IF NOT EXISTS {s}.cluster_commits (
+    day TEXT NOT NULL, partition INTEGER NOT NULL, epoch BIGINT NOT NULL, worker TEXT NOT NULL,
+    counters JSONB NOT NULL, PRIMARY KEY (day, partition)
+);
+CREATE TABLE IF NOT EXISTS {s}.cluster_partials (
+    day TEXT NOT NULL, query_id TEXT NOT NULL, partition INTEGER NOT NULL,
+    sums BIGINT[] NOT NULL, PRIMARY KEY (day, query_id, partition)
+);
+CREATE TABLE IF NOT EXISTS {s}.cluster_releaser (
+    id INTEGER PRIMARY KEY CHECK (id = 1), holder TEXT NOT NULL, token BIGINT NOT NULL,
+    expires_at TIMESTAMPTZ NOT NULL
+);
+INSERT INTO {s}.meta(key, value) VALUES ('frozen_through', '') ON CONFLICT (key) DO NOTHING;
+INSERT INTO {s}.meta(key, value) VALUES ('released_through', '') ON CONFLICT (key) DO NOTHING;
+"""
+
+
+#: how long a worker's session may sit inside an open transaction before the server ends it
+IDLE_IN_TRANSACTION_S = 60
+
+#: attempts of one transaction that PostgreSQL aborts for conflicting with another worker's
+SERIAL_RETRIES = 30
+
+
+#: the releaser's callback: (sums, counters, coverage state) → (releases, coverage state)
+MakeReleases = Callable[
+    [dict[str, np.ndarray], dict[str, int], bytes | None],
+    tuple[list[tuple[str, bytes]], bytes | None],
+]
+
+
+class PartitionFencedError(StoreError):
+    """A commit for a partition this worker no longer owns (its epoch moved on): refused."""
+
+
+class ReleaserFencedError(StoreError):
+    """A release by a worker whose releaser lease moved on or expired: refused."""
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A partition as a worker took it over: its new epoch and where to resume."""
+
+    epoch: int
+    position: Position
+    committed_day: str | None
+
+
+@dataclass(frozen=True)
+class ClusterView:
+    """The cluster's days: the last released, the last frozen, the first and last seen."""
+
+    released_through: str | None
+    frozen_through: str | None
+    #: the cluster's first day, pinned by the first freeze (None before: no day froze yet)
+    first_day: str | None
+    first_seen: str | None
+    last_day: str | None
+
+    def next_day(self) -> str | None:
+        """The day the cluster closes next: after the last released, else the first."""
+        if self.released_through is not None:
+            return _next(self.released_through)
+        return self.first_day
+
+
+def _next(day: str) -> str:
+    return (dt.date.fromisoformat(day) + dt.timedelta(days=1)).isoformat()
+
+
+def _prev_day(day: str) -> str:
+    return (dt.date.fromisoformat(day) - dt.timedelta(days=1)).isoformat()
+
+
+class ClusterLedger(PostgresStateStore):
+    """The shared ledger of a cluster's workers (see the module doc)."""
+
+    single_writer = False
+
+    def _create_more(self, cur: Any) -> None:
+        cur.execute(_CLUSTER_TABLES.format(s=self.schema))
+        # a worker stopped inside a transaction (SIGSTOP, a pause) holds row locks that would
+        # block the worker taking its partitions over: the server ends such a session (and with
+        # it the stopped worker's transaction and locks) after this long
+        cur.execute(f"SET idle_in_transaction_session_timeout = '{IDLE_IN_TRANSACTION_S}s'")
+
+    def _serial(self, body: Callable[[Any], Any]) -> Any:
+        """``body(cursor)`` in one serializable transaction, run again (after a short random
+        wait) when PostgreSQL aborts it for a conflict with another worker's transaction
+        (serialization failure, deadlock): the retried body reads everything afresh. Any other
+        driver error is a ``StoreError`` (rolled back; fail closed)."""
+        errors = self._psycopg.errors
+        retry = (errors.SerializationFailure, errors.DeadlockDetected)
+        for attempt in range(SERIAL_RETRIES):
+            try:
+                with self._db.transaction(), self._db.cursor() as cur:
+                    cur.execute("SET TRANSACTION ISOLATION LEVEL SERIALIZABLE")
+                    return body(cur)
+            except retry:
+                time.sleep(random.uniform(0, 0.02 * 2 ** min(attempt, 6)))
+            except self._psycopg.Error as exc:
+                raise StoreError(
+                    f"state store {self.where} failed to commit: {type(exc).__name__}: "
+                    f"{_first_line(exc)}"
+                ) from None
+        raise StoreError(
+            f"state store {self.where}: a transaction conflicted with other workers "
+            f"{SERIAL_RETRIES} times in a row; failing closed"
+        )
+
+    def set_config_fingerprint(self, fingerprint: str) -> None:
+        """Pin the fingerprint unless a worker starting at the same time pinned one first."""
+
+        def body(cur: Any) -> None:
+            cur.execute(
+                f"INSERT INTO {self.schema}.meta(key, value) VALUES('config_fingerprint', %s) "
+                "ON CONFLICT (key) DO NOTHING",
+                (fingerprint,),
+            )
+
+        self._serial(body)
+
+    def mark_sent(self, keys: list[tuple[str, str]]) -> None:
+        def body(cur: Any) -> None:
+            cur.executemany(
+                f"UPDATE {self.schema}.releases SET sent = TRUE WHERE day = %s AND query_id = %s",
+                keys,
+            )
+
+        self._serial(body)
+
+    def load_fingerprint(self) -> str | None:
+        """The configuration fingerprint the ledger was created with (None: a new ledger)."""
+        return self._meta("config_fingerprint")
+
+    # -- partitions ----------------------------------------------------------------------
+    def claim(self, partitions: Sequence[int], worker: str) -> dict[int, Claim]:
+        """Take over ``partitions``: each one's epoch incremented (a commit by the worker that
+        had it is refused from now on), and where it resumes."""
+        s = self.schema
+
+        def body(cur: Any) -> dict[int, Claim]:
+            out: dict[int, Claim] = {}
+            for p in sorted(partitions):
+                row = cur.execute(
+                    f"INSERT INTO {s}.cluster_partitions(partition, epoch, owner) "
+                    "VALUES (%s, 1, %s) ON CONFLICT (partition) DO UPDATE SET "
+                    f"epoch = {s}.cluster_partitions.epoch + 1, owner = excluded.owner "
+                    "RETURNING epoch, resume_offset, high_offset, committed_day",
+                    (p, worker),
+                ).fetchone()
+                out[p] = Claim(int(row[0]), Position(int(row[1]), int(row[2])), row[3])
+            return out
+
+        claims: dict[int, Claim] = self._serial(body)
+        return claims
+
+    def pin_day(self, day: str, partitions: int) -> int:
+        """The partition count of ``day``: ``partitions`` if the day is new, else the pinned."""
+        s = self.schema
+
+        def body(cur: Any) -> Any:
+            cur.execute(
+                f"INSERT INTO {s}.cluster_days(day, partitions) VALUES (%s, %s) "
+                "ON CONFLICT (day) DO NOTHING",
+                (day, partitions),
+            )
+            row = cur.execute(
+                f"SELECT partitions FROM {s}.cluster_days WHERE day = %s", (day,)
+            ).fetchone()
+            return int(row[0])
+
+        return int(self._serial(body))
+
+    def view(self) -> ClusterView:
+        rows = self._read(
+            "SELECT (SELECT value FROM {s}.meta WHERE key = 'released_through'), "
+            "(SELECT value FROM {s}.meta WHERE key = 'frozen_through'), "
+            "(SELECT value FROM {s}.meta WHERE key = 'first_day'), "
+            "(SELECT min(day) FROM {s}.cluster_days), (SELECT max(day) FROM {s}.cluster_days)"
+        )
+        released, frozen, first, first_seen, last = rows[0]
+        return ClusterView(released or None, frozen or None, first or None, first_seen, last)
+
+    # -- coverage (docs/design.md §2.11) ---------------------------------------------------
+    def coverage_state(self) -> bytes | None:
+        """The coverage tracker the ledger holds (None before the first worker charged it)."""
+        rows = self._read("SELECT value FROM {s}.meta WHERE key = 'coverage_state'")
+        return None if not rows else str(rows[0][0]).encode()
+
+    # -- queries -------------------------------------------------------------------------
+    def add_queries(self, canonical_jsons: Sequence[bytes]) -> None:
+        """Each query in its own serialised registration (see :meth:`add_query`)."""
+        for canonical_json in canonical_jsons:
+            self.add_query(canonical_json)
+
+    def add_query(self, canonical_json: bytes) -> None:
+        """Register a query unless its first day is frozen (``Reject('closed_day')``) or its id
+        is taken by another definition (``Reject('duplicate_query_id')``)."""
+        obj = json.loads(canonical_json)
+        s = self.schema
+
+        def body(cur: Any) -> Any:
+            frozen = cur.execute(
+                f"SELECT value FROM {s}.meta WHERE key = 'frozen_through' FOR UPDATE"
+            ).fetchone()[0]
+            row = cur.execute(
+                f"SELECT payload FROM {s}.queries WHERE query_id = %s", (obj["query_id"],)
+            ).fetchone()
+            if row is not None:
+                if bytes(row[0]) != bytes(canonical_json):
+                    raise Reject(
+                        RejectReason.DUPLICATE_QUERY_ID,
+                        "query_id is already registered with another definition",
+                    )
+                return
+            if frozen and str(obj["from_day"]) <= frozen:
+                raise Reject(
+                    RejectReason.CLOSED_DAY,
+                    "the query starts on a day whose queries are already frozen in the cluster",
+                )
+            cur.execute(
+                f"INSERT INTO {s}.queries(query_id, payload) VALUES(%s, %s)",
+                (obj["query_id"], bytes(canonical_json)),
+            )
+
+        self._serial(body)
+
+    def queries_after(self, seen: int) -> list[bytes]:
+        """The registered queries after the first ``seen``, in registration order."""
+        rows = self._read("SELECT payload FROM {s}.queries ORDER BY seq OFFSET %s", (seen,))
+        return [bytes(p) for (p,) in rows]
+
+    def freeze_day(self, day: str) -> bool:
+        """Freeze ``day``'s queries (no query starting on or before it is accepted after) if
+        ``day`` is the day the cluster closes next: the day after the last released one, or,
+        before any release, the cluster's first day — pinned here by the first freeze. False
+        (nothing written) for any other day."""
+        s = self.schema
+
+        def body(cur: Any) -> bool:
+            frozen = cur.execute(
+                f"SELECT value FROM {s}.meta WHERE key = 'frozen_through' FOR UPDATE"
+            ).fetchone()[0]
+            meta = dict(
+                cur.execute(
+                    f"SELECT key, value FROM {s}.meta WHERE key IN "
+                    "('released_through', 'first_day')"
+                ).fetchall()
+            )
+            released, first = meta.get("released_through") or None, meta.get("first_day")
+            if released is not None:
+                if day != _next(released):
+                    return False
+            elif first is not None and day != first:
+                return False
+            if first is None:
+                self._set_meta(cur, "first_day", day)
+            if not frozen or frozen < day:
+                self._set_meta(cur, "frozen_through", day)
+            cur.execute(f"UPDATE {s}.cluster_days SET frozen = TRUE WHERE day = %s", (day,))
+            return True
+
+        return bool(self._serial(body))
+
+    def release_history(self) -> list[bytes]:
+        return [
+            bytes(p) for (p,) in self._read("SELECT payload FROM {s}.releases ORDER BY day, ord")
+        ]
+
+    # -- budgets ---------------------------------------------------------------------------
+    def budgets_of(self, users: Sequence[str]) -> list[tuple[str, int, bool]]:
+        rows = self._read(
+            "SELECT user_id, spent_units, retired FROM {s}.budgets WHERE user_id = ANY(%s)",
+            (list(users),),
+        )
+        return [(str(u), int(sp), bool(r)) for u, sp, r in rows]
+
+    # -- a worker's day close --------------------------------------------------------------
+    def commit_partitions(
+        self,
+        day: str,
+        worker: str,
+        epochs: dict[int, int],
+        parts: dict[int, DayPartial],
+        positions: dict[int, Position],
+    ) -> None:
+        """One transaction: epochs checked, barrier checked, budgets, partials, positions."""
+        s = self.schema
+
+        def body(cur: Any) -> Any:
+            held = dict(
+                cur.execute(
+                    f"SELECT partition, epoch FROM {s}.cluster_partitions "
+                    "WHERE partition = ANY(%s) ORDER BY partition FOR UPDATE",
+                    (sorted(parts),),
+                ).fetchall()
+            )
+            stale = sorted(p for p in parts if held.get(p) != epochs.get(p))
+            if stale:
+                raise PartitionFencedError(
+                    f"partition(s) {', '.join(map(str, stale))} of {self.where} were taken over "
+                    f"by another worker (epoch moved on); this worker's commit of {day} is refused"
+                )
+            released = cur.execute(
+                f"SELECT value FROM {s}.meta WHERE key = 'released_through'"
+            ).fetchone()[0]
+            first = cur.execute(f"SELECT value FROM {s}.meta WHERE key = 'first_day'").fetchone()
+            ok = (released or None) == _prev_day(day) or (
+                not released and first is not None and day == first[0]
+            )
+            frozen = cur.execute(
+                f"SELECT frozen FROM {s}.cluster_days WHERE day = %s", (day,)
+            ).fetchone()
+            if not ok or not frozen or not frozen[0]:
+                raise StoreError(
+                    f"day barrier: {day} cannot commit in {self.where} (the day before is not "
+                    "released, or its queries are not frozen)"
+                )
+            users: list[str] = []
+            spent: list[int] = []
+            retired: list[bool] = []
+            for part in parts.values():
+                users.extend(str(u) for u in part.changed_users)
+                spent.extend(int(x) for x in part.spent_units)
+                retired.extend(bool(x) for x in part.retired)
+            if users:
+                cur.execute(
+                    f"INSERT INTO {s}.budgets(user_id, spent_units, retired) "
+                    "SELECT * FROM unnest(%s::text[], %s::bigint[], %s::boolean[]) "
+                    "ON CONFLICT (user_id) DO UPDATE SET spent_units = excluded.spent_units, "
+                    "retired = excluded.retired",
+                    (users, spent, retired),
+                )
+            cur.executemany(
+                f"INSERT INTO {s}.cluster_partials(day, query_id, partition, sums) "
+                "VALUES (%s, %s, %s, %s)",
+                [
+                    (day, q, p, [int(x) for x in sums])
+                    for p, part in parts.items()
+                    for q, sums in part.sums.items()
+                ],
+            )
+            cur.executemany(
+                f"INSERT INTO {s}.cluster_commits(day, partition, epoch, worker, counters) "
+                "VALUES (%s, %s, %s, %s, %s)",
+                [
+                    (day, p, epochs[p], worker, json.dumps(part.counters))
+                    for p, part in parts.items()
+                ],
+            )
+            cur.executemany(
+                f"UPDATE {s}.cluster_partitions SET resume_offset = %s, high_offset = %s, "
+                "committed_day = %s WHERE partition = %s",
+                [(positions[p].resume_offset, positions[p].high_offset, day, p) for p in parts],
+            )
+
+        self._serial(body)
+
+    # -- the releaser ------------------------------------------------------------------------
+    def hold_releaser_lease(self, worker: str, token: int | None, lease_s: float) -> int | None:
+        """Renew this worker's releaser lease (``token``: the one it holds) or take it over if
+        it has expired (a new token); the token held, or None when another worker holds a live
+        lease. Expiry is the server's clock (``clock_timestamp()``): the workers' clocks never
+        decide who releases."""
+        s = self.schema
+
+        def body(cur: Any) -> int | None:
+            row = cur.execute(
+                f"SELECT holder, token, expires_at < clock_timestamp() FROM {s}.cluster_releaser "
+                "WHERE id = 1 FOR UPDATE"
+            ).fetchone()
+            until = "clock_timestamp() + make_interval(secs => %s)"
+            if row is None:
+                cur.execute(
+                    f"INSERT INTO {s}.cluster_releaser VALUES (1, %s, 1, {until})",
+                    (worker, lease_s),
+                )
+                return 1
+            holder, held, expired = str(row[0]), int(row[1]), bool(row[2])
+            if holder == worker and held == token and not expired:
+                cur.execute(
+                    f"UPDATE {s}.cluster_releaser SET expires_at = {until} WHERE id = 1",
+                    (lease_s,),
+                )
+                return held
+            if not expired and not (holder == worker and held == token):
+                return None
+            cur.execute(
+                f"UPDATE {s}.cluster_releaser SET holder = %s, token = %s, expires_at = {until} "
+                "WHERE id = 1",
+                (worker, held + 1, lease_s),
+            )
+            return held + 1
+
+        token_held: int | None = self._serial(body)
+        return token_held
+
+    def release_day(
+        self, day: str, make_releases: MakeReleases, lease: tuple[str, int] | None = None
+    ) -> bool:
+        """Release ``day`` if every pinned partition committed it and it is not released yet:
+        ``make_releases(sums, counters, coverage_state)`` (exact sums and counters over the
+        partitions, the stored coverage tracker; noise drawn by the caller) gives ``(query_id,
+        payload)`` in publication order and the coverage tracker after the day, both stored in
+        the same transaction that marks the day released. False when the day is not ready. With
+        ``lease`` (worker, token), the transaction first checks that the releaser lease is
+        still that one and live, else raises :class:`ReleaserFencedError` (nothing written)."""
+        s = self.schema
+
+        def body(cur: Any) -> Any:
+            if lease is not None:
+                row = cur.execute(
+                    f"SELECT holder, token, expires_at > clock_timestamp() "
+                    f"FROM {s}.cluster_releaser WHERE id = 1 FOR UPDATE"
+                ).fetchone()
+                if row is None or (str(row[0]), int(row[1])) != lease or not row[2]:
+                    raise ReleaserFencedError(
+                        f"the releaser lease of {self.where} moved to another worker or expired; "
+                        "this worker releases nothing"
+                    )
+            row = cur.execute(
+                f"SELECT partitions, frozen, released FROM {s}.cluster_days WHERE day = %s "
+                "FOR UPDATE",
+                (day,),
+            ).fetchone()
+            if row is None or not row[1] or row[2]:
+                return False
+            committed = cur.execute(
+                f"SELECT count(*) FROM {s}.cluster_commits WHERE day = %s AND partition < %s",
+                (day, int(row[0])),
+            ).fetchone()[0]
+            if int(committed) < int(row[0]):
+                return False
+            sums: dict[str, np.ndarray] = {}
+            for query_id, part_sums in cur.execute(
+                f"SELECT query_id, sums FROM {s}.cluster_partials WHERE day = %s "
+                "ORDER BY query_id, partition",
+                (day,),
+            ):
+                add = np.array([int(x) for x in part_sums], dtype=np.int64)
+                sums[query_id] = sums[query_id] + add if query_id in sums else add
+            counters: dict[str, int] = {}
+            for (blob,) in cur.execute(
+                f"SELECT counters FROM {s}.cluster_commits WHERE day = %s", (day,)
+            ):
+                for k, v in (blob if isinstance(blob, dict) else json.loads(blob)).items():
+                    counters[k] = counters.get(k, 0) + int(v)
+            row = cur.execute(
+                f"SELECT value FROM {s}.meta WHERE key = 'coverage_state' FOR UPDATE"
+            ).fetchone()
+            releases, coverage = make_releases(
+                sums, counters, None if row is None else str(row[0]).encode()
+            )
+            if coverage is not None:
+                self._set_meta(cur, "coverage_state", coverage.decode())
+            if releases:
+                cur.executemany(
+                    f"INSERT INTO {s}.releases(day, query_id, ord, payload) VALUES(%s, %s, %s, %s)",
+                    [(day, q, i, bytes(p)) for i, (q, p) in enumerate(releases)],
+                )
+            cur.execute(
+                f"UPDATE {s}.cluster_days SET released = TRUE, releaser = %s WHERE day = %s",
+                (lease[0] if lease is not None else None, day),
+            )
+            self._set_meta(cur, "released_through", day)
+            self._set_meta(cur, "last_closed_day", day)
+            return True
+
+        return bool(self._serial(body))

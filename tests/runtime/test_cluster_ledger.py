@@ -1,0 +1,218 @@
+"""The cluster ledger's transactions on a real PostgreSQL server (docs/design.md §7.2, §7.3):
+epochs fence a worker that lost its partition, the day barrier orders days, a day is released
+once, and a conflicting transaction is retried rather than failed."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from urllib.parse import urlsplit, urlunsplit
+
+import numpy as np
+import pytest
+
+from streamfilter.engine.contract import Reject
+from streamfilter.engine.day import DayPartial
+from streamfilter.errors import StoreError
+from streamfilter.runtime.store import Position
+from streamfilter.runtime.store.cluster import (
+    ClusterLedger,
+    PartitionFencedError,
+    ReleaserFencedError,
+)
+
+DAY1, DAY2 = "2026-01-01", "2026-01-02"
+
+
+@pytest.fixture
+def ledgers(postgres_url):
+    url = urlsplit(postgres_url)
+    bare = urlunsplit(url._replace(netloc=f"{url.username}@{url.hostname}:{url.port}"))
+    schema = f"led_{uuid.uuid4().hex[:10]}"
+    opened = [ClusterLedger(bare, schema=schema, password=url.password) for _ in range(2)]
+    yield opened
+    for ledger in opened:
+        ledger.close()
+
+
+def part(day: str, users: dict[str, int], sums: list[int]) -> DayPartial:
+    return DayPartial(
+        day=day,
+        sums={"q": np.array(sums, np.int64)},
+        counters={"users_with_records": len(users)},
+        changed_users=np.array(list(users), dtype=object),
+        spent_units=np.array(list(users.values()), np.int64),
+        retired=np.zeros(len(users), bool),
+    )
+
+
+def test_a_worker_that_lost_its_partition_commits_nothing(ledgers):
+    a, b = ledgers
+    epochs_a = {p: c.epoch for p, c in a.claim([0, 1], "a").items()}
+    a.pin_day(DAY1, 2)
+    assert a.freeze_day(DAY1)
+    epochs_b = {p: c.epoch for p, c in b.claim([1], "b").items()}  # a rebalance moved 1 to b
+    assert epochs_b[1] == epochs_a[1] + 1
+    with pytest.raises(PartitionFencedError):
+        a.commit_partitions(
+            DAY1,
+            "a",
+            epochs_a,
+            {0: part(DAY1, {"u0": 5}, [1]), 1: part(DAY1, {"u1": 7}, [2])},
+            {0: Position(3, 3), 1: Position(4, 4)},
+        )
+    assert a.budgets_of(["u0", "u1"]) == []  # nothing of the refused commit exists
+    assert b._read("SELECT count(*) FROM {s}.cluster_partials") == [(0,)]
+    # the partition a still holds commits; b commits its own; then the day releases once
+    a.commit_partitions(
+        DAY1, "a", {0: epochs_a[0]}, {0: part(DAY1, {"u0": 5}, [1])}, {0: Position(3, 3)}
+    )
+    assert not b.release_day(
+        DAY1, lambda sums, counters, coverage: ([], None)
+    )  # partition 1 is missing
+    b.commit_partitions(DAY1, "b", epochs_b, {1: part(DAY1, {"u1": 7}, [2])}, {1: Position(4, 4)})
+    seen = {}
+
+    def make(sums, counters, coverage):
+        seen.update(sums=sums, counters=counters, coverage=coverage)
+        return [("q", b"release")], b'{"tracker": 1}'
+
+    assert b.release_day(DAY1, make)
+    assert seen["sums"]["q"].tolist() == [3] and seen["counters"] == {"users_with_records": 2}
+    assert seen["coverage"] is None and a.coverage_state() == b'{"tracker": 1}'  # same commit
+    assert not a.release_day(DAY1, make)  # released once
+    assert a.unsent_releases() == [(DAY1, "q", b"release")]
+    assert sorted(a.budgets_of(["u0", "u1"])) == [("u0", 5, False), ("u1", 7, False)]
+
+
+def test_days_close_in_order(ledgers):
+    a, _ = ledgers
+    epochs = {p: c.epoch for p, c in a.claim([0], "a").items()}
+    a.pin_day(DAY2, 1)
+    a.pin_day(DAY1, 1)
+    assert a.freeze_day(DAY1)  # the first freeze pins the first day
+    assert not a.freeze_day(DAY2)  # day 2 waits for day 1's release
+    with pytest.raises(StoreError, match="day barrier"):
+        a.commit_partitions(DAY2, "a", epochs, {0: part(DAY2, {}, [0])}, {0: Position(0, 0)})
+    a.commit_partitions(DAY1, "a", epochs, {0: part(DAY1, {}, [0])}, {0: Position(0, 0)})
+    assert a.release_day(DAY1, lambda sums, counters, coverage: ([], None))
+    assert a.freeze_day(DAY2)
+
+
+def test_queries_are_one_list_and_frozen_days_refuse_new_ones(ledgers):
+    a, b = ledgers
+    q1 = b'{"from_day":"2026-01-01","query_id":"q1"}'
+    a.add_query(q1)
+    b.add_query(q1)  # the same definition again: nothing changes
+    with pytest.raises(Reject, match="another definition"):
+        b.add_query(b'{"from_day":"2026-01-03","query_id":"q1"}')
+    a.pin_day(DAY1, 1)
+    assert a.freeze_day(DAY1)
+    with pytest.raises(Reject, match="frozen"):
+        b.add_query(b'{"from_day":"2026-01-01","query_id":"q2"}')
+    b.add_query(b'{"from_day":"2026-01-02","query_id":"q3"}')
+    assert a.queries_after(0) == [q1, b'{"from_day":"2026-01-02","query_id":"q3"}']
+    assert a.queries_after(1) == [b'{"from_day":"2026-01-02","query_id":"q3"}']
+
+
+def test_one_releaser_at_a_time_and_a_stale_one_releases_nothing(ledgers):
+    a, b = ledgers
+    token_a = a.hold_releaser_lease("a", None, 0.5)
+    assert token_a == 1
+    assert b.hold_releaser_lease("b", None, 0.5) is None  # a's lease is live
+    assert a.hold_releaser_lease("a", token_a, 0.5) == token_a  # renewed
+    a.claim([0], "a")
+    a.pin_day(DAY1, 1)
+    assert a.freeze_day(DAY1)
+    epochs = {0: 1}
+    a.commit_partitions(DAY1, "a", epochs, {0: part(DAY1, {}, [0])}, {0: Position(0, 0)})
+    time.sleep(1.0)  # a stops for longer than its lease
+    token_b = b.hold_releaser_lease("b", None, 0.5)
+    assert token_b == token_a + 1
+    with pytest.raises(ReleaserFencedError):
+        a.release_day(
+            DAY1, lambda sums, counters, coverage: ([("q", b"a")], None), lease=("a", token_a)
+        )
+    assert a.hold_releaser_lease("a", token_a, 0.5) is None  # a learns it is not the releaser
+    assert b.release_day(
+        DAY1, lambda sums, counters, coverage: ([("q", b"b")], None), lease=("b", token_b)
+    )
+    assert a.unsent_releases() == [(DAY1, "q", b"b")]
+
+
+def test_workers_starting_together_charge_coverage_once(postgres_url):
+    """Coverage's one-time telemetry charge (docs/design.md §2.11) is made by the first worker;
+    the others, starting at the same moment, find it made: one charge, one tracker."""
+    import threading
+
+    from streamfilter.runtime.store import TelemetryCharge
+
+    url = urlsplit(postgres_url)
+    bare = urlunsplit(url._replace(netloc=f"{url.username}@{url.hostname}:{url.port}"))
+    schema = f"cov_{uuid.uuid4().hex[:10]}"
+    opened = [ClusterLedger(bare, schema=schema, password=url.password) for _ in range(5)]
+    start = threading.Barrier(len(opened))
+    errors: list[BaseException] = []
+
+    def charge(ledger: ClusterLedger, i: int) -> None:
+        start.wait()
+        try:
+            ledger.charge_telemetry(
+                TelemetryCharge("coverage", 0.02, b"{}"),
+                0.05,
+                coverage_state=b'{"worker": %d}' % i,
+            )
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=charge, args=(led, i)) for i, led in enumerate(opened)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert not errors, errors
+        charges = opened[0].telemetry_ledger()
+        assert [c.kind for c in charges] == ["coverage"]
+        states = {led.coverage_state() for led in opened}
+        assert len(states) == 1 and states != {None}
+    finally:
+        for ledger in opened:
+            ledger.close()
+
+
+def test_workers_starting_at_once_on_a_new_schema_all_start(postgres_url):
+    """Workers started together (a deployment's replicas) all create the ledger's schema and
+    tables at once: every one opens it (the DDL lock is taken before the transaction's
+    snapshot, so a later creator sees the first one's schema instead of creating it again)."""
+    url = urlsplit(postgres_url)
+    bare = urlunsplit(url._replace(netloc=f"{url.username}@{url.hostname}:{url.port}"))
+    for _ in range(3):  # the race is narrow: a few rounds make a wrong lock fail reliably
+        opened, failed = open_at_once(bare, url.password or "", f"led_{uuid.uuid4().hex[:10]}", 6)
+        assert not failed, failed
+        assert len(opened) == 6
+
+
+def open_at_once(url: str, password: str, schema: str, n: int):
+    """``n`` ledgers on ``schema`` opened by ``n`` threads released together."""
+    import threading
+
+    start = threading.Barrier(n)
+    opened: list[ClusterLedger] = []
+    failed: list[BaseException] = []
+
+    def open_one() -> None:
+        start.wait()
+        try:
+            opened.append(ClusterLedger(url, schema=schema, password=password))
+        except BaseException as exc:
+            failed.append(exc)
+
+    threads = [threading.Thread(target=open_one) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    for ledger in opened:
+        ledger.close()
+    return opened, failed
