@@ -43,10 +43,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-from kafka import KafkaAdminClient, KafkaProducer
+from kafka import KafkaAdminClient
 from kafka.admin import NewTopic
 
-from benchmarks.bench_kafka import BrokerUnavailable, broker
+from benchmarks.bench_kafka import BrokerUnavailable, broker, fill_topic
 from benchmarks.common import entry, skipped
 from streamfilter.engine.policies import standing_monitoring
 
@@ -88,29 +88,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def _fill(bootstrap: str, topic: str, n: int) -> int:
-    """``n`` events over ``DAYS`` days, every user active every day; returns users per day."""
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
-    admin.create_topics([NewTopic(topic, PARTITIONS, 1)])
-    admin.close()
-    producer = KafkaProducer(bootstrap_servers=bootstrap, acks=1, linger_ms=20, batch_size=256_000)
-    per_day = n // DAYS
-    for i in range(n):
-        day = f"2026-01-{1 + min(i // per_day, DAYS - 1):02d}"
-        user = f"u-{i % per_day}"
-        value = json.dumps(
-            {
-                "user_id": user,
-                "day": day,
-                "values": {"active": 1, "minutes": float(i % 90), "plan": "pro"},
-            }
-        ).encode()
-        producer.send(topic, key=user.encode(), value=value)
-    producer.flush()
-    producer.close()
-    return per_day
 
 
 def _config(work: Path, bootstrap: str, topic: str, pg: str, schema: str) -> tuple[Path, str]:
@@ -326,7 +303,7 @@ def run(quick: bool = False) -> list[dict[str, object]]:
     n, rounds = 240_000, 3
     with broker() as bootstrap, postgres() as pg:
         topic = f"bench-cluster-events-{uuid.uuid4().hex[:8]}"
-        users = _fill(bootstrap, topic, n)
+        users = fill_topic(bootstrap, topic, n, DAYS, PARTITIONS)
         arms: dict[int, list[dict]] = {w: [] for w in WORKERS}
         for i in range(rounds):
             order = WORKERS[i % len(WORKERS) :] + WORKERS[: i % len(WORKERS)]

@@ -87,9 +87,11 @@ def broker() -> Iterator[str]:
         b.stop(purge=True)
 
 
-def _fill(bootstrap: str, topic: str, n: int, days: int) -> None:
+def fill_topic(bootstrap: str, topic: str, n: int, days: int, partitions: int = 3) -> int:
+    """``n`` events over ``days`` days keyed by user (every user active every day) in a new
+    topic of ``partitions``; returns the users a day."""
     admin = KafkaAdminClient(bootstrap_servers=bootstrap)
-    admin.create_topics([NewTopic(topic, 3, 1)])
+    admin.create_topics([NewTopic(topic, partitions, 1)])
     admin.close()
     producer = KafkaProducer(bootstrap_servers=bootstrap, acks=1, linger_ms=20, batch_size=256_000)
     per_day = n // days
@@ -106,6 +108,7 @@ def _fill(bootstrap: str, topic: str, n: int, days: int) -> None:
         producer.send(topic, key=user.encode(), value=value)
     producer.flush()
     producer.close()
+    return per_day
 
 
 def _bare_consumer(bootstrap: str, topic: str, same_gc: bool = False) -> tuple[float, float, int]:
@@ -202,7 +205,7 @@ def run(quick: bool = False) -> list[dict[str, object]]:
 
 def _measure(bootstrap: str, n: int, runs: int) -> dict[str, object]:
     topic = f"bench-events-{uuid.uuid4().hex[:8]}"
-    _fill(bootstrap, topic, n, days=5)
+    fill_topic(bootstrap, topic, n, days=5)
     # each daemon run is a new run (fresh state): it gets its own releases topic, or the
     # stale-state check would refuse it (the topic would already hold later days)
     releases = [f"bench-releases-{uuid.uuid4().hex[:8]}" for _ in range(2 * runs)]

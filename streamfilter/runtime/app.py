@@ -287,7 +287,7 @@ def build_daemon(
         from streamfilter.runtime.observe.http import metrics_endpoint
 
         metrics = metrics_endpoint(settings, params)
-    w, lim = settings.window, settings.limits
+    w = settings.window
     daemon = Daemon(
         _engine(settings, params, bits, active_set, coverage),
         store,
@@ -300,14 +300,7 @@ def build_daemon(
         poll_interval_s=w.poll_interval,
         future_slack_s=w.future_slack,
         on_retention_gap=settings.source.on_retention_gap,
-        limits=InputLimits(
-            max_event_bytes=lim.max_event_bytes,
-            max_query_bytes=lim.max_query_bytes,
-            max_query_memory_bytes=lim.max_query_memory_bytes,
-            expected_users=lim.expected_users,
-            max_live_queries=lim.max_live_queries,
-            max_reject_raw_bytes=settings.rejects.max_raw_bytes,
-        ),
+        limits=_input_limits(settings),
         observer=metrics.observer if metrics is not None else None,
         state=state,
         min_affordable_days=settings.queries.min_affordable_days if settings.queries else 7,
@@ -322,6 +315,19 @@ def build_daemon(
         )
         _serve_metrics(settings, parts)
     return parts
+
+
+def _input_limits(settings: Settings) -> InputLimits:
+    """``[limits]`` and ``[rejects] max_raw_bytes`` as the daemon's input limits."""
+    lim = settings.limits
+    return InputLimits(
+        max_event_bytes=lim.max_event_bytes,
+        max_query_bytes=lim.max_query_bytes,
+        max_query_memory_bytes=lim.max_query_memory_bytes,
+        expected_users=lim.expected_users,
+        max_live_queries=lim.max_live_queries,
+        max_reject_raw_bytes=settings.rejects.max_raw_bytes,
+    )
 
 
 def _serve_metrics(settings: Settings, parts: Components) -> None:
@@ -415,7 +421,7 @@ def _build_worker(settings: Settings, params: PrivacyParams, bits: RandomBits) -
                 f"{exc.strerror or exc} (give each worker on a host its own port, or set "
                 "[metrics] enabled = false)"
             ) from None
-    w, lim = settings.window, settings.limits
+    w = settings.window
     daemon = ClusterDaemon(
         Engine(params, bits, coverage=coverage),
         ledger,
@@ -428,14 +434,7 @@ def _build_worker(settings: Settings, params: PrivacyParams, bits: RandomBits) -
         idle_timeout_s=w.idle_timeout,
         poll_interval_s=w.poll_interval,
         future_slack_s=w.future_slack,
-        limits=InputLimits(
-            max_event_bytes=lim.max_event_bytes,
-            max_query_bytes=lim.max_query_bytes,
-            max_query_memory_bytes=lim.max_query_memory_bytes,
-            expected_users=lim.expected_users,
-            max_live_queries=lim.max_live_queries,
-            max_reject_raw_bytes=settings.rejects.max_raw_bytes,
-        ),
+        limits=_input_limits(settings),
         observer=metrics.observer if metrics is not None else None,
         state=StoredState(None, None, 0),
     )

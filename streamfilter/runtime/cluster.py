@@ -350,14 +350,8 @@ class ClusterDaemon(Daemon):
         this worker's book directly: every worker's book is the ledger's, in the ledger's
         order); ``new`` stays empty, so the single process's batched store write is a no-op."""
         try:
-            if len(raw) > self.limits.max_query_bytes:
-                raise Reject(
-                    RejectReason.OVERSIZED,
-                    f"a query exceeds [limits] max_query_bytes ({self.limits.max_query_bytes})",
-                )
-            query = self.engine.parse_query(raw)
-            if self.engine.check_query(query):
-                self._check_query_limits(query)
+            query = self._new_query(raw)
+            if query is not None:
                 self.store.add_query(query.canonical_json().encode())
                 self.summary.queries_registered += 1
         except Reject as rej:

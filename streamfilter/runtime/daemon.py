@@ -367,16 +367,24 @@ class Daemon:
         if new:
             self.store.add_queries(new)
 
+    def _new_query(self, raw: bytes) -> Any:
+        """The query ``raw`` defines if it is new and within ``[limits]``; None if it is
+        registered already; raises ``Reject`` (oversized, invalid, closed day, over a limit)."""
+        if len(raw) > self.limits.max_query_bytes:
+            raise Reject(
+                RejectReason.OVERSIZED,
+                f"a query exceeds [limits] max_query_bytes ({self.limits.max_query_bytes})",
+            )
+        query = self.engine.parse_query(raw)
+        if not self.engine.check_query(query):
+            return None
+        self._check_query_limits(query)
+        return query
+
     def _register_query(self, where: str, raw: bytes, new: list[bytes]) -> None:
         try:
-            if len(raw) > self.limits.max_query_bytes:
-                raise Reject(
-                    RejectReason.OVERSIZED,
-                    f"a query exceeds [limits] max_query_bytes ({self.limits.max_query_bytes})",
-                )
-            query = self.engine.parse_query(raw)
-            if self.engine.check_query(query):
-                self._check_query_limits(query)
+            query = self._new_query(raw)
+            if query is not None:
                 self.engine.register_query(query)
                 new.append(query.canonical_json().encode())
                 self.summary.queries_registered += 1
