@@ -11,8 +11,6 @@ every user's debits are the single process's (none above B). The test plays the 
 
 from __future__ import annotations
 
-import contextlib
-import json
 import random
 import signal
 import time
@@ -25,6 +23,7 @@ from tests.runtime.test_cluster import (
     Cluster,
     assert_debits_as_reference,
     assert_same_as_reference,
+    by_day,
     reference,
     wait_for_log,
 )
@@ -115,17 +114,6 @@ class Supervisor:
             code = proc.wait(timeout=60)
             starting = code == -signal.SIGTERM and " started" not in self.log_of(name)
             assert code == 0 or starting or name in self._down_since, proc.tail()
-
-
-def by_day(events: list[bytes]) -> list[list[bytes]]:
-    """``events`` cut into days, in day order (a malformed line goes with the day before it)."""
-    days: dict[str, list[bytes]] = {}
-    day = "2026-01-01"
-    for ev in events:
-        with contextlib.suppress(ValueError):
-            day = json.loads(ev)["day"]
-        days.setdefault(day, []).append(ev)
-    return [days[d] for d in sorted(days)]
 
 
 def released_through(cluster: Cluster) -> str:

@@ -216,19 +216,7 @@ class KafkaSource(Source):
         with contextlib.suppress(KafkaError):  # cached metadata: no request
             self.refresh_partitions(fresh=False)
         polled, undecodable = self._c.poll_raw(max_records, self._poll_timeout_ms)
-        out: list[RecordBatch] = [
-            RecordBatch(_label(u.tp), [u.offset], [b""], u.offset + 1, undecodable=u.detail)
-            for u in undecodable
-        ]
-        for tp, records in sorted(polled.items(), key=lambda kv: kv[0].partition):
-            if not records:
-                continue
-            offsets = list(map(_OFFSET, records))
-            values = list(map(_VALUE, records))
-            if None in values:  # a tombstone (null value) is an empty record: rejected as such
-                values = [b"" if v is None else v for v in values]
-            out.append(RecordBatch(_label(tp), offsets, values, offsets[-1] + 1))
-        return out
+        return _batches(polled, undecodable)
 
     def mark_end(self) -> None:
         self._end_at_start = self._c.consumer.end_offsets(self._c.tps)
