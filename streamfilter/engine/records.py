@@ -10,25 +10,28 @@ group is summed in ascending value order. Every per-user computation of the day 
 row-wise and every sum is an exact integer sum, so the releases under a test seed do not depend
 on the order in which events arrived, nor on the hash key.
 
-Building the records is vectorised: one hash per cell (C-level ``map``), exact coordinate codes
-(C-level ``dict.setdefault``) and sorts of packed int64 keys — no Python bytecode per event.
-Grouping by hash is exact: cells of a group that are not the very same ``str`` object are
-compared by value, and a day whose distinct ids share a hash is ordered by (hash, id).
+Building the records is vectorised — no Python bytecode per event. ``DayAccumulator`` codes each
+user id and coordinate as an integer on arrival (C-level ``dict.setdefault``), so the open day is
+numpy columns, not Python objects per value; ``DayRecords.from_codes`` hashes each distinct user
+once and sorts packed int64 keys. ``DayRecords.from_columns`` (decoded columns) gives the same
+records: one hash per cell, exact grouping (cells of a group that are not the very same ``str``
+object are compared by value). A day whose distinct ids share a hash is ordered by (hash, id).
 """
 
 from __future__ import annotations
 
 import itertools
 import operator
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from itertools import chain, compress, count, repeat
-from operator import attrgetter, itemgetter
-from typing import Literal
+from operator import attrgetter
+from typing import Any, Literal, cast
 
 import numpy as np
 
 from streamfilter.engine.contract import Event
+from streamfilter.engine.ingest import EventColumns
 from streamfilter.engine.ledger import (
     Hasher,
     UserKeys,
@@ -49,101 +52,170 @@ _PENDING_MAX = 1 << 16
 #: category counts are folded into cells once this many are buffered (and the buffer is at least
 #: the folded cells' size, so folding costs O(1) amortised per value)
 _FOLD_MIN = 1 << 20
+#: a packed category cell: the user's code above the coordinate's code (codes < 2**31 each)
+_COORD_BITS = 31
+_COORD_MASK = (1 << _COORD_BITS) - 1
+_MAX_USER_CODE = 1 << 32
 
 
-class SeenEventIds:
-    """The exact set of a day's (user, event id) pairs, compact.
+class _Run:
+    """(user code, event id) pairs sorted by their 64-bit key; the ids' text in one ``str``."""
 
-    Recent pairs are a Python ``set`` (~100 B a pair); once it holds a third of all pairs it is
-    moved into columns sorted by the pair's 64-bit ``hash``: the interned user (a pointer), and
-    the event id as a slice of one ``str`` (start, length) — ~30 B plus the id's characters.
-    A look-up in the columns is a binary search of the hash; a hash match (a repeated pair, or
-    a 64-bit collision) is confirmed by comparing the user and the event id exactly.
-    """
+    __slots__ = ("keys", "lengths", "starts", "text", "users")
 
-    COMPACT_MIN = 1 << 18
+    def __init__(
+        self,
+        keys: np.ndarray,
+        users: np.ndarray,
+        starts: np.ndarray,
+        lengths: np.ndarray,
+        text: str,
+    ) -> None:
+        self.keys, self.users, self.starts, self.lengths, self.text = (
+            keys,
+            users,
+            starts,
+            lengths,
+            text,
+        )
 
-    def __init__(self) -> None:
-        self._recent: set[tuple[str, str]] = set()
-        self._hashes = np.zeros(0, np.int64)
-        self._users = _objects([])
-        self._starts = np.zeros(0, np.int64)
-        self._lengths = np.zeros(0, np.int32)
-        self._text = ""
+    @classmethod
+    def of(cls, keys: np.ndarray, users: np.ndarray, event_ids: list[str]) -> _Run:
+        lengths = np.fromiter(map(len, event_ids), np.int32, count=len(event_ids))
+        starts = np.cumsum(lengths, dtype=np.int64) - lengths
+        order = np.argsort(keys, kind="stable")
+        return cls(keys[order], users[order], starts[order], lengths[order], "".join(event_ids))
 
-    def __len__(self) -> int:
-        return len(self._recent) + len(self._hashes)
+    def merged(self, other: _Run) -> _Run:
+        order = np.argsort(np.concatenate([self.keys, other.keys]), kind="stable")
+        return _Run(
+            np.concatenate([self.keys, other.keys])[order],
+            np.concatenate([self.users, other.users])[order],
+            np.concatenate([self.starts, other.starts + len(self.text)])[order],
+            np.concatenate([self.lengths, other.lengths])[order],
+            self.text + other.text,
+        )
 
-    def __contains__(self, key: tuple[str, str]) -> bool:
-        return key in self._recent or self._stored(key, hash(key))
-
-    def contains_many(self, keys: list[tuple[str, str]]) -> np.ndarray:
-        """``key in self`` for each key, without Python per key unless its hash is stored."""
-        found = np.fromiter(map(self._recent.__contains__, keys), bool, count=len(keys))
-        if len(self._hashes):
-            h = np.fromiter(map(hash, keys), np.int64, count=len(keys))
-            pos = np.minimum(np.searchsorted(self._hashes, h), len(self._hashes) - 1)
-            for i in np.flatnonzero(self._hashes[pos] == h).tolist():
-                found[i] |= self._stored(keys[i], int(h[i]))
-        return found
-
-    def _stored(self, key: tuple[str, str], h: int) -> bool:
-        j = int(np.searchsorted(self._hashes, h))
-        user, event_id = key
-        while j < len(self._hashes) and int(self._hashes[j]) == h:
-            start = int(self._starts[j])
+    def holds(self, key: int, user: int, event_id: str) -> bool:
+        """The pair is in this run (its key located, then compared exactly)."""
+        j = int(np.searchsorted(self.keys, key))
+        while j < len(self.keys) and int(self.keys[j]) == key:
+            start = int(self.starts[j])
             if (
-                self._users[j] == user
-                and self._text[start : start + int(self._lengths[j])] == event_id
+                int(self.users[j]) == user
+                and self.text[start : start + int(self.lengths[j])] == event_id
             ):
                 return True
             j += 1
         return False
 
-    def add(self, key: tuple[str, str]) -> None:
-        self._recent.add(key)
-        self._maybe_compact()
 
-    def update(self, keys: Iterable[tuple[str, str]]) -> None:
-        self._recent.update(keys)
-        self._maybe_compact()
+def _pair_keys(users: np.ndarray, event_ids: list[str]) -> np.ndarray:
+    """A 64-bit key of each (user code, event id): the id's ``hash`` xor the code mixed by an odd
+    multiplier (equal pairs have equal keys; unequal pairs share one with probability ~2**-64,
+    and every key match is confirmed exactly)."""
+    h = np.fromiter(map(hash, event_ids), np.int64, count=len(event_ids))
+    return h ^ (users.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)).view(np.int64)
 
-    def _maybe_compact(self) -> None:
-        if len(self._recent) >= max(self.COMPACT_MIN, len(self._hashes) // 2):
-            self.compact()
 
-    def compact(self) -> None:
-        """Move the recent pairs into the sorted columns (one sort, no Python per pair)."""
-        if not self._recent:
-            return
-        keys = list(self._recent)
-        self._recent = set()
-        event_ids = list(map(itemgetter(1), keys))
-        lengths = np.fromiter(map(len, event_ids), np.int32, count=len(keys))
-        starts = len(self._text) + np.cumsum(lengths, dtype=np.int64) - lengths
-        self._text += "".join(event_ids)
-        hashes = np.concatenate([self._hashes, np.fromiter(map(hash, keys), np.int64, len(keys))])
-        order = np.argsort(hashes, kind="stable")
-        self._hashes = hashes[order]
-        self._users = np.concatenate([self._users, _objects(list(map(itemgetter(0), keys)))])[order]
-        self._starts = np.concatenate([self._starts, starts])[order]
-        self._lengths = np.concatenate([self._lengths, lengths])[order]
+class SeenEventIds:
+    """The exact set of a day's (user code, event id) pairs, with no Python object per pair.
+
+    The pairs are kept in sorted runs of numpy columns (a log-structured merge): the 64-bit key
+    (``_pair_keys``), the user code and the event id as a slice of the run's one ``str`` —
+    ~28 B a pair plus the id's characters. A batch is one new run; the newest two runs merge
+    while the newer is at least half the older, so there are O(log n) runs and each pair is
+    merged O(log n) times. A look-up is a binary search per run; a key match (a repeated pair,
+    or a collision) is confirmed by comparing the user code and the event id exactly.
+    """
+
+    #: pairs added one at a time (``add``) are buffered in a ``set`` up to this many
+    PENDING_MAX = 1 << 12
+
+    def __init__(self) -> None:
+        self._runs: list[_Run] = []
+        self._pending: set[tuple[int, str]] = set()
+
+    def __len__(self) -> int:
+        return len(self._pending) + sum(len(r.keys) for r in self._runs)
+
+    def __contains__(self, key: tuple[int, str]) -> bool:
+        if key in self._pending:
+            return True
+        user, event_id = key
+        k = int(_pair_keys(np.array([user], np.int64), [event_id])[0])
+        return any(run.holds(k, user, event_id) for run in self._runs)
+
+    def add(self, key: tuple[int, str]) -> None:
+        self._pending.add(key)
+        if len(self._pending) >= self.PENDING_MAX:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self._pending:
+            users, event_ids = zip(*self._pending, strict=True)
+            self._pending = set()
+            self.insert(np.array(users, np.int64), list(event_ids))
+
+    def insert(self, users: np.ndarray, event_ids: list[str]) -> np.ndarray:
+        """Add each pair not already held; True where the pair is new — neither held before
+        nor earlier in the batch."""
+        self._flush()
+        n = len(event_ids)
+        if n == 0:
+            return np.ones(0, bool)
+        keys = _pair_keys(users, event_ids)
+        new = np.ones(n, bool)
+        order = np.argsort(keys, kind="stable")
+        ks = keys[order]
+        tied = np.flatnonzero(ks[1:] == ks[:-1])
+        if len(tied):  # equal keys inside the batch (repeats, or collisions): compared exactly
+            for j in tied.tolist():
+                later = int(order[j + 1])
+                i = j
+                while i >= 0 and ks[i] == ks[j + 1]:
+                    earlier = int(order[i])
+                    if users[earlier] == users[later] and event_ids[earlier] == event_ids[later]:
+                        new[later] = False
+                        break
+                    i -= 1
+        for run in self._runs:
+            pos = np.minimum(np.searchsorted(run.keys, ks), len(run.keys) - 1)
+            for j in np.flatnonzero(run.keys[pos] == ks).tolist():
+                i = int(order[j])
+                if new[i] and run.holds(int(ks[j]), int(users[i]), event_ids[i]):
+                    new[i] = False
+        if new.all():
+            self._push(_Run.of(keys, users, event_ids))
+        elif new.any():
+            kept = np.flatnonzero(new)
+            self._push(
+                _Run.of(keys[kept], users[kept], list(map(event_ids.__getitem__, kept.tolist())))
+            )
+        return new
+
+    def _push(self, run: _Run) -> None:
+        self._runs.append(run)
+        while len(self._runs) > 1 and 2 * len(self._runs[-1].keys) >= len(self._runs[-2].keys):
+            newer = self._runs.pop()
+            self._runs[-1] = self._runs[-1].merged(newer)
 
 
 class DayAccumulator:
-    """Collects one day's events as compact columns (docs/design.md §2 "Record").
+    """Collects one day's events as integer-coded columns (docs/design.md §2 "Record").
 
-    Memory: each distinct user id and coordinate name is one ``str`` object (interned per day in
-    a dict; an event's own strings are dropped), and each value is 24 bytes of numpy columns
-    (two object pointers and a float64) instead of Python objects per value. A categorical value
-    adds exactly 1.0 to its cell and sums of 1.0 are exact in any order, so category counts are
-    folded into one (user, coordinate) cell as they accumulate — the day's records are then
-    identical to summing every value at the end. Numeric values are kept one by one: a cell's sum
-    is defined in ascending value order (``DayRecords.from_columns``), which a running sum cannot
-    reproduce bit for bit. A repeated ``event_id`` is remembered per (user, event id).
+    Each distinct user id of the day gets a dense code in order of first arrival (one ``str``
+    kept per user, in a dict), each coordinate name a code too; an event's values then become
+    numpy columns — user code, coordinate code (int64 each) and a float64 — with no Python
+    object kept per value. A categorical value adds exactly 1.0 to its cell and sums of 1.0
+    are exact in any order, so category hits are folded into per-cell counts as they
+    accumulate — the day's records are then identical to summing every value at the end.
+    Numeric values are kept one by one: a cell's sum is defined in ascending value order
+    (``DayRecords.from_codes``), which a running sum cannot reproduce bit for bit. A repeated
+    ``event_id`` is remembered per (user code, event id).
 
     ``add`` takes one event (``Monitor``, the audit); ``add_many`` a batch of one day's events
-    without Python per event (the daemon's hot path).
+    without Python bytecode per event (the daemon's hot path).
     """
 
     def __init__(self, day: str) -> None:
@@ -151,25 +223,54 @@ class DayAccumulator:
         self.events = 0
         self.duplicates = 0
         self._seen_event_ids = SeenEventIds()
-        self._user_names: dict[str, str] = {}
-        self._coord_names: dict[str, str] = {}
-        self._cat_coords: dict[tuple[str, str], str] = {}  # (name, category) → coordinate
+        # user id → code: the day's count of events when the id first arrived (unique, never
+        # renumbered; made dense at the close); ``_users[i]`` has the i-th smallest code
+        self._user_code: dict[str, int] = {}
+        self._users: list[str] = []
+        self._user_codes_seen: list[np.ndarray] = []  # the codes of ``_users``, ascending
+        self._next_code = 0
+        self._p_user_codes: list[int] = []  # codes of ids new to ``add``, not yet in the list
+        self._coord_code: dict[str, int] = {}
+        self._coords: list[str] = []  # code → coordinate name
+        self._cat_code: dict[str, dict[str, int]] = {}  # feature → category → coordinate code
         # per-event ``add``: Python lists, moved into the arrays every _PENDING_MAX values
-        self._p_users: list[str] = []
-        self._p_coords: list[str] = []
+        self._p_users: list[int] = []
+        self._p_coords: list[int] = []
         self._p_values: list[float] = []
-        self._p_cat_users: list[str] = []
-        self._p_cat_coords: list[str] = []
-        # numeric values (users, coordinates, values) and category hits (users, coordinates)
+        self._p_cats: list[int] = []  # packed cells of category hits
+        # numeric values (user codes, coordinate codes, values); category hits as packed cells
         self._num: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
-        self._cat: list[tuple[np.ndarray, np.ndarray]] = []
+        self._cat: list[np.ndarray] = []
         self._cat_buffered = 0
-        # folded category cells: (users, coordinates, counts)
-        self._folded = (_objects([]), _objects([]), np.zeros(0))
+        # folded category cells: (ascending packed cells, counts)
+        self._folded: tuple[np.ndarray, np.ndarray] = (np.zeros(0, np.int64), np.zeros(0))
+
+    def _user_code_of(self, user_id: str) -> int:
+        code = self._user_code.get(user_id)
+        if code is None:
+            code = self._user_code[user_id] = self._next_code
+            self._users.append(user_id)
+            self._p_user_codes.append(code)
+        self._next_code += 1
+        return code
+
+    def _coord_code_of(self, name: str) -> int:
+        code = self._coord_code.get(name)
+        if code is None:
+            code = self._coord_code[name] = len(self._coords)
+            self._coords.append(name)
+        return code
+
+    def _cat_code_of(self, name: str, value: str) -> int:
+        of_feature = self._cat_code.setdefault(name, {})
+        code = of_feature.get(value)
+        if code is None:
+            code = of_feature[value] = self._coord_code_of(f"{name}={value}")
+        return code
 
     def add(self, event: Event) -> bool:
         """Add a validated event of this day; return False for a repeated ``event_id``."""
-        user = self._user_names.setdefault(event.user_id, event.user_id)
+        user = self._user_code_of(event.user_id)
         if event.event_id is not None:
             key = (user, event.event_id)
             if key in self._seen_event_ids:
@@ -177,138 +278,230 @@ class DayAccumulator:
                 return False
             self._seen_event_ids.add(key)
         self.events += 1
-        coord_of = self._coord_names.setdefault
         for name, v in event.values.items():
             if isinstance(v, str):
-                coord = f"{name}={v}"
-                self._p_cat_users.append(user)
-                self._p_cat_coords.append(coord_of(coord, coord))
+                self._p_cats.append(_cell(user, self._cat_code_of(name, v)))
             else:
                 self._p_users.append(user)
-                self._p_coords.append(coord_of(name, name))
+                self._p_coords.append(self._coord_code_of(name))
                 self._p_values.append(v)
         if not event.values:
             # an event with no values still makes the user known for the day (a zero record)
             self._p_users.append(user)
-            self._p_coords.append(coord_of("", ""))
+            self._p_coords.append(self._coord_code_of(""))
             self._p_values.append(0.0)
-        if len(self._p_users) + len(self._p_cat_users) >= _PENDING_MAX:
+        if len(self._p_users) + len(self._p_cats) >= _PENDING_MAX:
             self._flush_pending()
         return True
+
+    def _user_codes(self, user_ids: list[str]) -> np.ndarray:
+        """The code of each id: one C-level ``dict.setdefault`` per event, a new id getting the
+        day's count of events at its first arrival."""
+        n0 = self._next_code
+        if n0 + len(user_ids) > _MAX_USER_CODE:
+            raise OverflowError(f"more than {_MAX_USER_CODE} events in one day")
+        code_of = self._user_code
+        codes = np.fromiter(
+            map(code_of.setdefault, user_ids, count(n0)), np.int64, count=len(user_ids)
+        )
+        self._next_code += len(user_ids)
+        self._flush_user_codes()
+        new = codes >= n0
+        if new.any():
+            firsts = np.unique(codes[new])
+            self._users += map(user_ids.__getitem__, (firsts - n0).tolist())
+            self._user_codes_seen.append(firsts)
+        return codes
+
+    def _flush_user_codes(self) -> None:
+        if self._p_user_codes:
+            self._user_codes_seen.append(np.array(self._p_user_codes, np.int64))
+            self._p_user_codes = []
+
+    def _coordinate_codes(self, names: list[str]) -> np.ndarray:
+        """The code of each numeric feature name (a dict look-up in C; new names are few)."""
+        codes = np.fromiter(map(self._coord_code.get, names, repeat(-1)), np.int64, len(names))
+        if (codes < 0).any():
+            for i in np.flatnonzero(codes < 0).tolist():
+                codes[i] = self._coord_code_of(names[i])
+        return codes
+
+    def _category_codes(self, name: str, categories: list[str]) -> np.ndarray:
+        """The coordinate code of each category ``f"{name}={category}"`` of one feature, looked
+        up by the category (no string built per value; one per distinct category of the day)."""
+        of_feature = self._cat_code.setdefault(name, {})
+        codes = np.fromiter(map(of_feature.get, categories, repeat(-1)), np.int64, len(categories))
+        if (codes < 0).any():
+            for i in np.flatnonzero(codes < 0).tolist():
+                codes[i] = self._cat_code_of(name, categories[i])
+        return codes
 
     def add_many(self, events: Sequence[Event]) -> int:
         """``add`` of each event, in order, as column operations; returns how many were added
         (the others repeat an ``event_id``)."""
-        n = len(events)
+        if not events:
+            return 0
+        codes, keep = self._new_events(list(map(_USER, events)), list(map(_EVENT_ID, events)))
+        if not keep.all():
+            events = list(map(events.__getitem__, np.flatnonzero(keep).tolist()))
+        self._add_values(codes[keep], list(map(_VALUES, events)))
+        self._maybe_fold()
+        return len(events)
+
+    def add_columns(self, batch: EventColumns) -> int:
+        """``add_many`` of a batch decoded as columns (``engine.ingest.parse_columns``): one
+        C-level pass per feature, no Python object per event."""
+        n = len(batch)
         if n == 0:
             return 0
-        users = list(map(self._user_names.setdefault, map(_USER, events), map(_USER, events)))
-        event_ids = list(map(_EVENT_ID, events))
-        has_id = np.fromiter(map(operator.is_not, event_ids, repeat(None)), bool, count=n)
-        keep = np.ones(n, bool)
-        if has_id.any():
-            idx = np.flatnonzero(has_id)
-            if len(idx) == n:  # the usual batch: every event has an id
-                keys = list(zip(users, event_ids, strict=True))
+        codes, keep = self._new_events(batch.user_ids, batch.event_ids)
+        added = int(keep.sum())
+        for name, categorical, column in zip(
+            batch.features, batch.categorical, batch.columns, strict=True
+        ):
+            if categorical:
+                cats = column if added == n else list(compress(column, keep.tolist()))
+                self._cat.append(_cell(codes[keep], self._category_codes(name, cats)))
+                self._cat_buffered += added
             else:
-                keys = list(zip([users[i] for i in idx], [event_ids[i] for i in idx], strict=True))
-            repeated = self._seen_event_ids.contains_many(keys)
-            distinct = set(keys)
-            if len(distinct) < len(keys):  # repeats inside the batch: the first one counts
-                first: dict[tuple[str, str], int] = {}
-                at = np.fromiter(map(first.setdefault, keys, count()), np.int64, len(keys))
-                repeated |= at != np.arange(len(keys))
-            if repeated.any():
-                keep[idx[repeated]] = False
-                self._seen_event_ids.update(compress(keys, (~repeated).tolist()))
-            else:
-                self._seen_event_ids.update(distinct)
-        kept = np.flatnonzero(keep)
-        added = len(kept)
-        self.duplicates += n - added
-        self.events += added
-        if added < n:
-            events = [events[i] for i in kept.tolist()]
-            users = [users[i] for i in kept.tolist()]
-        value_maps = list(map(_VALUES, events))
-        per_event = np.fromiter(map(len, value_maps), np.int64, count=added)
-        empty = per_event == 0
-        if empty.any():  # a zero record for each event with no values
-            for i in np.flatnonzero(empty).tolist():
-                self._p_users.append(users[i])
-                self._p_coords.append(self._coord_names.setdefault("", ""))
-                self._p_values.append(0.0)
-        names = _objects(list(chain.from_iterable(value_maps)))
-        values = _objects(list(chain.from_iterable(map(dict.values, value_maps))))
-        user_col = np.repeat(_objects(users), per_event)
-        is_cat = np.fromiter(map(isinstance, values, repeat(str)), bool, count=len(values))
-        coord_of = self._coord_names.setdefault
-        if is_cat.any():
-            cat = np.flatnonzero(is_cat)
-            self._cat.append((user_col[cat], self._category_coords(names[cat], values[cat])))
-            self._cat_buffered += len(cat)
-        num = np.flatnonzero(~is_cat)
-        if len(num):
-            num_names = names[num]
-            canon = _objects(list(map(coord_of, num_names, num_names)))
-            self._num.append((user_col[num], canon, values[num].astype(np.float64)))
+                coord = np.full(added, self._coord_code_of(name), np.int64)
+                values = np.fromiter(column, np.float64, n)
+                self._num.append((codes[keep], coord, values[keep]))
         self._maybe_fold()
         return added
 
-    def _category_coords(self, names: np.ndarray, values: np.ndarray) -> np.ndarray:
-        """The interned coordinate ``f"{name}={value}"`` of each categorical value, looked up by
-        the (name, value) pair (no string built per value; one per distinct pair of the day)."""
-        coords = list(map(self._cat_coords.get, zip(names.tolist(), values.tolist(), strict=True)))
-        if None in coords:
-            coord_of = self._coord_names.setdefault
-            for i in [i for i, c in enumerate(coords) if c is None]:
-                name, value = names[i], values[i]
-                coord = f"{name}={value}"
-                coords[i] = self._cat_coords.setdefault((name, value), coord_of(coord, coord))
-        return _objects(coords)
+    def _new_events(
+        self, user_ids: list[str], event_ids: list[str | None]
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The user codes of a batch and which of its events count (not a repeated ``event_id``,
+        of the day or earlier in the batch); updates the event and duplicate counts."""
+        n = len(user_ids)
+        codes = self._user_codes(user_ids)
+        keep = np.ones(n, bool)
+        without_id = event_ids.count(None)
+        if without_id == 0:  # the usual batch: every event has an id
+            keep = self._seen_event_ids.insert(codes, cast(list[str], event_ids))
+        elif without_id < n:
+            idx = np.flatnonzero(
+                np.fromiter(map(operator.is_not, event_ids, repeat(None)), bool, n)
+            )
+            ids = list(map(event_ids.__getitem__, idx.tolist()))
+            keep[idx] = self._seen_event_ids.insert(codes[idx], cast(list[str], ids))
+        added = int(keep.sum())
+        self.duplicates += n - added
+        self.events += added
+        return codes, keep
+
+    def _add_values(self, codes: np.ndarray, value_maps: list[dict[str, float | str]]) -> None:
+        """The cells of kept events (user codes, value maps). The usual batch — every event with
+        the same features, each feature all numbers or all categories — takes one C-level pass
+        per feature; any other batch one pass per value (``_add_mixed_values``)."""
+        n = len(value_maps)
+        features = list(value_maps[0]) if n else []
+        if features and (np.fromiter(map(len, value_maps), np.int64, n) == len(features)).all():
+            columns = [list(map(dict.get, value_maps, repeat(name))) for name in features]
+            kinds = [set(map(type, column)) for column in columns]
+            if all(kind == {str} or kind <= {float, int} for kind in kinds):
+                for name, column, kind in zip(features, columns, kinds, strict=True):
+                    if kind == {str}:
+                        categories = cast(list[str], column)  # every one a str (kind)
+                        self._cat.append(_cell(codes, self._category_codes(name, categories)))
+                        self._cat_buffered += n
+                    else:
+                        coord = np.full(n, self._coord_code_of(name), np.int64)
+                        self._num.append((codes, coord, np.fromiter(column, np.float64, n)))
+                return
+        self._add_mixed_values(codes, value_maps)
+
+    def _add_mixed_values(
+        self, codes: np.ndarray, value_maps: list[dict[str, float | str]]
+    ) -> None:
+        per_event = np.fromiter(map(len, value_maps), np.int64, count=len(value_maps))
+        names = list(chain.from_iterable(value_maps))
+        values = list(chain.from_iterable(map(dict.values, value_maps)))
+        user_col = np.repeat(codes, per_event)
+        is_cat = list(map(isinstance, values, repeat(str)))
+        if any(is_cat):
+            cat = np.fromiter(is_cat, bool, count=len(is_cat))
+            cat_codes = np.fromiter(
+                map(
+                    self._cat_code_of,
+                    compress(names, is_cat),
+                    cast(Iterator[str], compress(values, is_cat)),
+                ),
+                np.int64,
+                int(cat.sum()),
+            )
+            self._cat.append(_cell(user_col[cat], cat_codes))
+            self._cat_buffered += len(cat_codes)
+            is_num = list(map(operator.not_, is_cat))
+            names, values = list(compress(names, is_num)), list(compress(values, is_num))
+            user_col = user_col[~cat]
+        if names:
+            self._num.append(
+                (
+                    user_col,
+                    self._coordinate_codes(names),
+                    np.fromiter(values, np.float64, len(values)),
+                )
+            )
+        empty = per_event == 0
+        if empty.any():  # a zero record for each event with no values
+            users = codes[empty]
+            zero = np.full(len(users), self._coord_code_of(""), np.int64)
+            self._num.append((users, zero, np.zeros(len(users))))
 
     def _flush_pending(self) -> None:
         if self._p_users:
             self._num.append(
-                (_objects(self._p_users), _objects(self._p_coords), np.array(self._p_values))
+                (
+                    np.array(self._p_users, np.int64),
+                    np.array(self._p_coords, np.int64),
+                    np.array(self._p_values, np.float64),
+                )
             )
             self._p_users, self._p_coords, self._p_values = [], [], []
-        if self._p_cat_users:
-            self._cat.append((_objects(self._p_cat_users), _objects(self._p_cat_coords)))
-            self._cat_buffered += len(self._p_cat_users)
-            self._p_cat_users, self._p_cat_coords = [], []
+        if self._p_cats:
+            self._cat.append(np.array(self._p_cats, np.int64))
+            self._cat_buffered += len(self._p_cats)
+            self._p_cats = []
         self._maybe_fold()
 
     def _maybe_fold(self) -> None:
-        if self._cat_buffered >= max(_FOLD_MIN, len(self._folded[2])):
+        if self._cat_buffered >= max(_FOLD_MIN, len(self._folded[1])):
             self._fold()
 
     def _fold(self) -> None:
         """Fold every buffered category hit into its (user, coordinate) cell's count."""
-        f_users, f_coords, f_counts = self._folded
-        users = np.concatenate([f_users, *(u for u, _ in self._cat)])
-        coords = np.concatenate([f_coords, *(c for _, c in self._cat)])
+        f_cells, f_counts = self._folded
+        if not self._cat:
+            return
+        cells = np.concatenate([f_cells, *self._cat])
         counts = np.concatenate([f_counts, np.ones(self._cat_buffered)])
         self._cat, self._cat_buffered = [], 0
-        if len(users) == 0:
-            return
-        # user and coordinate strings are interned for the day: equal addresses ⇔ equal strings
-        order = np.lexsort((object_ids(coords), object_ids(users)))
-        u, c = object_ids(users)[order], object_ids(coords)[order]
-        starts = np.flatnonzero(np.r_[True, (u[1:] != u[:-1]) | (c[1:] != c[:-1])])
-        firsts = order[starts]
-        self._folded = (users[firsts], coords[firsts], np.add.reduceat(counts[order], starts))
+        unique, inverse = np.unique(cells, return_inverse=True)
+        self._folded = (unique, np.bincount(inverse, weights=counts, minlength=len(unique)))
 
     def finish(self) -> DayRecords:
         self._flush_pending()
         self._fold()
-        f_users, f_coords, f_counts = self._folded
-        return DayRecords.from_columns(
+        self._flush_user_codes()
+        cells, counts = self._folded
+        seen = np.concatenate([np.zeros(0, np.int64), *self._user_codes_seen])
+        cell_user = np.concatenate([cells >> _COORD_BITS, *(u for u, _, _ in self._num)])
+        return DayRecords.from_codes(
             self.day,
-            np.concatenate([f_users, *(u for u, _, _ in self._num)]),
-            np.concatenate([f_coords, *(c for _, c, _ in self._num)]),
-            np.concatenate([f_counts, *(v for _, _, v in self._num)]),
+            self._users,
+            self._coords,
+            np.searchsorted(seen, cell_user),  # dense codes: the users' order of arrival
+            np.concatenate([cells & _COORD_MASK, *(c for _, c, _ in self._num)]),
+            np.concatenate([counts, *(v for _, _, v in self._num)]),
         )
+
+
+def _cell(user: Any, coord: Any) -> Any:
+    """A (user code, coordinate code) cell packed in one int64 (scalars or arrays)."""
+    return (user << _COORD_BITS) | coord
 
 
 def _objects(items: Sequence[object]) -> np.ndarray:
@@ -377,18 +570,55 @@ class DayRecords:
         user_pos = np.cumsum(user_start) - 1
         first = order[user_start]  # each user's first cell, canonical order
         users_out, keys = _users_and_keys(users, first, hs[user_start], hasher)
-        # cells by (user, coordinate, value): user order is there, sort coordinates within users
         k = len(coord_names)
-        key = user_pos * k + coord[order]
-        within = _sort_order(key)
-        order, key = order[within], key[within]
-        same = key[1:] == key[:-1]
-        if same.any():  # repeated (user, coordinate): sum them in ascending value order
-            order = _values_ascending_within_runs(order, key, same, values)
-        starts = np.flatnonzero(np.r_[True, ~same])
-        summed = np.add.reduceat(values[order], starts)
-        cell_key = key[starts]
+        key = np.empty(n, np.int64)
+        key[order] = user_pos * k + coord[order]
+        cell_key, summed = _sum_cells(key, values)
         return cls(day, users_out, cell_key // k, cell_key % k, summed, coord_names, keys)
+
+    @classmethod
+    def from_codes(
+        cls,
+        day: str,
+        users: Sequence[str],
+        coords: Sequence[str],
+        cell_user: np.ndarray,
+        cell_coord: np.ndarray,
+        values: np.ndarray,
+        hasher: Hasher = python_hash,
+    ) -> DayRecords:
+        """Records of integer-coded cells: cell ``i`` adds ``values[i]`` to user
+        ``users[cell_user[i]]`` at coordinate ``coords[cell_coord[i]]`` (``users`` distinct,
+        ``coords`` distinct). Equal to :meth:`from_columns` of the decoded columns, bit for bit;
+        one hash per user instead of one per cell."""
+        values = np.asarray(values, dtype=np.float64)
+        if len(values) == 0:
+            return cls.from_columns(day, _objects([]), _objects([]), values, hasher)
+        ids = _objects(list(users))
+        present = np.zeros(len(ids), bool)
+        present[cell_user] = True
+        if not present.all():  # ids without a cell are not the day's users
+            cell_user = (np.cumsum(present) - 1)[cell_user]
+            ids = ids[present]
+        h = np.asarray(hasher(ids), dtype=np.int64)
+        order = _sort_order(h)
+        hs = h[order]
+        if (hs[1:] == hs[:-1]).any():  # distinct ids share a hash: canonical order (hash, id)
+            order = _order_by_hash_then_id(ids, h)
+            hs = h[order]
+        rank = np.empty(len(ids), np.int64)
+        rank[order] = np.arange(len(ids))
+        keys = _keys_in_order(ids, rank, hs, hasher)
+        used = np.zeros(len(coords), bool)
+        used[cell_coord] = True
+        names = [name for name, u in zip(coords, used.tolist(), strict=True) if u]
+        by_name = sorted(range(len(names)), key=names.__getitem__)
+        coord_rank = np.zeros(len(coords), np.int64)
+        coord_rank[np.flatnonzero(used)[by_name]] = np.arange(len(names))
+        coord_names = _objects([names[i] for i in by_name])
+        k = len(names)
+        cell_key, summed = _sum_cells(rank[cell_user] * k + coord_rank[cell_coord], values)
+        return cls(day, ids[order], cell_key // k, cell_key % k, summed, coord_names, keys)
 
     @property
     def n_users(self) -> int:
@@ -482,22 +712,39 @@ def _sort_order(key: np.ndarray) -> np.ndarray:
 def _users_and_keys(
     users: np.ndarray, first: np.ndarray, hashes: np.ndarray, hasher: Hasher
 ) -> tuple[np.ndarray, UserKeys]:
-    """The distinct ids in canonical order and their keys (ids packed in canonical order).
-
-    The ``str`` objects are read in arrival order — the order they sit in memory — not in hash
-    order: they are encoded in that order, then only pointers and packed words are permuted.
-    """
+    """The distinct ids in canonical order and their keys (ids packed in canonical order)."""
     arrival = _sort_order(first)  # canonical positions by first cell
     in_arrival = users[first[arrival]]
-    buffer, starts_a, lengths_a = encode_ids(in_arrival)
-    words, woff_a = pack_ids(buffer, starts_a, lengths_a)
     out = np.empty(len(first), dtype=object)
     out[arrival] = in_arrival
-    woff = np.empty(len(first), np.int64)
-    lengths = np.empty(len(first), np.int64)
-    woff[arrival] = woff_a
-    lengths[arrival] = lengths_a
-    return out, UserKeys(hasher, hashes, lengths, woff, words).compacted()
+    return out, _keys_in_order(in_arrival, arrival, hashes, hasher)
+
+
+def _keys_in_order(
+    ids: np.ndarray, canonical: np.ndarray, hashes: np.ndarray, hasher: Hasher
+) -> UserKeys:
+    """The keys of ``ids`` laid out in canonical order: ``ids[i]`` is at ``canonical[i]``,
+    whose hash is ``hashes[canonical[i]]``. The ``str`` objects are read in the order given —
+    the order they sit in memory — then only pointers and packed words are permuted."""
+    buffer, starts_a, lengths_a = encode_ids(ids)
+    words, woff_a = pack_ids(buffer, starts_a, lengths_a)
+    woff = np.empty(len(ids), np.int64)
+    lengths = np.empty(len(ids), np.int64)
+    woff[canonical] = woff_a
+    lengths[canonical] = lengths_a
+    return UserKeys(hasher, hashes, lengths, woff, words).compacted()
+
+
+def _sum_cells(key: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each distinct ``key`` (ascending) and the sum of its values in ascending value order —
+    a function of the key's multiset of values, so of no arrival or grouping order."""
+    order = _sort_order(key)
+    key = key[order]
+    same = key[1:] == key[:-1]
+    if same.any():  # repeated (user, coordinate): sum them in ascending value order
+        order = _values_ascending_within_runs(order, key, same, values)
+    starts = np.flatnonzero(np.r_[True, ~same])
+    return key[starts], np.add.reduceat(values[order], starts)
 
 
 def _split_collisions(

@@ -88,15 +88,15 @@ def test_add_many_and_folding_are_add_one_by_one(items, batch, fold_often):
     one = DayAccumulator("2026-01-05")
     added_one = [one.add(e) for e in events]
     saved, records._FOLD_MIN = records._FOLD_MIN, (1 if fold_often else 1 << 20)
-    saved_ids = records.SeenEventIds.COMPACT_MIN
-    records.SeenEventIds.COMPACT_MIN = 1 if fold_often else 1 << 18
+    saved_ids = records.SeenEventIds.PENDING_MAX
+    records.SeenEventIds.PENDING_MAX = 1 if fold_often else 1 << 12
     try:
         many = DayAccumulator("2026-01-05")
         steps = range(0, len(events), batch)
         added_many = sum(many.add_many(events[i : i + batch]) for i in steps)
     finally:
         records._FOLD_MIN = saved
-        records.SeenEventIds.COMPACT_MIN = saved_ids
+        records.SeenEventIds.PENDING_MAX = saved_ids
     assert added_many == sum(added_one)
     assert (many.events, many.duplicates) == (one.events, one.duplicates)
     _records_equal(many.finish(), one.finish())
@@ -107,7 +107,7 @@ def test_categories_fold_into_cells():
     for i in range(3000):
         acc.add_many([ev(f"u{i % 10}", {"c": "ab"[(i // 10) % 2]})])
         acc._fold()
-    assert len(acc._folded[2]) == 20 and acc._cat_buffered == 0
+    assert len(acc._folded[1]) == 20 and acc._cat_buffered == 0
     rec = acc.finish()
     assert rec.matrix(["c=a", "c=b"]).sum() == 3000
 
@@ -115,24 +115,103 @@ def test_categories_fold_into_cells():
 @settings(max_examples=80, deadline=None)
 @given(
     st.lists(
-        st.lists(st.tuples(st.sampled_from(["a", "b", "é", ""]), st.text(max_size=3)), max_size=8),
+        st.lists(st.tuples(st.integers(0, 3), st.text(max_size=3)), max_size=8),
         max_size=8,
     ),
+    st.booleans(),
     st.integers(1, 4),
 )
-def test_seen_event_ids_is_a_set(batches, compact_min):
-    """Recent and compacted pairs alike: membership is exactly a Python set's."""
-    saved = records.SeenEventIds.COMPACT_MIN
-    records.SeenEventIds.COMPACT_MIN = compact_min
+def test_seen_event_ids_is_a_set(batches, colliding, pending_max):
+    """Batches (``insert``) and single pairs (``add``) alike: membership is exactly a Python
+    set's, including when every key collides with others (keys cut to 2 bits)."""
+    saved_keys, saved_max = records._pair_keys, records.SeenEventIds.PENDING_MAX
+    if colliding:
+        records._pair_keys = lambda users, ids: saved_keys(users, ids) & 3
+    records.SeenEventIds.PENDING_MAX = pending_max
     try:
         seen, model = records.SeenEventIds(), set()
-        for batch in batches:
-            assert seen.contains_many(batch).tolist() == [k in model for k in batch]
-            assert all((k in seen) == (k in model) for k in batch)
-            seen.update(batch)
-            model.update(batch)
-        seen.compact()
-        probe = [k for b in batches for k in b] + [("a", "zz"), ("zz", "a")]
-        assert seen.contains_many(probe).tolist() == [k in model for k in probe]
+        for b, batch in enumerate(batches):
+            assert [k in seen for k in batch] == [k in model for k in batch]
+            if b % 3 == 2:  # one pair at a time
+                for k in batch:
+                    if k not in seen:
+                        seen.add(k)
+                    model.add(k)
+                continue
+            expected = []
+            for k in batch:
+                expected.append(k not in model)
+                model.add(k)
+            users = np.array([u for u, _ in batch], np.int64)
+            assert seen.insert(users, [e for _, e in batch]).tolist() == expected
+        assert len(seen) == len(model)
+        probe = [k for b in batches for k in b] + [(0, "zz"), (9, "")]
+        assert [k in seen for k in probe] == [k in model for k in probe]
     finally:
-        records.SeenEventIds.COMPACT_MIN = saved
+        records._pair_keys, records.SeenEventIds.PENDING_MAX = saved_keys, saved_max
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(0, 5), st.integers(0, 3), st.sampled_from([0.5, 1.0, 0.1, 1e16, -1e16, 3.0])
+        ),
+        max_size=40,
+    ),
+    st.booleans(),
+)
+def test_from_codes_is_from_columns(cells, collide):
+    """Integer-coded cells give the records of the same cells decoded, bit for bit — users
+    without a cell and unused coordinates left out, colliding hashes ordered by id."""
+    users = ["u0", "é", "u2", "", "u4", "u5"]
+    coords = ["x", "c=a", "", "b"]
+    hasher = (lambda ids: np.zeros(len(ids), np.int64)) if collide else records.python_hash
+    u = np.array([c[0] for c in cells], np.int64)
+    k = np.array([c[1] for c in cells], np.int64)
+    v = np.array([c[2] for c in cells], np.float64)
+    coded = records.DayRecords.from_codes("2026-01-05", users, coords, u, k, v, hasher)
+    decoded = records.DayRecords.from_columns(
+        "2026-01-05",
+        records._objects([users[i] for i in u.tolist()]),
+        records._objects([coords[i] for i in k.tolist()]),
+        v,
+        hasher,
+    )
+    _records_equal(coded, decoded)
+    assert np.array_equal(coded.user_hash, decoded.user_hash)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["u0", "u1", "é", "u3"]),
+            st.floats(-1e6, 1e6, allow_nan=False),
+            st.sampled_from(["a", "b", "é"]),
+            st.one_of(st.none(), st.sampled_from(["e1", "e2", "e3"])),
+        ),
+        min_size=1,
+        max_size=40,
+    ),
+    st.integers(1, 9),
+)
+def test_add_columns_is_add_many(items, batch):
+    """A batch decoded as columns adds what the same batch of events adds, bit for bit."""
+    import json
+
+    from streamfilter.engine.ingest import parse_columns, parse_events
+
+    lines = []
+    for user, x, c, eid in items:
+        obj = {"user_id": user, "day": "2026-01-05", "values": {"x": x, "c": c}}
+        if eid is not None:
+            obj["event_id"] = eid
+        lines.append(json.dumps(obj).encode())
+    cols, many = DayAccumulator("2026-01-05"), DayAccumulator("2026-01-05")
+    for i in range(0, len(lines), batch):
+        columns = parse_columns(lines[i : i + batch])
+        assert columns is not None
+        assert cols.add_columns(columns) == many.add_many(parse_events(lines[i : i + batch]))
+    assert (cols.events, cols.duplicates) == (many.events, many.duplicates)
+    _records_equal(cols.finish(), many.finish())
