@@ -20,7 +20,7 @@ from streamfilter.engine.active_set import ActiveSetTracker
 from streamfilter.engine.contract import Reject, Release, load_object, parse_event, parse_query
 from streamfilter.engine.coverage import CoverageTracker
 from streamfilter.engine.day import DayOutcome, close_day
-from streamfilter.engine.ingest import parse_events
+from streamfilter.engine.ingest import EventColumns, parse_columns, parse_events
 from streamfilter.engine.ledger import BudgetLedger
 from streamfilter.engine.params import PrivacyParams
 from streamfilter.engine.queries import AnyQuery, QueryBook
@@ -171,6 +171,14 @@ class Engine:
             except Reject as rej:
                 out.append(rej)
         return out
+
+    def parse_columns(self, raws: Sequence[bytes]) -> EventColumns | None:
+        """The lines as columns when every one is a valid event with the first one's features
+        (``engine.ingest.parse_columns``: the same events ``parse_records`` would return); else
+        None. None as well for an engine with its own ``parse_record``."""
+        if type(self).parse_record is Engine.parse_record:
+            return parse_columns(raws)
+        return None
 
     def new_day(self, day: str) -> DayInput:
         return DayAccumulator(day)

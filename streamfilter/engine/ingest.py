@@ -30,14 +30,25 @@ is pinned by ``tests/engine/test_ingest.py``):
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from itertools import chain
-from operator import attrgetter
+from operator import attrgetter, itemgetter
+from typing import Any
 
 import msgspec
 
-from streamfilter.engine.contract import MAX_EVENT_BYTES, Event, Reject, _parse_day, parse_event
+from streamfilter.engine.contract import (
+    MAX_EVENT_BYTES,
+    Event,
+    Reject,
+    _Category,
+    _Id,
+    _Number,
+    _parse_day,
+    parse_event,
+)
 
-__all__ = ["day_ok", "parse_events"]
+__all__ = ["EventColumns", "day_ok", "parse_columns", "parse_events"]
 
 _decode = msgspec.json.Decoder(Event).decode
 #: a whole chunk at once: ``[[line1],[line2],...]``, each inner array exactly one Event
@@ -46,6 +57,8 @@ _decode_chunk = msgspec.json.Decoder(list[tuple[Event]]).decode
 CHUNK_LINES = 256
 _DAY = attrgetter("day")
 _VALUES = attrgetter("values")
+_USER = attrgetter("user_id")
+_EVENT_ID = attrgetter("event_id")
 #: day string → valid (``_parse_day`` passes); bounded, days are few
 _DAY_OK: dict[str, bool] = {}
 _DAY_CACHE_MAX = 4096
@@ -139,3 +152,125 @@ def parse_events(lines: Sequence[bytes]) -> list[Event | Reject]:
         else:
             out.extend([_fast(line) or _slow(line) for line in chunk])
     return out
+
+
+@dataclass(frozen=True)
+class EventColumns:
+    """A batch of valid events as columns: every event has the same features (``features``, each
+    all numbers or all categories: ``categorical``), one list per field and one per feature."""
+
+    user_ids: list[str]
+    days: list[str]
+    event_ids: list[str | None]
+    features: tuple[str, ...]
+    categorical: tuple[bool, ...]
+    columns: list[list[Any]]
+
+    def __len__(self) -> int:
+        return len(self.user_ids)
+
+    def slice(self, start: int, stop: int) -> EventColumns:
+        return EventColumns(
+            self.user_ids[start:stop],
+            self.days[start:stop],
+            self.event_ids[start:stop],
+            self.features,
+            self.categorical,
+            [column[start:stop] for column in self.columns],
+        )
+
+    def events(self) -> list[Event]:
+        """The same events as ``Event`` objects (per event: only off the hot path)."""
+        values = [
+            dict(zip(self.features, row, strict=True)) for row in zip(*self.columns, strict=True)
+        ]
+        if not self.features:
+            values = [{} for _ in self.user_ids]
+        return [
+            Event(user_id=u, day=d, values=v, event_id=e)
+            for u, d, v, e in zip(self.user_ids, self.days, values, self.event_ids, strict=True)
+        ]
+
+
+#: schema → chunk decoder, or None when msgspec cannot name a field so (a ``\\``, ``"`` or control
+#: character in a feature name); bounded (a stream has few schemas)
+_TYPED: dict[tuple[tuple[str, bool], ...], msgspec.json.Decoder[Any] | None] = {}
+_TYPED_MAX = 64
+_UNNAMEABLE = frozenset('\\"' + "".join(map(chr, range(32))))
+
+
+def _typed_decoder(schema: tuple[tuple[str, bool], ...]) -> msgspec.json.Decoder[Any] | None:
+    """A chunk decoder (``[[line],...]``) for events with exactly these features: the values
+    object is a struct whose fields are the features — required, unknown ones refused, each
+    with the contract's constraint of its kind (``Event``'s ``_Number`` or ``_Category``)."""
+    if schema in _TYPED:
+        return _TYPED[schema]
+    if len(_TYPED) >= _TYPED_MAX:
+        _TYPED.clear()
+    decoder = None
+    if not any(c in name for name, _ in schema for c in _UNNAMEABLE):
+        values = msgspec.defstruct(
+            "TypedValues",
+            [(f"f{i}", _Category if cat else _Number) for i, (_, cat) in enumerate(schema)],
+            rename={f"f{i}": name for i, (name, _) in enumerate(schema)},
+            forbid_unknown_fields=True,
+            frozen=True,
+            gc=False,
+        )
+        event = msgspec.defstruct(
+            "TypedEvent",
+            [("user_id", _Id), ("day", str), ("values", values), ("event_id", _Id | None, None)],
+            forbid_unknown_fields=True,
+            frozen=True,
+            gc=False,
+        )
+        decoder = msgspec.json.Decoder(list[tuple[event]])  # type: ignore[valid-type]
+    _TYPED[schema] = decoder
+    return decoder
+
+
+def parse_columns(lines: Sequence[bytes]) -> EventColumns | None:
+    """The batch as columns when ``parse_events`` would accept every line and every event has
+    the first event's features with the first event's kinds; else None (then ``parse_events``).
+
+    The first line is decoded as an ``Event`` (``_fast``); its features and kinds fix a schema,
+    and the whole batch is decoded into that schema's struct (``_typed_decoder``) as in
+    ``_fast_chunk``. A line the typed decoder accepts is one the ``Event`` decoder accepts with
+    the same values: the same syntax and string rules, the same field constraints, the features
+    exactly the schema's (a missing or unknown one is refused), each value of its kind (a
+    category where a number is expected, or the reverse, is refused); the day is checked as in
+    ``_fast_chunk``, and the schema's names passed the ``=`` check with the first line.
+    """
+    if not lines:
+        return None
+    first = _fast(lines[0]) if isinstance(lines[0], bytes) else None
+    if first is None or not first.values:
+        return None
+    schema = tuple((name, isinstance(v, str)) for name, v in first.values.items())
+    if max(map(len, lines)) > MAX_EVENT_BYTES:
+        return None
+    blob = b"".join(lines)
+    if b"[" in blob or b"]" in blob:
+        return None
+    decoder = _typed_decoder(schema)
+    if decoder is None:
+        return None
+    try:
+        wrapped = decoder.decode(b"[[" + b"],[".join(lines) + b"]]")
+    except Exception:  # a line it refuses: the per-event path decides
+        return None
+    if len(wrapped) != len(lines):
+        return None
+    events = list(map(itemgetter(0), wrapped))
+    days = list(map(_DAY, events))
+    if not all(map(day_ok, set(days))):
+        return None
+    values = list(map(_VALUES, events))
+    return EventColumns(
+        list(map(_USER, events)),
+        days,
+        list(map(_EVENT_ID, events)),
+        tuple(name for name, _ in schema),
+        tuple(cat for _, cat in schema),
+        [list(map(attrgetter(f"f{i}"), values)) for i in range(len(schema))],
+    )

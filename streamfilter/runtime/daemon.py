@@ -28,7 +28,7 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import compress
 from operator import attrgetter, ne
@@ -37,6 +37,7 @@ from typing import Any
 from streamfilter.engine.affordability import DEFAULT_MIN_DAYS, affordability_warning, query_cost
 from streamfilter.engine.contract import MAX_EVENT_BYTES, Reject, RejectReason, Release
 from streamfilter.engine.engine import DayInput, Engine
+from streamfilter.engine.ingest import EventColumns
 from streamfilter.errors import RetentionGapError
 from streamfilter.runtime.faults import crash_point
 from streamfilter.runtime.io.base import (
@@ -426,6 +427,22 @@ class Daemon:
         for batch in batches:
             self._ingest_batch(batch)
 
+    @staticmethod
+    def _add_run(
+        acc: Any, columns: EventColumns | None, parsed: Sequence[Any], a: int, b: int, part: bool
+    ) -> int:
+        """Add events ``a..b`` of a batch to one day's input: as columns, as a batch of events,
+        or one by one — whichever the input takes (``part``: the run is not the whole batch)."""
+        if columns is not None:
+            batch = columns.slice(a, b) if part else columns
+            if hasattr(acc, "add_columns"):
+                return int(acc.add_columns(batch))
+            run: Sequence[Any] = batch.events()
+        else:
+            run = parsed[a:b] if part else parsed
+        add_many = getattr(acc, "add_many", None)
+        return int(add_many(run) if add_many else sum(map(acc.add, run)))
+
     def _ingest_batch(self, batch: RecordBatch) -> None:
         """Validate one partition's batch at once (``engine.parse_records``), then add it to its
         open day in one pass per run of one day's records when every record is valid and of an
@@ -441,35 +458,44 @@ class Daemon:
         if batch.undecodable:
             self._reject_undecodable(batch)
             return
-        parsed = self.engine.parse_records(values)
         limit = self.limits.max_event_bytes
-        if limit < MAX_EVENT_BYTES and max(map(len, values)) > limit:
-            too_big = Reject(RejectReason.OVERSIZED, f"event exceeds {limit} bytes")
-            parsed = [too_big if len(v) > limit else p for p, v in zip(parsed, values, strict=True)]
-        if self._screen is not None:
-            parsed = self._screen(partition, parsed)
+        within_limit = limit >= MAX_EVENT_BYTES or max(map(len, values)) <= limit
+        # the usual batch: valid events of one schema, decoded as columns (no object per event)
+        columns = (
+            self.engine.parse_columns(values) if within_limit and self._screen is None else None
+        )
+        parsed: Sequence[Any] = []
+        if columns is None:
+            parsed = self.engine.parse_records(values)
+            if not within_limit:
+                too_big = Reject(RejectReason.OVERSIZED, f"event exceeds {limit} bytes")
+                parsed = [
+                    too_big if len(v) > limit else p for p, v in zip(parsed, values, strict=True)
+                ]
+            if self._screen is not None:
+                parsed = self._screen(partition, parsed)
         self.summary.records_read += len(values)
         self._last_seen[partition] = self.monotonic()
         self.observer.records_read(partition, len(values))
         self._read_offset[partition] = batch.next_offset
         horizon = self._horizon()
-        if not any(issubclass(t, Reject) for t in set(map(type, parsed))):
-            days = list(map(_DAY, parsed))
+        if columns is not None or not any(issubclass(t, Reject) for t in set(map(type, parsed))):
+            days = columns.days if columns is not None else list(map(_DAY, parsed))
             # runs of consecutive events of one day (one run but at a day's boundary)
             cuts = [0, *compress(range(1, len(days)), map(ne, days, days[1:]))]
-            runs = list(zip(cuts, [*cuts[1:], len(parsed)], strict=True))
+            runs = list(zip(cuts, [*cuts[1:], len(days)], strict=True))
             if all(
                 not self.engine.is_closed(days[a]) and (horizon is None or days[a] <= horizon)
                 for a, _ in runs
             ):
                 for a, b in runs:
                     acc = self._day_input(days[a], partition, offsets[a])
-                    add_many = getattr(acc, "add_many", None)  # a batch as columns (events)
-                    run = parsed[a:b] if len(runs) > 1 else parsed
-                    accepted = add_many(run) if add_many else sum(map(acc.add, run))
+                    accepted = self._add_run(acc, columns, parsed, a, b, len(runs) > 1)
                     self.summary.events_accepted += accepted
-                    self.summary.events_duplicate += len(run) - accepted
+                    self.summary.events_duplicate += b - a - accepted
                 return
+        if columns is not None:  # an event of a closed or future day: record by record
+            parsed = columns.events()
         accepted = duplicates = 0
         current: str | None = None  # the day of the previous added record
         add = None

@@ -354,3 +354,109 @@ def test_mixed_batches_decoded_in_chunks_are_the_lines_one_by_one(lines, chunk_l
         if fast is not None:
             event("chunk accepted")
             assert all(_same(f, _reference(x)) for f, x in zip(fast, chunk, strict=True))
+
+
+# ------------------------------------------------------------------------ the columnar decoder
+
+SCHEMA_LINE = '{"user_id": "u", "day": "2026-01-05", "values": {"a": 1.5, "plan": "pro"}}'
+# lines that are one schema's events, or almost: a feature missing, unknown, repeated, of the
+# other kind, an int, a bool, out of range, keys in another order, an '=' name, a bad day
+NEAR_SCHEMA = [
+    SCHEMA_LINE,
+    '{"user_id": "v", "day": "2026-01-05", "values": {"plan": "free", "a": 2}, "event_id": "e"}',
+    '{"user_id": "w", "day": "2026-01-06", "values": {"a": -0.0, "plan": ""}, "event_id": null}',
+    '{"user_id": "u", "day": "2026-01-05", "values": {"a": 1.5}}',
+    '{"user_id": "u", "day": "2026-01-05", "values": {"a": 1.5, "plan": "pro", "b": 1}}',
+    '{"user_id": "u", "day": "2026-01-05", "values": {"a": "1.5", "plan": "pro"}}',
+    '{"user_id": "u", "day": "2026-01-05", "values": {"a": 1.5, "plan": 3}}',
+    '{"user_id": "u", "day": "2026-01-05", "values": {"a": true, "plan": "pro"}}',
+    '{"user_id": "u", "day": "2026-01-05", "values": {"a": 1e13, "plan": "pro"}}',
+    '{"user_id": "u", "day": "2026-01-05", "values": {"a": 1, "a": "x", "plan": "pro"}}',
+    '{"user_id": "u", "day": "2026-01-05", "values": {"a": "x", "a": 1, "plan": "pro"}}',
+    '{"user_id": "u", "day": "2026-02-30", "values": {"a": 1.5, "plan": "pro"}}',
+    '{"user_id": "u", "day": "2026-01-05", "values": {"a=b": 1.5, "plan": "pro"}}',
+    '{"user_id": "", "day": "2026-01-05", "values": {"a": 1.5, "plan": "pro"}}',
+    '{"user_id": "u", "day": "2026-01-05", "values": {"a": 1.5, "plan": "pro"}, "x": 1}',
+    '{"user_id": "u", "day": "2026-01-05", "values": {}}',
+    '\ufeff{"user_id": "u", "day": "2026-01-05", "values": {"a": 1.5, "plan": "pro"}}',
+]
+
+
+unbracketed = good_texts.filter(lambda t: "[" not in t and "]" not in t)
+
+
+def _same_event(a: Event, b: Event) -> bool:
+    """Equal events: fields, the features (any order), each value's type and bits."""
+    return (
+        (a.user_id, a.day, a.event_id) == (b.user_id, b.day, b.event_id)
+        and set(a.values) == set(b.values)
+        and all(type(a.values[k]) is type(b.values[k]) for k in a.values)
+        and all(_bits(a.values[k]) == _bits(b.values[k]) for k in a.values)
+    )
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.lists(
+        st.one_of(st.sampled_from(NEAR_SCHEMA).map(str.encode), raw_lines()),
+        min_size=1,
+        max_size=12,
+    )
+)
+@example([SCHEMA_LINE.encode()] * 3)
+@example([NEAR_SCHEMA[0].encode(), NEAR_SCHEMA[1].encode(), NEAR_SCHEMA[2].encode()])
+def test_columns_are_the_events_parse_events_accepts(lines):
+    """``parse_columns`` decides nothing of its own: when it returns columns, every line is an
+    event ``parse_events`` accepts, with the same fields and values, bit for bit."""
+    columns = ingest.parse_columns(lines)
+    expected = parse_events(lines)
+    event("columns" if columns is not None else "per event")
+    if columns is not None:
+        assert all(isinstance(e, Event) for e in expected)
+        assert len(columns) == len(lines)
+        got = columns.events()
+        assert all(_same_event(g, e) for g, e in zip(got, expected, strict=True))
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.dictionaries(
+        st.text(
+            st.characters(blacklist_categories=("Cc", "Cs"), blacklist_characters='="\\[]'),
+            min_size=1,
+            max_size=8,
+        ),
+        st.booleans(),
+        min_size=1,
+        max_size=6,
+    ),
+    st.lists(st.tuples(unbracketed, st.one_of(st.none(), unbracketed)), min_size=1, max_size=20),
+    st.randoms(use_true_random=False),
+)
+def test_one_schema_batches_are_decoded_as_columns(schema, ids, rnd):
+    """Valid events that share features and kinds take the columnar path (keys in any order;
+    a ``[`` or ``]`` anywhere in the batch sends it per event, as for ``_fast_chunk``)."""
+    lines = []
+    for user, event_id in ids:
+        values = {
+            name: (rnd.choice(["a", "é", ""]) if cat else rnd.uniform(-1e12, 1e12))
+            for name, cat in schema.items()
+        }
+        items = list(values.items())
+        rnd.shuffle(items)
+        obj = {"user_id": user, "day": "2026-01-05", "values": dict(items)}
+        if event_id is not None:
+            obj["event_id"] = event_id
+        lines.append(json.dumps(obj, ensure_ascii=rnd.random() < 0.5).encode())
+    columns = ingest.parse_columns(lines)
+    assert columns is not None
+    expected = parse_events(lines)
+    assert all(_same_event(g, e) for g, e in zip(columns.events(), expected, strict=True))
+
+
+@pytest.mark.parametrize("name", ["a\\b", 'a"b', "a\x1fb", "\x00"])
+def test_a_feature_name_msgspec_cannot_rename_goes_per_event(name):
+    lines = [json.dumps({"user_id": "u", "day": "2026-01-05", "values": {name: 1}}).encode()]
+    assert ingest.parse_columns(lines) is None
+    (got,) = parse_events(lines)
+    assert isinstance(got, Event) and got.values == {name: 1.0}
