@@ -237,6 +237,21 @@ class BinaryTreeCounter:
         return {"horizon": self.horizon, "sigma2_units": self.sigma2_units}
 
 
+def fft_convolve(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """The full linear convolution of two real 1-d arrays by FFT — the computation of
+    ``scipy.signal.fftconvolve(a, b)`` (same transform sizes and routines, so the same bits)
+    without importing ``scipy.signal`` (1.8 s at start-up against 0.45 s for ``scipy.fft``)."""
+    if len(a) == 1 or len(b) == 1:  # fftconvolve then multiplies directly
+        return a * b
+    import scipy.fft  # lazy: only the discrete-Gaussian intervals need a convolution
+
+    size = len(a) + len(b) - 1
+    fast = scipy.fft.next_fast_len(size, True)
+    spectrum = scipy.fft.rfftn(a, [fast], axes=[0]) * scipy.fft.rfftn(b, [fast], axes=[0])
+    out: np.ndarray = scipy.fft.irfftn(spectrum, [fast], axes=[0])[:size].copy()
+    return out
+
+
 @functools.lru_cache(maxsize=256)
 def discrete_gaussian_sum_halfwidth(sigma2_units: int, k: int, coverage: float = 0.95) -> int:
     """Smallest integer h with ``P(|Z_1 + … + Z_k| <= h) >= coverage``, ``Z_j ~ N_Z(0, s²)`` iid.
@@ -263,10 +278,8 @@ def discrete_gaussian_sum_halfwidth(sigma2_units: int, k: int, coverage: float =
     one = np.exp(-(z * z) / (2.0 * s2))
     one /= one.sum()
     pmf = one
-    import scipy.signal  # lazy: only the discrete-Gaussian interval needs a convolution
-
     for _ in range(kk - 1):
-        pmf = np.clip(scipy.signal.fftconvolve(pmf, one), 0.0, None)
+        pmf = np.clip(fft_convolve(pmf, one), 0.0, None)
     pmf /= pmf.sum()
     centre = (len(pmf) - 1) // 2
     # P(|X| <= h) = pmf[centre] + 2·Σ_{y=1..h} pmf[centre + y] (symmetric)
@@ -432,8 +445,6 @@ def noise_halfwidth(noise: tuple[tuple[int, int], ...], coverage: float = 0.95) 
     support = sum(k * (2 * (math.ceil(12.0 * math.sqrt(s2)) + 1) + 1) for s2, k in parts)
     if support > _EXACT_SUPPORT_MAX:
         return math.ceil(gaussian_halfwidth(math.sqrt(noise_variance(parts)), coverage))
-    import scipy.signal  # lazy: only these intervals need a convolution
-
     pmf = np.ones(1)
     for s2, k in parts:
         m = math.ceil(12.0 * math.sqrt(s2)) + 1
@@ -441,7 +452,7 @@ def noise_halfwidth(noise: tuple[tuple[int, int], ...], coverage: float = 0.95) 
         one = np.exp(-(z * z) / (2.0 * s2))
         one /= one.sum()
         for _ in range(k):
-            pmf = np.clip(scipy.signal.fftconvolve(pmf, one), 0.0, None)
+            pmf = np.clip(fft_convolve(pmf, one), 0.0, None)
     pmf /= pmf.sum()
     centre = (len(pmf) - 1) // 2
     if pmf[centre] >= coverage:

@@ -8,6 +8,8 @@ from fractions import Fraction
 import numpy as np
 import pytest
 import scipy.stats
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from streamfilter.privacy import continual
 from streamfilter.privacy.continual import (
@@ -260,3 +262,15 @@ def test_a_wrong_sigma_is_detected(observed):
     for scale in (0.9, 1.1):
         q, lo, hi = _pooled_statistic(errors, _covariance(v * scale**2))
         assert not lo <= q <= hi, scale
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 2000), st.integers(1, 2000), st.integers(0, 2**32 - 1))
+def test_fft_convolve_is_scipy_fftconvolve_bit_for_bit(n, m, seed):
+    """The half-widths use ``fft_convolve`` so that a run need not import ``scipy.signal``; the
+    published half-widths stay those of ``scipy.signal.fftconvolve`` only if every bit does."""
+    import scipy.signal
+
+    rng = np.random.default_rng(seed)
+    a, b = rng.random(n), rng.random(m)
+    assert np.array_equal(continual.fft_convolve(a, b), scipy.signal.fftconvolve(a, b))
