@@ -2,8 +2,9 @@
 
 The same ``n_users`` users send ``k`` events each in one day (``k`` = 1, then 10), each event
 with ``active`` (1), ``minutes`` (a float) and ``plan`` (one of 3 categories), through the
-daemon's path: batches of 50,000 lines decoded by ``engine.ingest.parse_events`` and added with
-``DayAccumulator.add_many``; then the day's records are built (``finish``). Each size runs in
+daemon's path: batches of 50,000 lines decoded as columns by ``engine.ingest.parse_columns`` and
+added with ``DayAccumulator.add_columns`` (a batch of several schemas: ``parse_events`` and
+``add_many``); then the day's records are built (``finish``). Each size runs in
 its own process (``--child``), which reports its peak RSS (``VmHWM``) and the seconds spent.
 
 value = peak RSS at ``10·n`` events, baseline = at ``n`` events; ratio = value ÷ baseline (target,
@@ -64,14 +65,18 @@ def _vm(field: str) -> float:
 
 
 def _child(n_users: int, k: int, numeric: bool) -> None:
-    from streamfilter.engine.ingest import parse_events
+    from streamfilter.engine.ingest import parse_columns, parse_events
     from streamfilter.engine.records import DayAccumulator
 
     acc = DayAccumulator("2026-03-01")
     base = _vm("VmRSS")
     t0 = time.perf_counter()
     for batch in _lines(n_users, k, numeric):
-        acc.add_many(parse_events(batch))  # type: ignore[arg-type]
+        columns = parse_columns(batch)  # the daemon's path: columns, else events
+        if columns is not None:
+            acc.add_columns(columns)
+        else:
+            acc.add_many(parse_events(batch))  # type: ignore[arg-type]
     ingest_s = time.perf_counter() - t0
     open_mib = _vm("VmRSS") - base
     t1 = time.perf_counter()
