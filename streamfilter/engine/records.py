@@ -26,7 +26,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from itertools import chain, compress, count, repeat
 from operator import attrgetter
-from typing import Any, Literal, cast
+from typing import Literal, cast
 
 import numpy as np
 
@@ -55,7 +55,7 @@ _FOLD_MIN = 1 << 20
 #: a packed category cell: the user's code above the coordinate's code (codes < 2**31 each)
 _COORD_BITS = 31
 _COORD_MASK = (1 << _COORD_BITS) - 1
-_MAX_USER_CODE = 1 << 32
+_MAX_USER_CODE = (1 << 31) - 1  # codes are int32
 
 
 class _Run:
@@ -155,7 +155,7 @@ class SeenEventIds:
         if self._pending:
             users, event_ids = zip(*self._pending, strict=True)
             self._pending = set()
-            self.insert(np.array(users, np.int64), list(event_ids))
+            self.insert(np.array(users, np.int32), list(event_ids))
 
     def insert(self, users: np.ndarray, event_ids: list[str]) -> np.ndarray:
         """Add each pair not already held; True where the pair is new — neither held before
@@ -239,7 +239,9 @@ class DayAccumulator:
         self._p_values: list[float] = []
         self._p_cats: list[int] = []  # packed cells of category hits
         # numeric values (user codes, coordinate codes, values); category hits as packed cells
-        self._num: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        # numeric values: (user codes int32, coordinate code — one for the chunk, or int32 per
+        # value —, float64 values); a batch's user codes are one array shared by its features
+        self._num: list[tuple[np.ndarray, int | np.ndarray, np.ndarray]] = []
         self._cat: list[np.ndarray] = []
         self._cat_buffered = 0
         # folded category cells: (ascending packed cells, counts)
@@ -248,6 +250,8 @@ class DayAccumulator:
     def _user_code_of(self, user_id: str) -> int:
         code = self._user_code.get(user_id)
         if code is None:
+            if self._next_code >= _MAX_USER_CODE:
+                raise OverflowError(f"more than {_MAX_USER_CODE} events in one day")
             code = self._user_code[user_id] = self._next_code
             self._users.append(user_id)
             self._p_user_codes.append(code)
@@ -280,7 +284,7 @@ class DayAccumulator:
         self.events += 1
         for name, v in event.values.items():
             if isinstance(v, str):
-                self._p_cats.append(_cell(user, self._cat_code_of(name, v)))
+                self._p_cats.append((user << _COORD_BITS) | self._cat_code_of(name, v))
             else:
                 self._p_users.append(user)
                 self._p_coords.append(self._coord_code_of(name))
@@ -311,7 +315,7 @@ class DayAccumulator:
             firsts = np.unique(codes[new])
             self._users += map(user_ids.__getitem__, (firsts - n0).tolist())
             self._user_codes_seen.append(firsts)
-        return codes
+        return codes.astype(np.int32)
 
     def _flush_user_codes(self) -> None:
         if self._p_user_codes:
@@ -356,17 +360,17 @@ class DayAccumulator:
             return 0
         codes, keep = self._new_events(batch.user_ids, batch.event_ids)
         added = int(keep.sum())
+        kept = codes if added == n else codes[keep]
         for name, categorical, column in zip(
             batch.features, batch.categorical, batch.columns, strict=True
         ):
             if categorical:
                 cats = column if added == n else list(compress(column, keep.tolist()))
-                self._cat.append(_cell(codes[keep], self._category_codes(name, cats)))
+                self._cat.append(_cell(kept, self._category_codes(name, cats)))
                 self._cat_buffered += added
             else:
-                coord = np.full(added, self._coord_code_of(name), np.int64)
                 values = np.fromiter(column, np.float64, n)
-                self._num.append((codes[keep], coord, values[keep]))
+                self._num.append((kept, self._coord_code_of(name), values[keep]))
         self._maybe_fold()
         return added
 
@@ -408,8 +412,8 @@ class DayAccumulator:
                         self._cat.append(_cell(codes, self._category_codes(name, categories)))
                         self._cat_buffered += n
                     else:
-                        coord = np.full(n, self._coord_code_of(name), np.int64)
-                        self._num.append((codes, coord, np.fromiter(column, np.float64, n)))
+                        values = np.fromiter(column, np.float64, n)
+                        self._num.append((codes, self._coord_code_of(name), values))
                 return
         self._add_mixed_values(codes, value_maps)
 
@@ -441,22 +445,21 @@ class DayAccumulator:
             self._num.append(
                 (
                     user_col,
-                    self._coordinate_codes(names),
+                    self._coordinate_codes(names).astype(np.int32),
                     np.fromiter(values, np.float64, len(values)),
                 )
             )
         empty = per_event == 0
         if empty.any():  # a zero record for each event with no values
             users = codes[empty]
-            zero = np.full(len(users), self._coord_code_of(""), np.int64)
-            self._num.append((users, zero, np.zeros(len(users))))
+            self._num.append((users, self._coord_code_of(""), np.zeros(len(users))))
 
     def _flush_pending(self) -> None:
         if self._p_users:
             self._num.append(
                 (
-                    np.array(self._p_users, np.int64),
-                    np.array(self._p_coords, np.int64),
+                    np.array(self._p_users, np.int32),
+                    np.array(self._p_coords, np.int32),
                     np.array(self._p_values, np.float64),
                 )
             )
@@ -489,19 +492,21 @@ class DayAccumulator:
         cells, counts = self._folded
         seen = np.concatenate([np.zeros(0, np.int64), *self._user_codes_seen])
         cell_user = np.concatenate([cells >> _COORD_BITS, *(u for u, _, _ in self._num)])
+        coords = [c if isinstance(c, np.ndarray) else np.full(len(u), c) for u, c, _ in self._num]
         return DayRecords.from_codes(
             self.day,
             self._users,
             self._coords,
             np.searchsorted(seen, cell_user),  # dense codes: the users' order of arrival
-            np.concatenate([cells & _COORD_MASK, *(c for _, c, _ in self._num)]),
+            np.concatenate([cells & _COORD_MASK, *coords]),
             np.concatenate([counts, *(v for _, _, v in self._num)]),
         )
 
 
-def _cell(user: Any, coord: Any) -> Any:
-    """A (user code, coordinate code) cell packed in one int64 (scalars or arrays)."""
-    return (user << _COORD_BITS) | coord
+def _cell(users: np.ndarray, coords: np.ndarray) -> np.ndarray:
+    """(user code, coordinate code) cells packed in one int64 each."""
+    packed: np.ndarray = (users.astype(np.int64) << _COORD_BITS) | coords
+    return packed
 
 
 def _objects(items: Sequence[object]) -> np.ndarray:
