@@ -152,3 +152,33 @@ def test_a_postgres_state_gives_the_same_releases(name, tmp_path, postgres_url, 
     assert (tmp_path / "releases.jsonl").read_bytes() == (
         GOLDEN / f"{name}.releases.jsonl"
     ).read_bytes()
+
+
+@pytest.mark.parametrize("name", RUNS)
+def test_small_batches_take_the_columnar_path_and_release_the_same_bytes(
+    name, tmp_path, monkeypatch
+):
+    """Read in batches of 2 lines, many batches are of one schema and are decoded as columns
+    (``parse_columns`` → ``DayAccumulator.add_columns``), the others event by event; the
+    releases are still the pinned ones, byte for byte."""
+    from streamfilter.engine.records import DayAccumulator
+    from streamfilter.runtime.io.files import FileSource
+
+    poll = FileSource.poll_batches
+    monkeypatch.setattr(FileSource, "poll_batches", lambda self, n: poll(self, min(n, 2)))
+    add_columns = DayAccumulator.add_columns
+    columnar = []
+
+    def counted(self, batch):
+        columnar.append(len(batch))
+        return add_columns(self, batch)
+
+    monkeypatch.setattr(DayAccumulator, "add_columns", counted)
+    for f in ("events.jsonl", "queries.jsonl", f"{name}.toml"):
+        shutil.copy(GOLDEN / f, tmp_path / f)
+    assert (
+        main(["run", "--config", str(tmp_path / f"{name}.toml"), "--until-end", "--testing"]) == 0
+    )
+    assert sum(columnar) > 1000, sum(columnar)  # of the 2,738 lines
+    produced = (tmp_path / "releases.jsonl").read_bytes()
+    assert produced == (GOLDEN / f"{name}.releases.jsonl").read_bytes()
