@@ -204,18 +204,18 @@ class SeenEventIds:
 class DayAccumulator:
     """Collects one day's events as integer-coded columns (docs/design.md §2 "Record").
 
-    Each distinct user id of the day gets a dense code in order of first arrival (one ``str``
-    kept per user, in a dict), each coordinate name a code too; an event's values then become
-    numpy columns — user code, coordinate code (int64 each) and a float64 — with no Python
-    object kept per value. A categorical value adds exactly 1.0 to its cell and sums of 1.0
+    Each distinct user id of the day gets an int32 code on first arrival (one ``str`` kept per
+    user, in a dict), each coordinate name a code too; an event's values then become numpy
+    columns — user code, coordinate code and a float64 — with no Python object kept per value. A categorical value adds exactly 1.0 to its cell and sums of 1.0
     are exact in any order, so category hits are folded into per-cell counts as they
     accumulate — the day's records are then identical to summing every value at the end.
     Numeric values are kept one by one: a cell's sum is defined in ascending value order
     (``DayRecords.from_codes``), which a running sum cannot reproduce bit for bit. A repeated
     ``event_id`` is remembered per (user code, event id).
 
-    ``add`` takes one event (``Monitor``, the audit); ``add_many`` a batch of one day's events
-    without Python bytecode per event (the daemon's hot path).
+    ``add`` takes one event (``Monitor``, the audit); ``add_many`` a batch of one day's events and
+    ``add_columns`` a batch decoded as columns, without Python bytecode per event (the daemon's
+    hot path).
     """
 
     def __init__(self, day: str) -> None:
@@ -238,11 +238,10 @@ class DayAccumulator:
         self._p_coords: list[int] = []
         self._p_values: list[float] = []
         self._p_cats: list[int] = []  # packed cells of category hits
-        # numeric values (user codes, coordinate codes, values); category hits as packed cells
         # numeric values: (user codes int32, coordinate code — one for the chunk, or int32 per
         # value —, float64 values); a batch's user codes are one array shared by its features
         self._num: list[tuple[np.ndarray, int | np.ndarray, np.ndarray]] = []
-        self._cat: list[np.ndarray] = []
+        self._cat: list[np.ndarray] = []  # category hits as packed cells (``_cell``)
         self._cat_buffered = 0
         # folded category cells: (ascending packed cells, counts)
         self._folded: tuple[np.ndarray, np.ndarray] = (np.zeros(0, np.int64), np.zeros(0))
