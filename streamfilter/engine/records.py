@@ -222,6 +222,7 @@ class DayAccumulator:
         self.day = day
         self.events = 0
         self.duplicates = 0
+        self._finished = False
         self._seen_event_ids = SeenEventIds()
         # user id → code: the day's count of events when the id first arrived (unique, never
         # renumbered; made dense at the close); ``_users[i]`` has the i-th smallest code
@@ -273,6 +274,7 @@ class DayAccumulator:
 
     def add(self, event: Event) -> bool:
         """Add a validated event of this day; return False for a repeated ``event_id``."""
+        self._check_open()
         user = self._user_code_of(event.user_id)
         if event.event_id is not None:
             key = (user, event.event_id)
@@ -313,12 +315,12 @@ class DayAccumulator:
         if new.any():
             firsts = np.unique(codes[new])
             self._users += map(user_ids.__getitem__, (firsts - n0).tolist())
-            self._user_codes_seen.append(firsts)
+            self._user_codes_seen.append(firsts.astype(np.int32))
         return codes.astype(np.int32)
 
     def _flush_user_codes(self) -> None:
         if self._p_user_codes:
-            self._user_codes_seen.append(np.array(self._p_user_codes, np.int64))
+            self._user_codes_seen.append(np.array(self._p_user_codes, np.int32))
             self._p_user_codes = []
 
     def _coordinate_codes(self, names: list[str]) -> np.ndarray:
@@ -342,6 +344,7 @@ class DayAccumulator:
     def add_many(self, events: Sequence[Event]) -> int:
         """``add`` of each event, in order, as column operations; returns how many were added
         (the others repeat an ``event_id``)."""
+        self._check_open()
         if not events:
             return 0
         codes, keep = self._new_events(list(map(_USER, events)), list(map(_EVENT_ID, events)))
@@ -354,6 +357,7 @@ class DayAccumulator:
     def add_columns(self, batch: EventColumns) -> int:
         """``add_many`` of a batch decoded as columns (``engine.ingest.parse_columns``): one
         C-level pass per feature, no Python object per event."""
+        self._check_open()
         n = len(batch)
         if n == 0:
             return 0
@@ -485,21 +489,38 @@ class DayAccumulator:
         self._folded = (unique, np.bincount(inverse, weights=counts, minlength=len(unique)))
 
     def finish(self) -> DayRecords:
+        """The day's records (the same on every call). The day takes no more events afterwards:
+        the repeated-event index and the id → code dict are released first, since the close is
+        when memory peaks."""
+        self._finished = True
+        self._seen_event_ids = SeenEventIds()
+        self._user_code = {}
         self._flush_pending()
         self._fold()
         self._flush_user_codes()
         cells, counts = self._folded
-        seen = np.concatenate([np.zeros(0, np.int64), *self._user_codes_seen])
-        cell_user = np.concatenate([cells >> _COORD_BITS, *(u for u, _, _ in self._num)])
-        coords = [c if isinstance(c, np.ndarray) else np.full(len(u), c) for u, c, _ in self._num]
+        seen = np.concatenate([np.zeros(0, np.int32), *self._user_codes_seen])
+        cell_user = np.concatenate(
+            [(cells >> _COORD_BITS).astype(np.int32), *(u for u, _, _ in self._num)]
+        )
+        dense = np.searchsorted(seen, cell_user).astype(np.int32)  # the users' arrival order
+        del cell_user
+        coords = [
+            c if isinstance(c, np.ndarray) else np.full(len(u), c, np.int32)
+            for u, c, _ in self._num
+        ]
         return DayRecords.from_codes(
             self.day,
             self._users,
             self._coords,
-            np.searchsorted(seen, cell_user),  # dense codes: the users' order of arrival
-            np.concatenate([cells & _COORD_MASK, *coords]),
+            dense,
+            np.concatenate([(cells & _COORD_MASK).astype(np.int32), *coords]),
             np.concatenate([counts, *(v for _, _, v in self._num)]),
         )
+
+    def _check_open(self) -> None:
+        if self._finished:
+            raise RuntimeError(f"day {self.day} is finished: it takes no more events")
 
 
 def _cell(users: np.ndarray, coords: np.ndarray) -> np.ndarray:

@@ -1,6 +1,7 @@
 import random
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -215,3 +216,14 @@ def test_add_columns_is_add_many(items, batch):
         assert cols.add_columns(columns) == many.add_many(parse_events(lines[i : i + batch]))
     assert (cols.events, cols.duplicates) == (many.events, many.duplicates)
     _records_equal(cols.finish(), many.finish())
+
+
+def test_a_finished_day_gives_the_same_records_again_and_takes_no_more_events():
+    acc = DayAccumulator("2026-01-05")
+    acc.add_many([ev("a", {"x": 1.5, "c": "p"}, "e1"), ev("b", {"x": 2.0}, "e1")])
+    first = acc.finish()
+    _records_equal(acc.finish(), first)
+    with pytest.raises(RuntimeError, match="finished"):
+        acc.add(ev("c", {"x": 1.0}))
+    with pytest.raises(RuntimeError, match="finished"):
+        acc.add_many([ev("c", {"x": 1.0})])
