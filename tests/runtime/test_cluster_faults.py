@@ -271,8 +271,9 @@ def test_a_broker_outage_of_30s_is_ridden_out_by_the_same_workers(
     expected = reference(tmp_path, events)
     day_names = sorted({d for d, _ in expected})
     # a publication in flight when the broker stopped fails after the producer's delivery
-    # timeout and is retried from the outbox: 40 s here instead of the default 300 s
-    cluster = Cluster(tmp_path, broker.bootstrap, postgres_url, delivery_timeout="40s")
+    # timeout and is retried from the outbox: 60 s here instead of the default 300 s (long
+    # enough for one sent just before the stop to be delivered once the broker is back)
+    cluster = Cluster(tmp_path, broker.bootstrap, postgres_url, delivery_timeout="60s")
     days = by_day(events)
     cluster.produce([e for day in days[:3] for e in day])
     sup = Supervisor(cluster, ["w0", "w1"])  # no exit is expected: none is restarted
