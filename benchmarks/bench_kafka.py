@@ -192,7 +192,7 @@ QUERIES = standing_monitoring([], "2026-01-01")
 
 
 def run(quick: bool = False) -> list[dict[str, object]]:
-    n = 50_000 if quick else 300_000
+    n = 10_000 if quick else 300_000
     runs = 3 if quick else 5
     try:
         with broker() as bootstrap:

@@ -94,7 +94,7 @@ def _rate(tmp: Path, mode: str, run: int) -> tuple[float, int]:
 
 
 def run(quick: bool = False) -> list[dict[str, object]]:
-    n = 50_000 if quick else 300_000
+    n = 20_000 if quick else 300_000
     repeats = 3 if quick else 5
     with tempfile.TemporaryDirectory(prefix="bench-local-") as d:
         tmp = Path(d)

@@ -207,7 +207,7 @@ def recovery(work: Path, prepared: Path, events: Path, name: str, n: int) -> tup
 
 
 def run(quick: bool = False) -> list[dict[str, object]]:
-    n = 100_000 if quick else 1_000_000
+    n = 20_000 if quick else 1_000_000
     runs = 1 if quick else 5
     assert dt.date.fromisoformat(DAY) < dt.date.today()
     base_runs, rec_runs, killed_at = [], [], []

@@ -148,7 +148,7 @@ def _stall(n: int, changed: int, days: int) -> tuple[list[float], list[float]]:
 
 
 def run(quick: bool = False) -> list[dict[str, object]]:
-    n = 100_000 if quick else 1_000_000
+    n = 50_000 if quick else 1_000_000
     runs = 3 if quick else 5
     users = _users(n)
     rng = np.random.default_rng(0)
@@ -177,7 +177,7 @@ def run(quick: bool = False) -> list[dict[str, object]]:
     days = 4 if quick else 8
     stalls, stall_floors = _stall(n, changed, days)
     worst = max(stalls)
-    size = "100k" if quick else "1m"
+    size = f"{n // 1000}k" if quick else "1m"
     return [
         entry(
             f"state_commit_{size}",

@@ -1,13 +1,17 @@
-"""Run the benchmark suite: ``python -m benchmarks.run [--quick] [--only MODULE ...]``.
+"""Run the benchmark suite: ``python -m benchmarks.run [--quick] [--only MODULE ...]
+[--out-dir DIR]``.
 
 Writes ``benchmarks/results.json`` — a list of ``{name, value, unit, baseline, baseline_value,
-ratio, machine, ...}`` (``machine``: CPU model, cores, RAM, Python, OS) — and
-``benchmarks/results.md``, the table the README includes (a full run also rewrites it between
-the README's include markers). ``--quick`` (CI smoke, under a minute)
-uses smaller sizes and fewer runs and writes ``results-quick.json``/``results-quick.md`` instead
-(not committed). Each module runs in its own interpreter (a module that fails, e.g. killed for
-memory, becomes a failed entry and the suite goes on). Every entry is measured side by side with its baseline in the same run; each
-value is the median of the stated number of runs; nothing here asserts a time.
+ratio, machine, ...}`` (``machine``: CPU model, cores, RAM, Python, OS; ``module_seconds`` and
+``module_cpu_seconds``: the whole module's wall time, set-up included, and its processes' CPU) —
+and ``benchmarks/results.md``, the table the README includes (a full run also rewrites it
+between the README's include markers). ``--quick`` (CI smoke, under a minute:
+``tests/test_bench_quick.py`` holds it to that) uses smaller sizes and fewer runs and writes
+``results-quick.json``/``results-quick.md`` instead (not committed); ``--out-dir`` writes them
+elsewhere. Each module runs in its own interpreter (a module that fails, e.g. killed for memory,
+becomes a failed entry and the suite goes on). Every entry is measured side by side with its
+baseline in the same run; each value is the median of the stated number of runs; nothing here
+asserts a time.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import resource
 import subprocess
 import sys
 import tempfile
@@ -121,11 +126,24 @@ def _run_module(name: str, quick: bool) -> list[dict[str, Any]]:
     return [{**skipped(short, "", "", reason), "failed": True}]
 
 
+def _children_cpu_s() -> float:
+    """User + system CPU seconds of this process's finished children (and theirs)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="small sizes (CI smoke, < 1 min)")
     parser.add_argument("--only", nargs="*", help="module names to run, e.g. bench_ingest")
     parser.add_argument("--child", nargs=2, metavar=("MODULE", "OUT"), help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--out-dir",
+        type=Path,
+        default=HERE,
+        help="where results[-quick].{json,md} are written (default: benchmarks/; the README "
+        "is rewritten only by a full run into benchmarks/)",
+    )
     parser.add_argument(
         "--render",
         action="store_true",
@@ -134,10 +152,10 @@ def main() -> None:
     args = parser.parse_args()
     if args.render:
         suffix = "-quick" if args.quick else ""
-        saved = json.loads((HERE / f"results{suffix}.json").read_text())
+        saved = json.loads((args.out_dir / f"results{suffix}.json").read_text())
         text = table(saved, saved[0]["machine"] if saved else machine(), args.quick)
-        (HERE / f"results{suffix}.md").write_text(text)
-        if not args.quick:
+        (args.out_dir / f"results{suffix}.md").write_text(text)
+        if not args.quick and args.out_dir.resolve() == HERE:
             include_in_readme(text)
         return
     if args.child:  # inside _run_module's subprocess
@@ -146,21 +164,30 @@ def main() -> None:
         return
     entries = []
     where = machine()
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), _children_cpu_s()
     for name in MODULES:
         if args.only and name.rsplit(".", 1)[-1] not in args.only:
             continue
-        t0 = time.perf_counter()
-        for entry in _run_module(name, args.quick):
+        t0, cpu0 = time.perf_counter(), _children_cpu_s()
+        ran = _run_module(name, args.quick)
+        # the module's whole wall time, set-up too, and the CPU its processes used (steadier on
+        # a shared machine; a broker's or database's own CPU is not in it)
+        module_s = round(time.perf_counter() - t0, 1)
+        module_cpu_s = round(_children_cpu_s() - cpu0, 1)
+        for entry in ran:
             entry["machine"] = where
             entry.setdefault("quick", args.quick)
             entry.setdefault("module", name.rsplit(".", 1)[-1])
+            entry["module_seconds"] = module_s
+            entry["module_cpu_seconds"] = module_cpu_s
             entries.append(entry)
             print(json.dumps({k: v for k, v in entry.items() if k != "machine"}), flush=True)
-        print(f"# {name}: {time.perf_counter() - t0:.1f} s", flush=True)
-    print(f"# total: {time.perf_counter() - started:.1f} s", flush=True)
+        print(f"# {name}: {module_s:.1f} s (CPU {module_cpu_s:.1f} s)", flush=True)
+    total_s, total_cpu_s = time.perf_counter() - started, _children_cpu_s() - cpu_started
+    print(f"# total: {total_s:.1f} s (CPU {total_cpu_s:.1f} s)", flush=True)
     suffix = "-quick" if args.quick else ""
-    out = HERE / f"results{suffix}.json"
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    out = args.out_dir / f"results{suffix}.json"
     if args.only and out.exists():  # a partial run replaces its modules' entries, keeps the rest
         ran = {e["module"] for e in entries}
         kept = [e for e in json.loads(out.read_text()) if e.get("module") not in ran]
@@ -169,8 +196,8 @@ def main() -> None:
         entries.sort(key=lambda e: order.get(e.get("module", ""), len(order)))
     out.write_text(json.dumps(entries, indent=2) + "\n")
     text = table(entries, where, args.quick)
-    (HERE / f"results{suffix}.md").write_text(text)
-    if not args.quick:
+    (args.out_dir / f"results{suffix}.md").write_text(text)
+    if not args.quick and args.out_dir.resolve() == HERE:
         include_in_readme(text)
 
 

@@ -265,13 +265,22 @@ class LocalSection(_TopicKeys):
         return self
 
 
+#: kafka-python refuses a delivery timeout below the request timeout plus the linger that
+#: ``KafkaSink`` sets (30 s + 5 ms)
+DELIVERY_TIMEOUT_MIN_S = 31.0
+
+
 class KafkaSection(_Section):
     """Client settings; security keys are passed through to kafka-python unchanged.
 
     ``sasl_mechanism``: PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512 (username + password). OAUTHBEARER
     and GSSAPI are not supported (they need a token provider or a Kerberos setup that these
     settings do not describe). A SASL protocol needs a mechanism and a username and password;
-    the ``ssl_*`` files must exist (docs/kafka.md, "Security settings")."""
+    the ``ssl_*`` files must exist (docs/kafka.md, "Security settings").
+
+    ``delivery_timeout``: how long a publication (releases, rejects) may wait for the broker's
+    acknowledgement before it fails and is retried from the store (docs/kafka.md, the `[kafka]` table);
+    more than the client's 30 s request timeout, as kafka-python requires."""
 
     bootstrap_servers: str = "127.0.0.1:9092"
     client_id: str = "streamfilter"
@@ -284,6 +293,12 @@ class KafkaSection(_Section):
     ssl_certfile: str | None = None
     ssl_keyfile: str | None = None
     ssl_password: SecretStr | None = None
+    delivery_timeout: float = Field(300.0, ge=DELIVERY_TIMEOUT_MIN_S)
+
+    @field_validator("delivery_timeout", mode="before")
+    @classmethod
+    def _duration(cls, v: Any) -> float:
+        return parse_duration(v)
 
     @model_validator(mode="after")
     def _security_complete(self) -> KafkaSection:

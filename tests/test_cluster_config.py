@@ -26,6 +26,15 @@ POSTGRES = '[state]\nkind = "postgres"\nurl = "postgresql://u@127.0.0.1:1/db"\n'
         ),
         ("[cluster]\nenabled = true\nworkers = 3\n" + KAFKA + POSTGRES, "unknown key"),
         ('[cluster]\nenabled = "yes"\n' + KAFKA + POSTGRES, "cluster.enabled"),
+        # the producer's delivery timeout: a duration above kafka-python's 30 s request timeout
+        (
+            '[cluster]\nenabled = true\n[kafka]\ndelivery_timeout = "30s"\n' + KAFKA + POSTGRES,
+            "kafka.delivery_timeout: Input should be greater than or equal to 31",
+        ),
+        (
+            "[cluster]\nenabled = true\n[kafka]\ndelivery_timeout = true\n" + KAFKA + POSTGRES,
+            "kafka.delivery_timeout",
+        ),
     ],
 )
 def test_cluster_settings_are_checked(tmp_path, capsys, config, message):

@@ -95,7 +95,11 @@ class _Wire:
             from streamfilter.runtime.io.kafka import KafkaSink
 
             assert loc.topic is not None
-            self._producer = KafkaSink(loc.topic, settings.kafka.client_config())
+            self._producer = KafkaSink(
+                loc.topic,
+                settings.kafka.client_config(),
+                delivery_timeout_s=settings.kafka.delivery_timeout,
+            )
 
     def send(self, lines: list[bytes]) -> None:
         if self._fh is not None:

@@ -179,7 +179,12 @@ def _sink(settings: Settings, kind: str, path: Path, topic: str | None, dedupe: 
     client = settings.kafka.client_config()
     role = "sink.topic" if dedupe else "rejects.topic"
     with kafka_access(client, topic=topic, role=role):
-        return KafkaSink(topic, client, transactional_id=txn_id)
+        return KafkaSink(
+            topic,
+            client,
+            delivery_timeout_s=settings.kafka.delivery_timeout,
+            transactional_id=txn_id,
+        )
 
 
 def topic_specs(settings: Settings) -> list[TopicSpec]:

@@ -68,7 +68,11 @@ def reference(tmp: Path, events: list[bytes]) -> dict[tuple[str, str], bytes]:
 class Cluster:
     """Topics, a ledger schema and a worker configuration for one test."""
 
-    def __init__(self, tmp: Path, bootstrap: str, postgres_url: str) -> None:
+    def __init__(
+        self, tmp: Path, bootstrap: str, postgres_url: str, delivery_timeout: str | None = None
+    ) -> None:
+        """``delivery_timeout``: the workers' ``[kafka] delivery_timeout`` (default: the
+        config's)."""
         self.bootstrap = bootstrap
         self.work = tmp / "cluster"
         self.work.mkdir()
@@ -97,6 +101,7 @@ password_env = "SF_TEST_PG_PASSWORD"
 [kafka]
 bootstrap_servers = "{bootstrap}"
 group_id = "sf-{self.topics["events"]}"
+{"" if delivery_timeout is None else f'delivery_timeout = "{delivery_timeout}"'}
 [source]
 kind = "kafka"
 topic = "{self.topics["events"]}"

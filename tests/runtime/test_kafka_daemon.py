@@ -382,6 +382,25 @@ def test_broker_outage_then_sigterm_drains(kafka_private_broker, tmp_path):
     assert_budgets_within(work)
 
 
+def test_the_producers_use_the_configured_delivery_timeout(kafka_bootstrap, tmp_path):
+    """``[kafka] delivery_timeout`` reaches both Kafka producers (releases, rejects); the
+    default is 300 s."""
+    from streamfilter.config import load_config
+    from streamfilter.runtime.app import build_daemon
+
+    work, topics = setup_kafka(tmp_path, kafka_bootstrap, [])
+    config = work / "streamfilter.toml"
+    for text, want_ms in (("", 300_000), ('delivery_timeout = "45s"\n', 45_000)):
+        kafka = "[kafka]\n" + text
+        config.write_text(config_text("kafka", topics, kafka_bootstrap).replace("[kafka]\n", kafka))
+        parts = build_daemon(load_config(config), follow=False, allow_test_seed=True)
+        try:
+            for sink in (parts.sink, parts.reject_sink):
+                assert sink._producer.config["delivery_timeout_ms"] == want_ms
+        finally:
+            parts.close()
+
+
 @pytest.mark.timeout(300)
 def test_a_restored_stale_state_is_refused_by_the_release_topic(kafka_bootstrap, tmp_path):
     """The whole state (database and its .seq mirror) put back to an older copy: only the
