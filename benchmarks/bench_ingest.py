@@ -103,8 +103,8 @@ def _same_records(a: DayRecords, b: DayRecords) -> bool:
 
 
 def run(quick: bool = False) -> list[dict[str, object]]:
-    n = 30_000 if quick else 1_000_000
-    n_base = 15_000 if quick else 200_000
+    n = 15_000 if quick else 1_000_000
+    n_base = 8_000 if quick else 200_000
     runs = 3 if quick else 5
     lines = make_lines(n)
     base_lines = lines[:n_base]
