@@ -499,12 +499,16 @@ class DayAccumulator:
         self._fold()
         self._flush_user_codes()
         cells, counts = self._folded
+        # dense codes, the users' order of arrival: a table indexed by code (one gather per
+        # cell; a binary search per cell took minutes at 100M cells)
+        dense_of = np.zeros(self._next_code, np.int32)
         seen = np.concatenate([np.zeros(0, np.int32), *self._user_codes_seen])
-        cell_user = np.concatenate(
-            [(cells >> _COORD_BITS).astype(np.int32), *(u for u, _, _ in self._num)]
+        dense_of[seen] = np.arange(len(seen), dtype=np.int32)
+        del seen
+        dense = np.concatenate(
+            [dense_of[cells >> _COORD_BITS], *(dense_of[u] for u, _, _ in self._num)]
         )
-        dense = np.searchsorted(seen, cell_user).astype(np.int32)  # the users' arrival order
-        del cell_user
+        del dense_of
         coords = [
             c if isinstance(c, np.ndarray) else np.full(len(u), c, np.int32)
             for u, c, _ in self._num
