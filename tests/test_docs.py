@@ -29,6 +29,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 #: what is scanned, relative to the repository root
 SCANNED = ("streamfilter", "tests", "docs", "benchmarks", "deploy", "README.md", "SECURITY.md")
+#: not the project's text: caches, environments, and hidden directories (tools' state, e.g. the
+#: test broker's live data under ``deploy/kafka/.run``: gigabytes of preallocated index files)
 _SKIP_DIRS = {"__pycache__", ".venv", ".git", "node_modules", ".mypy_cache", ".ruff_cache"}
 
 _SECTION = (
@@ -106,7 +108,8 @@ def _scanned_files(root: Path, scanned: tuple[str, ...]) -> list[Path]:
         elif top.is_dir():
             for path in sorted(top.rglob("*")):
                 rel = path.relative_to(root)
-                if path.is_file() and not _SKIP_DIRS.intersection(rel.parts):
+                hidden = any(part.startswith(".") for part in rel.parts[:-1])
+                if path.is_file() and not hidden and not _SKIP_DIRS.intersection(rel.parts):
                     files.append(path)
     return files
 
@@ -237,6 +240,16 @@ def test_missing_files_and_sections_fail(fake_tree: Path, text: str, expected: s
     problems = _problems(fake_tree, text)
     assert len(problems) == 1 and expected in problems[0], problems
     assert problems[0].startswith("pkg/mod.py:1: ")
+
+
+def test_hidden_directories_are_not_read(fake_tree: Path) -> None:
+    """Tools' state under a scanned tree (e.g. a test broker's data in ``deploy/kafka/.run``) is
+    not the project's text: not read, however large; the same file outside it is checked."""
+    for where in (fake_tree / "pkg" / ".run" / "data", fake_tree / "pkg" / "data"):
+        where.mkdir(parents=True)
+        (where / "log.txt").write_text(_md("# docs/missing·md\n"), encoding="utf-8")
+    problems = broken_references(fake_tree, ("pkg",))
+    assert len(problems) == 1 and problems[0].startswith("pkg/data/log.txt:1: "), problems
 
 
 def test_a_bare_capitalised_name_resolves_beside_the_citing_file(fake_tree: Path) -> None:
