@@ -52,7 +52,7 @@ __all__ = ["EventColumns", "day_ok", "parse_columns", "parse_events"]
 
 _decode = msgspec.json.Decoder(Event).decode
 #: a whole chunk at once: ``[[line1],[line2],...]``, each inner array exactly one Event
-_decode_chunk = msgspec.json.Decoder(list[tuple[Event]]).decode
+_decode_chunk = msgspec.json.Decoder(list[tuple[Event]])
 #: lines per chunk of the batch decoder (a chunk with any line it cannot accept is redone per line)
 CHUNK_LINES = 256
 _DAY = attrgetter("day")
@@ -101,6 +101,32 @@ def _slow(line: bytes) -> Event | Reject:
         return rej
 
 
+def _decode_wrapped(
+    decoder: msgspec.json.Decoder[Any], lines: Sequence[bytes]
+) -> tuple[list[Any], bytes] | None:
+    """Each line decoded as one value by ``decoder`` (a ``list[tuple[T]]`` decoder) in one call,
+    with every day checked (``day_ok``), and the joined bytes; None when any line is refused or
+    the wrapping cannot show that each line is exactly one value (``_fast_chunk``)."""
+    if max(map(len, lines)) > MAX_EVENT_BYTES:
+        return None
+    try:
+        blob = b"".join(lines)
+    except TypeError:  # not bytes (e.g. str lines): the per-line path handles them
+        return None
+    if b"[" in blob or b"]" in blob:
+        return None
+    try:
+        wrapped = decoder.decode(b"[[" + b"],[".join(lines) + b"]]")
+    except Exception:  # a line it refuses: parse_event is the authority on why
+        return None
+    if len(wrapped) != len(lines):
+        return None
+    events = list(map(itemgetter(0), wrapped))
+    if not all(map(day_ok, set(map(_DAY, events)))):
+        return None
+    return events, blob
+
+
 def _fast_chunk(lines: Sequence[bytes]) -> list[Event] | None:
     """Every line's event if the decoder and the remaining checks accept *every* line of the
     chunk, decoded in one call (no Python per line); else None.
@@ -113,23 +139,10 @@ def _fast_chunk(lines: Sequence[bytes]) -> list[Event] | None:
     The document adds only brackets and commas between the lines, so the decoder sees each line's
     bytes in the same lexical state as alone (a BOM or UTF-16 line fails here and is redone).
     """
-    if max(map(len, lines)) > MAX_EVENT_BYTES:
+    decoded = _decode_wrapped(_decode_chunk, lines)
+    if decoded is None:
         return None
-    try:
-        blob = b"".join(lines)
-    except TypeError:  # not bytes (e.g. str lines): the per-line path handles them
-        return None
-    if b"[" in blob or b"]" in blob:
-        return None
-    try:
-        wrapped = _decode_chunk(b"[[" + b"],[".join(lines) + b"]]")
-    except Exception:  # a line it refuses: parse_event is the authority on why
-        return None
-    if len(wrapped) != len(lines):
-        return None
-    events = [w[0] for w in wrapped]
-    if not all(map(day_ok, set(map(_DAY, events)))):
-        return None
+    events, blob = decoded
     if (b"=" in blob or b"\\u" in blob) and any(
         "=" in name for name in chain.from_iterable(map(_VALUES, events))
     ):
@@ -247,28 +260,15 @@ def parse_columns(lines: Sequence[bytes]) -> EventColumns | None:
     if first is None or not first.values:
         return None
     schema = tuple((name, isinstance(v, str)) for name, v in first.values.items())
-    if max(map(len, lines)) > MAX_EVENT_BYTES:
-        return None
-    blob = b"".join(lines)
-    if b"[" in blob or b"]" in blob:
-        return None
     decoder = _typed_decoder(schema)
-    if decoder is None:
+    decoded = None if decoder is None else _decode_wrapped(decoder, lines)
+    if decoded is None:
         return None
-    try:
-        wrapped = decoder.decode(b"[[" + b"],[".join(lines) + b"]]")
-    except Exception:  # a line it refuses: the per-event path decides
-        return None
-    if len(wrapped) != len(lines):
-        return None
-    events = list(map(itemgetter(0), wrapped))
-    days = list(map(_DAY, events))
-    if not all(map(day_ok, set(days))):
-        return None
+    events = decoded[0]
     values = list(map(_VALUES, events))
     return EventColumns(
         list(map(_USER, events)),
-        days,
+        list(map(_DAY, events)),
         list(map(_EVENT_ID, events)),
         tuple(name for name, _ in schema),
         tuple(cat for _, cat in schema),

@@ -26,7 +26,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from itertools import chain, compress, count, repeat
 from operator import attrgetter
-from typing import Literal, cast
+from typing import Any, Literal, cast
 
 import numpy as np
 
@@ -364,16 +364,12 @@ class DayAccumulator:
         codes, keep = self._new_events(batch.user_ids, batch.event_ids)
         added = int(keep.sum())
         kept = codes if added == n else codes[keep]
+        mask = None if added == n else keep.tolist()
         for name, categorical, column in zip(
             batch.features, batch.categorical, batch.columns, strict=True
         ):
-            if categorical:
-                cats = column if added == n else list(compress(column, keep.tolist()))
-                self._cat.append(_cell(kept, self._category_codes(name, cats)))
-                self._cat_buffered += added
-            else:
-                values = np.fromiter(column, np.float64, n)
-                self._num.append((kept, self._coord_code_of(name), values[keep]))
+            values = column if mask is None else list(compress(column, mask))
+            self._add_column(kept, name, categorical, values)
         self._maybe_fold()
         return added
 
@@ -410,15 +406,21 @@ class DayAccumulator:
             kinds = [set(map(type, column)) for column in columns]
             if all(kind == {str} or kind <= {float, int} for kind in kinds):
                 for name, column, kind in zip(features, columns, kinds, strict=True):
-                    if kind == {str}:
-                        categories = cast(list[str], column)  # every one a str (kind)
-                        self._cat.append(_cell(codes, self._category_codes(name, categories)))
-                        self._cat_buffered += n
-                    else:
-                        values = np.fromiter(column, np.float64, n)
-                        self._num.append((codes, self._coord_code_of(name), values))
+                    self._add_column(codes, name, kind == {str}, column)
                 return
         self._add_mixed_values(codes, value_maps)
+
+    def _add_column(
+        self, codes: np.ndarray, name: str, categorical: bool, column: list[Any]
+    ) -> None:
+        """One feature's values of a batch, ``column[i]`` the value of user ``codes[i]``: all
+        categories (folded into cells later) or all numbers."""
+        if categorical:
+            self._cat.append(_cell(codes, self._category_codes(name, column)))
+            self._cat_buffered += len(codes)
+        else:
+            values = np.fromiter(column, np.float64, len(codes))
+            self._num.append((codes, self._coord_code_of(name), values))
 
     def _add_mixed_values(
         self, codes: np.ndarray, value_maps: list[dict[str, float | str]]
