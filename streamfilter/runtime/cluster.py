@@ -38,6 +38,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+from kafka.errors import KafkaError
 
 from streamfilter.engine.contract import Reject, RejectReason, Release
 from streamfilter.engine.coverage import CoverageTracker
@@ -437,8 +438,13 @@ class ClusterDaemon(Daemon):
         if token is None:
             return
         if self._lease_token is None:
+            try:
+                sink = self._sink_factory()  # fences any earlier publisher of the topic
+            except KafkaError as exc:  # the broker is unreachable: no releaser until it is back
+                log.warning("cannot open the release sink (%s); the lease is retried", exc)
+                return
             self._lease_token = token
-            self.sink = self._sink_factory()  # fences any earlier publisher of the topic
+            self.sink = sink
             check_sink_not_ahead(
                 self.store.where, self.store.view().released_through, self.sink.last_published_day()
             )
