@@ -347,7 +347,8 @@ class StateSection(_Section):
 
     ``budget_log_max_rows`` (SQLite): each closed day appends its budget changes to a log; the
     entries by which the log exceeds this *and* the per-user table are folded into the table,
-    oldest first (larger: a longer log, fewer folds; 0: the log never outgrows the table)."""
+    oldest first, between input batches (larger: a longer log, fewer folds; 0: the log never
+    stays larger than the table for long)."""
 
     kind: Literal["sqlite", "postgres"] = "sqlite"
     path: Path = Path("state.db")

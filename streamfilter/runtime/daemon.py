@@ -137,6 +137,10 @@ def collector_for_run() -> Iterator[None]:
 #: first and longest wait between two attempts to relay the outbox (seconds)
 RELAY_BACKOFF_S = (1.0, 30.0)
 
+#: the fewest budget log entries the store's upkeep folds after a batch, or when idle (about
+#: a tenth of a second; ``Daemon._compact_state``)
+COMPACT_MIN_ENTRIES = 20_000
+
 
 #: seconds between probes of an input whose broker did not answer (see ``_probe_input``)
 INPUT_PROBE_S = 2.0
@@ -306,6 +310,7 @@ class Daemon:
             self._note_new_partitions()
             self._probe_input()
             self._ingest_batches(records)
+            self._compact_state(sum(len(b.offsets) for b in records))
             if until_end and not records and (at_end or self.source.at_end()):
                 last_open = self._last_open_day()
                 if last_open is not None and self.future_slack_s is not None:
@@ -422,6 +427,14 @@ class Daemon:
 
     def _ingest(self, partition: str, offset: int, next_offset: int, raw: bytes) -> None:
         self._ingest_batches([RecordBatch(partition, [offset], [raw], next_offset)])
+
+    def _compact_state(self, n_records: int) -> None:
+        """The store's upkeep (the budget log's fold, docs/design.md §5.1), paced by the work it
+        follows: after each input batch as many entries as it had records (a day appends at most
+        one entry per record), between days closing back to back as many as the earlier day
+        appended; at least ``COMPACT_MIN_ENTRIES``. The fold keeps up with the commits and never
+        stalls a day's close; the excess of a run's last commits is left to the next run."""
+        self.store.compact(max(n_records, COMPACT_MIN_ENTRIES))
 
     def _ingest_batches(self, batches: list[RecordBatch]) -> None:
         for batch in batches:
@@ -666,8 +679,11 @@ class Daemon:
             return False
         self._register_queries(queries)
         day = self._first_open_day()
+        appended = 0  # budget log entries of the day just closed
         while day is not None and last is not None and day <= last and not self.stop_event.is_set():
-            self._close_day(day)
+            if appended:  # days closing back to back: the upkeep between them
+                self._compact_state(appended)
+            appended = self._close_day(day)
             day = _next_day(day)
         return True
 
@@ -692,8 +708,9 @@ class Daemon:
             positions[label] = Position(offset, offset)
         return positions
 
-    def _close_day(self, day: str) -> None:
-        """The checkpoint: prepare → commit (one transaction) → apply → relay (see module doc)."""
+    def _close_day(self, day: str) -> int:
+        """The checkpoint: prepare → commit (one transaction) → apply → relay (see module doc).
+        Returns the number of budget entries the commit appended."""
         self._register_queries(self.feed.on_day(self.engine.history, day))
         acc = self._open.pop(day, None) or self.engine.new_day(day)
         started = time.perf_counter()
@@ -738,6 +755,7 @@ class Daemon:
         self._relay_outbox()
         if self.on_day_closed is not None:
             self.on_day_closed(day, outcome.releases)
+        return len(outcome.changed_users)
 
     def _relay_outbox(self) -> None:
         """Relay until the sink acknowledged every unsent release. A transient sink error (one

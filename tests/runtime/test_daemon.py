@@ -1,6 +1,7 @@
 """The daemon loop with in-memory source/sink, a fake clock and a real SQLite store."""
 
 import datetime as dt
+import itertools
 import json
 
 import pytest
@@ -322,3 +323,70 @@ def test_a_batch_across_a_day_boundary_is_added_per_day_run_like_record_by_recor
     assert sorted(daemon._open) == ["2026-01-01", "2026-01-02"]
     assert daemon._min_offset == {"2026-01-01": {"p0": 10}, "2026-01-02": {"p0": 13}}
     assert (daemon.summary.events_accepted, daemon.summary.events_duplicate) == (5, 1)
+
+
+class RecordingStore(SQLiteStateStore):
+    """The real SQLite store, noting (log entries, table rows) around each commit and upkeep."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.calls: list[tuple[str, int, tuple[int, int], tuple[int, int]]] = []
+
+    def sizes(self) -> tuple[int, int]:
+        log = self._db.execute("SELECT COALESCE(SUM(n_users), 0) FROM budget_log").fetchone()[0]
+        table = self._db.execute("SELECT count(*) FROM budgets").fetchone()[0]
+        return log - self._folded_entries(), table
+
+    def commit_day(self, commit):
+        before = self.sizes()
+        seq = super().commit_day(commit)
+        self.calls.append(("commit", len(commit.changed_users), before, self.sizes()))
+        return seq
+
+    def compact(self, max_entries):
+        before = self.sizes()
+        left = super().compact(max_entries)
+        self.calls.append(("compact", max_entries, before, self.sizes()))
+        return left
+
+
+def test_the_budget_log_is_folded_between_batches_and_never_inside_a_close(tmp_path):
+    """Upkeep (docs/design.md §5.1): a day's commit only appends its entries; the fold runs in
+    steps after input batches and between days closing back to back, keeps pace (no excess is
+    left but the last commit's) and changes no release: the same bytes as a store that never
+    folds."""
+    records = [event(f"u{d}-{i % 23}", f"2026-01-0{d}") for d in range(1, 7) for i in range(40)]
+    payloads = []
+    for max_rows in (0, 10**6):
+        store = RecordingStore(tmp_path / f"state-{max_rows}.db", budget_log_max_rows=max_rows)
+        sink = MemorySink()
+        try:
+            d = Daemon(
+                Engine(PARAMS, SeededRandomBits(3)),
+                store,
+                MemorySource({"p0": list(records)}),
+                ListFeed((Q,)),
+                sink,
+                MemorySink(),
+                poll_interval_s=0,
+                batch_size=25,
+            )
+            d.run(until_end=True)
+            commits = [c for c in store.calls if c[0] == "commit"]
+            assert len(commits) == 6 and all(c[1] == 23 for c in commits)
+            for _, appended, (log, table), after in commits:
+                assert after == (log + appended, table)  # appended, nothing folded
+            if max_rows == 0:
+                after_upkeep = [
+                    b[3] for a, b in itertools.pairwise(store.calls) if a[0] == "commit"
+                ]
+                assert len(after_upkeep) == 5  # between the 6 back-to-back closes
+                assert all(log <= table for log, table in after_upkeep)  # caught up each time
+                assert sum(c[2][0] - c[3][0] for c in store.calls if c[0] == "compact") > 0
+                assert store.excess_log_entries() <= 23  # at most the last day's, for next run
+            else:
+                assert store.sizes() == (6 * 23, 0)
+            payloads.append(sink.payloads)
+        finally:
+            store.close()
+    assert payloads[0] == payloads[1] and len(payloads[0]) == 6

@@ -150,6 +150,23 @@ def test_second_writer_is_refused_in_process_and_across_processes(make_store):
     store.close()
 
 
+def test_upkeep_never_changes_what_the_store_returns(make_store):
+    """``compact`` (the daemon's upkeep between batches) leaves loads and lookups as they were,
+    refuses a negative amount and reports the work left, which full upkeep brings to 0."""
+    store = make_store()
+    store.commit_day(commit("2026-01-01", ["a", "b"], [5, 7], [("q1", b"x")]))
+    store.commit_day(commit("2026-01-02", ["a", "c"], [9, 1], []))
+    expected = sorted(store.load().budgets)
+    assert expected == [("a", 9, False), ("b", 7, False), ("c", 1, False)]
+    with pytest.raises(ValueError):
+        store.compact(-1)
+    assert store.compact(1) >= 0
+    assert sorted(store.load().budgets) == expected
+    assert store.compact(10**9) == 0
+    assert sorted(store.load().budgets) == expected
+    assert [store.spent_units(u) for u in "abcd"] == [(9, False), (7, False), (1, False), None]
+
+
 def test_sqlite_settings(tmp_path):
     store = SQLiteStateStore(tmp_path / "s.db")
     assert store._db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
@@ -165,8 +182,9 @@ def test_corrupted_database_fails_closed(tmp_path):
 
 
 # ---------------------------------------------------------------------------- the budget log
-# A day's budget changes are one packed row of ``budget_log``; the entries by which the log
-# exceeds both ``budget_log_max_rows`` and the ``budgets`` table are folded into it, oldest first.
+# A day's budget changes are one packed row of ``budget_log``, appended by the day's commit; the
+# entries by which the log exceeds both ``budget_log_max_rows`` and the ``budgets`` table are
+# folded into it, oldest first, by ``compact`` (the daemon's upkeep between batches).
 
 ids = st.text(
     alphabet=st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=12
@@ -200,21 +218,35 @@ def log_and_table_rows(store: SQLiteStateStore) -> tuple[int, int]:
 @settings(
     max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
-@given(history=days, fold_after=st.sampled_from([0, 3, 10, 10**6]))
+@given(
+    history=days,
+    fold_after=st.sampled_from([0, 3, 10, 10**6]),
+    steps=st.lists(st.sampled_from([0, 1, 2, 5, 10**9]), min_size=8, max_size=8),
+)
 def test_budget_log_and_folding_keep_every_users_newest_state(
-    tmp_path_factory, history, fold_after
+    tmp_path_factory, history, fold_after, steps
 ):
-    """Whatever the fold threshold, the store loads, looks up (writer and lock-free reader) and
-    survives reopening with exactly the newest state of every user — a plain dict model."""
+    """Whatever the fold threshold and however much upkeep runs between the days, the store
+    loads, looks up (writer and lock-free reader) and survives reopening with exactly the newest
+    state of every user — a plain dict model."""
     path = tmp_path_factory.mktemp("log") / "state.db"
     model: dict[str, tuple[int, bool]] = {}
     store = SQLiteStateStore(path, budget_log_max_rows=fold_after)
     try:
         for i, changes in enumerate(history):
+            before = log_and_table_rows(store)
             store.commit_day(budget_commit(i, changes))
             model.update(changes)
-            log, table = log_and_table_rows(store)
-            assert log <= max(fold_after, table)  # folded once it outgrew both
+            assert log_and_table_rows(store) == (before[0] + len(changes), before[1])  # appended
+            excess, (log, _) = store.excess_log_entries(), log_and_table_rows(store)
+            left = store.compact(steps[i])
+            folded = min(excess, steps[i])  # oldest first; a table row per new user
+            assert log_and_table_rows(store)[0] == log - folded
+            assert left == store.excess_log_entries() <= excess - folded
+            assert sorted(store.load().budgets) == sorted((u, s, r) for u, (s, r) in model.items())
+        assert store.compact(10**9) == 0
+        log, table = log_and_table_rows(store)
+        assert log <= max(fold_after, table)  # folded once it outgrew both
         assert sorted(store.load().budgets) == sorted((u, s, r) for u, (s, r) in model.items())
         for user, state in model.items():
             assert store.spent_units(user) == state
@@ -232,21 +264,28 @@ def test_budget_log_and_folding_keep_every_users_newest_state(
 
 
 def test_budget_log_folds_its_oldest_entries_beyond_the_threshold_and_the_table(tmp_path):
-    """Only the excess is folded, oldest first, a log row in part if need be: a day's commit
-    folds at most as many entries as it appended (no stall on the whole log)."""
+    """Only the excess is folded, oldest first, a log row in part if need be; a day's commit
+    only appends (its cost scales with the users changed that day)."""
     store = SQLiteStateStore(tmp_path / "state.db", budget_log_max_rows=4)
+
+    def commit_and_compact(day: int, changes: dict[str, tuple[int, bool]]) -> None:
+        before = log_and_table_rows(store)
+        store.commit_day(budget_commit(day, changes))
+        assert log_and_table_rows(store) == (before[0] + len(changes), before[1])
+        assert store.compact(10**9) == 0
+
     try:
-        store.commit_day(budget_commit(0, {"a": (1, False), "b": (1, False), "c": (1, False)}))
+        commit_and_compact(0, {"a": (1, False), "b": (1, False), "c": (1, False)})
         assert log_and_table_rows(store) == (3, 0)  # 3 <= 4: stays in the log
-        store.commit_day(budget_commit(1, {"a": (2, False), "d": (2, True)}))
+        commit_and_compact(1, {"a": (2, False), "d": (2, True)})
         assert log_and_table_rows(store) == (4, 1)  # 5 > max(4, 0): a's oldest entry folded
         assert store._db.execute("SELECT count(*) FROM budget_log").fetchone()[0] == 2
         assert store.spent_units("a") == (2, False)  # the log's newer entry wins
-        store.commit_day(budget_commit(2, {"a": (3, False), "e": (3, False)}))
+        commit_and_compact(2, {"a": (3, False), "e": (3, False)})
         assert log_and_table_rows(store) == (4, 3)  # b and c: day 0's row is gone
-        store.commit_day(budget_commit(3, {"a": (4, True), "f": (4, False)}))
+        commit_and_compact(3, {"a": (4, True), "f": (4, False)})
         assert log_and_table_rows(store) == (4, 4)  # day 1's a and d
-        store.commit_day(budget_commit(4, {"g": (5, False)}))
+        commit_and_compact(4, {"g": (5, False)})
         assert log_and_table_rows(store) == (4, 4)  # day 2's a: upserted, not a new row
         assert store.spent_units("a") == (4, True) and store.spent_units("d") == (2, True)
         assert sorted(store.load().budgets) == [
@@ -265,6 +304,7 @@ def test_a_failed_commit_leaves_the_budget_log_and_its_counters_unchanged(tmp_pa
             store.commit_day(commit("2026-01-01", ["c", "d", "e"], [1, 1, 1], [("q1", b"y")]))
         assert log_and_table_rows(store) == (2, 0)
         store.commit_day(commit("2026-01-02", ["a"], [6], []))
+        assert store.compact(10**9) == 0
         assert log_and_table_rows(store) == (2, 1)  # 3 > 2: counted from the committed days
         assert sorted(store.load().budgets) == [("a", 6, False), ("b", 7, False)]
     finally:

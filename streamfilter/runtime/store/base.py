@@ -166,6 +166,15 @@ class StateStore(abc.ABC):
         """On-disk size of the state, if the store knows it."""
         return None
 
+    def compact(self, max_entries: int) -> int:
+        """Upkeep between batches: fold at most ``max_entries`` budget entries kept aside by
+        earlier commits into their final place, in transactions of their own; return how many
+        are left. Never changes what ``load`` or ``spent_units`` return. A store that writes
+        budgets in place (PostgreSQL) has nothing to fold."""
+        if max_entries < 0:
+            raise ValueError("max_entries must be >= 0")
+        return 0
+
     def telemetry_ledger(self) -> list[TelemetryCharge]:
         """Every telemetry charge so far, oldest first (a store without a ledger has none)."""
         return []

@@ -1,11 +1,11 @@
 """The embedded state store: SQLite in WAL mode, ``synchronous=FULL``, one writer.
 
 One writer is enforced by an exclusive ``flock`` on ``<path>.lock``. Budgets are log-structured:
-a day's debits are one ``budget_log`` row (schema.py); whenever the log holds more entries than
-both ``budget_log_max_rows`` and the per-user ``budgets`` table, the day's transaction folds just
-the excess, oldest entries first, into the table. The log stays bounded (loading and one-user
-lookups too), and a commit folds at most as many entries as it appended: its cost scales with
-the users changed that day, never with the size of the log.
+a day's debits are one ``budget_log`` row (schema.py), appended by the day's commit, whose cost
+therefore scales with the users changed that day and nothing else. The entries by which the log
+exceeds both ``budget_log_max_rows`` and the per-user ``budgets`` table are folded into the table,
+oldest first, by ``compact`` — maintenance steps of their own transactions that the daemon runs
+between input batches (docs/design.md §5.1), so no fold ever stalls a day's close.
 
 Fail closed (docs/design.md §5). Opening refuses, with ``StoreError``, a file SQLite cannot read,
 a file whose ``PRAGMA integrity_check`` is not ``ok`` (a damaged state is never replaced by an
@@ -29,6 +29,7 @@ import os
 import sqlite3
 import uuid
 from collections.abc import Iterator, Sequence
+from operator import itemgetter
 from pathlib import Path
 from typing import IO
 
@@ -66,6 +67,8 @@ from streamfilter.runtime.store.schema import (
 #: the budget log's entries beyond this and beyond the rows of ``budgets`` are folded into
 #: ``budgets`` (``[state] budget_log_max_rows``)
 BUDGET_LOG_MAX_ROWS = 1_000_000
+#: the most log entries one ``compact`` transaction folds (about half a second's work)
+FOLD_STEP_ENTRIES = 100_000
 
 
 class SQLiteStateStore(StateStore):
@@ -335,14 +338,10 @@ class SQLiteStateStore(StateStore):
         """One transaction: 1. budgets, 2. releases (unsent), 3. positions, 4. day + sequence.
 
         The day's budget changes are appended to the budget log as one row of packed columns
-        (a few milliseconds for a million users; an upsert per user costs ~1.3 µs each). The
-        entries by which the log then exceeds both ``budget_log_max_rows`` and ``budgets`` are
-        folded into ``budgets`` in the same transaction, oldest first (``_fold_oldest``): the
-        log stays at most as large as the table, so loading the state and looking up one user
-        stay bounded, and a day folds at most as many entries as it appended (once the log is
-        within bounds), so no commit stalls on the whole log.
+        (a few milliseconds for a million users; an upsert per user costs several µs each,
+        checksum included). Nothing is folded here: ``compact`` does that between batches.
         """
-        base_rows, log_users = self._base_rows, self._log_users
+        log_users = self._log_users
         with self._transaction() as db:
             seq = int(self._meta("seq") or 0) + 1
             # 1. budget debits (exact integers)
@@ -353,12 +352,6 @@ class SQLiteStateStore(StateStore):
                     (seq, *packed.values(), row_crc(seq, *packed.values())),
                 )
                 log_users += packed.n_users
-                if base_rows is None:
-                    base_rows = int(db.execute("SELECT count(*) FROM budgets").fetchone()[0])
-                excess = log_users - max(self.budget_log_max_rows, base_rows)
-                if excess > 0:
-                    base_rows = self._fold_oldest(db, excess)
-                    log_users -= excess
             # 2. releases, noise already drawn; the primary key refuses a second (day, query)
             db.executemany(
                 "INSERT INTO releases(day, query_id, ord, payload, sent, crc) "
@@ -382,11 +375,40 @@ class SQLiteStateStore(StateStore):
                 self._set_meta(db, "active_set_state", commit.active_set_state.decode())
             if commit.coverage_state is not None:
                 self._set_meta(db, "coverage_state", commit.coverage_state.decode())
-        self._base_rows, self._log_users = base_rows, log_users
+        self._log_users = log_users
         # 6. mirror the sequence outside the store (a crash here leaves it behind: repaired)
         crash_point("before_mirror")
         self._write_mirror(seq, commit.day)
         return seq
+
+    def excess_log_entries(self) -> int:
+        """Budget log entries beyond both ``budget_log_max_rows`` and the ``budgets`` table:
+        what ``compact`` has left to fold."""
+        if self._base_rows is None:
+            row = self._db.execute("SELECT count(*) FROM budgets").fetchone()
+            self._base_rows = int(row[0])
+        return max(0, self._log_users - max(self.budget_log_max_rows, self._base_rows))
+
+    def compact(self, max_entries: int) -> int:
+        """Fold at most ``max_entries`` of the excess log entries into ``budgets``, oldest first,
+        in transactions of at most ``FOLD_STEP_ENTRIES`` entries each (a crash loses at most the
+        step under way, which the next step redoes); return the excess left. Loads and lookups
+        see the same budgets before, during and after (a user's newest entry wins)."""
+        if max_entries < 0:
+            raise ValueError("max_entries must be >= 0")
+        try:
+            left = max_entries
+            while left > 0 and (excess := self.excess_log_entries()) > 0:
+                step = min(left, excess, FOLD_STEP_ENTRIES)
+                with self._transaction() as db:
+                    base_rows = self._fold_oldest(db, step)
+                self._base_rows, self._log_users = base_rows, self._log_users - step
+                left -= step
+            return self.excess_log_entries()
+        except sqlite3.Error as exc:
+            raise StoreError(
+                f"state store {self.path} failed to fold its budget log: {sqlite_error_text(exc)}"
+            ) from exc
 
     def _fold_oldest(self, db: sqlite3.Connection, n_entries: int) -> int:
         """Fold the budget log's ``n_entries`` oldest unfolded entries into ``budgets`` (inside
@@ -408,19 +430,14 @@ class SQLiteStateStore(StateStore):
             packed = PackedBudgets(as_int(n), *map(as_blob, blobs))
             stop = min(folded + n_entries, packed.n_users)
             users, spent, retired = packed.entries(folded, stop, self.path).unpack(self.path)
+            crcs = budget_crcs(users, spent, retired)
             # in key order: the upserts walk the table's B-tree pages in sequence instead of at
             # random (the day's users come in hash order; a 600k-entry fold took 10 s unsorted);
             # stable, so a user listed twice keeps their newest entry last
-            order = sorted(range(len(users)), key=users.__getitem__)
-            users = [users[i] for i in order]
-            spent = [spent[i] for i in order]
-            retired = [retired[i] for i in order]
-            db.executemany(
-                BUDGET_UPSERT,
-                zip(
-                    users, spent, map(int, retired), budget_crcs(users, spent, retired), strict=True
-                ),
+            rows = sorted(
+                zip(users, spent, map(int, retired), crcs, strict=True), key=itemgetter(0)
             )
+            db.executemany(BUDGET_UPSERT, rows)
             crash_point("mid_compaction")
             n_entries -= stop - folded
             folded = stop
