@@ -22,7 +22,7 @@ demo: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check streamfilter tests benchmarks
 	$(BIN)/ruff format --check streamfilter tests benchmarks
-	$(BIN)/mypy streamfilter
+	$(BIN)/mypy streamfilter benchmarks
 
 # External components the suite runs for real (Kafka comes from deploy/kafka via the fixtures;
 # Prometheus and Chromium from Debian packages). Installed when missing, as root.

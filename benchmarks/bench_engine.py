@@ -204,7 +204,11 @@ def lower_bound_inputs(records: DayRecords) -> tuple[np.ndarray, np.ndarray, int
     n = records.n_users
     flat, vals = [], []
     for j, name in enumerate(columns):
-        cells = np.flatnonzero(records.coord == names.index(name)) if name in names else []
+        cells = (
+            np.flatnonzero(records.coord == names.index(name))
+            if name in names
+            else np.zeros(0, np.int64)
+        )
         flat.append(j * n + records.user_pos[cells])
         vals.append(units[cells])
     return np.concatenate(flat), np.concatenate(vals), len(columns)

@@ -127,5 +127,5 @@ def run(quick: bool = False) -> list[dict[str, object]]:
 
 
 if __name__ == "__main__":
-    for entry in run(quick=False):
-        print(entry)
+    for result in run(quick=False):
+        print(result)

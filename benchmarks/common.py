@@ -102,3 +102,21 @@ def skipped(name: str, unit: str, baseline: str, reason: str) -> dict[str, Any]:
         detail=f"skipped: {reason}",
         skipped=reason,
     )
+
+
+def upkeep_left(state: Path) -> tuple[int, float]:
+    """``(entries, seconds)``: the budget-log entries a ``--until-end`` run left for the next
+    run's upkeep (docs/design.md §5.1), and the time folding them takes, measured here so that
+    the deferred work is reported next to the run that caused it."""
+    from streamfilter.runtime.store import SQLiteStateStore
+
+    store = SQLiteStateStore(state)
+    try:
+        entries = store.excess_log_entries()
+        t0 = time.perf_counter()
+        left = store.compact(entries)
+        elapsed = time.perf_counter() - t0
+        assert left == 0, left
+        return entries, elapsed
+    finally:
+        store.close()

@@ -194,8 +194,8 @@ def main() -> None:
     args.out_dir.mkdir(parents=True, exist_ok=True)
     out = args.out_dir / f"results{suffix}.json"
     if args.only and out.exists():  # a partial run replaces its modules' entries, keeps the rest
-        ran = {e["module"] for e in entries}
-        kept = [e for e in json.loads(out.read_text()) if e.get("module") not in ran]
+        ran_modules = {e["module"] for e in entries}
+        kept = [e for e in json.loads(out.read_text()) if e.get("module") not in ran_modules]
         entries = kept + entries
         order = {m.rsplit(".", 1)[-1]: i for i, m in enumerate(MODULES)}
         entries.sort(key=lambda e: order.get(e.get("module", ""), len(order)))
