@@ -176,9 +176,16 @@ class PackedBudgets:
             raise CorruptRowError(path, "budget_log")
         return lengths
 
-    def entries(self, start: int, stop: int, path: Path) -> PackedBudgets:
-        """Entries ``start`` to ``stop`` (exclusive) as a packed row of their own."""
-        offsets = np.concatenate(([0], np.cumsum(self.lengths(path))))
+    def offsets(self, path: Path) -> np.ndarray:
+        """Byte offset of each id in ``ids``, and the end: ``n_users + 1`` values."""
+        return np.concatenate(([0], np.cumsum(self.lengths(path))))
+
+    def entries(
+        self, start: int, stop: int, path: Path, offsets: np.ndarray | None = None
+    ) -> PackedBudgets:
+        """Entries ``start`` to ``stop`` (exclusive) as a packed row of their own (``offsets``:
+        this row's :meth:`offsets`, if already known)."""
+        offsets = self.offsets(path) if offsets is None else offsets
         a, b = int(offsets[start]), int(offsets[stop])
         return PackedBudgets(
             stop - start,

@@ -33,6 +33,8 @@ from operator import itemgetter
 from pathlib import Path
 from typing import IO
 
+import numpy as np
+
 from streamfilter.errors import StaleStoreError, StoreError, StoreLockedError
 from streamfilter.runtime.faults import crash_point
 from streamfilter.runtime.store.base import (
@@ -83,6 +85,7 @@ class SQLiteStateStore(StateStore):
         self.mirror_path = self.path.with_name(self.path.name + ".seq")
         self.budget_log_max_rows = budget_log_max_rows
         self._base_rows: int | None = None  # rows of ``budgets`` (counted when first needed)
+        self._oldest_row: tuple[int, PackedBudgets, np.ndarray] | None = None  # _oldest_log_row
         self._lock_file: IO[bytes] | None = None
         self._acquire_lock()
         try:
@@ -418,18 +421,15 @@ class SQLiteStateStore(StateStore):
         their table row. Returns the number of ``budgets`` rows after."""
         folded = self._folded_entries()
         while n_entries > 0:
-            row = db.execute(
-                f"SELECT {LOG_COLUMNS} FROM budget_log ORDER BY seq LIMIT 1"
-            ).fetchone()
-            if row is None or not 0 <= folded < as_int(row[1]):
+            seq, packed, offsets = self._oldest_log_row(db)
+            if not 0 <= folded < packed.n_users:
                 raise StoreError(
                     f"state store {self.path} is corrupt: the budget log does not match its "
                     "folded-entries count; refusing to use it — restore the newest intact copy"
                 )
-            seq, n, *blobs = checked_row(self.path, "budget_log", row)
-            packed = PackedBudgets(as_int(n), *map(as_blob, blobs))
             stop = min(folded + n_entries, packed.n_users)
-            users, spent, retired = packed.entries(folded, stop, self.path).unpack(self.path)
+            part = packed.entries(folded, stop, self.path, offsets)
+            users, spent, retired = part.unpack(self.path)
             crcs = budget_crcs(users, spent, retired)
             # in key order: the upserts walk the table's B-tree pages in sequence instead of at
             # random (the day's users come in hash order; a 600k-entry fold took 10 s unsorted);
@@ -446,6 +446,26 @@ class SQLiteStateStore(StateStore):
                 folded = 0
         self._set_meta(db, "budget_log_folded", str(folded))
         return int(db.execute("SELECT count(*) FROM budgets").fetchone()[0])
+
+    def _oldest_log_row(self, db: sqlite3.Connection) -> tuple[int, PackedBudgets, np.ndarray]:
+        """The oldest budget log row, checked against its ``crc``, and its ids' offsets. Kept
+        from one upkeep step to the next: a log row never changes once written (it is only
+        deleted), and a row of 10M entries is 250 MB to read and check again for every step."""
+        first = db.execute("SELECT seq FROM budget_log ORDER BY seq LIMIT 1").fetchone()
+        if first is None:
+            raise StoreError(
+                f"state store {self.path} is corrupt: the budget log holds fewer entries than "
+                "counted; refusing to use it — restore the newest intact copy"
+            )
+        if self._oldest_row is None or self._oldest_row[0] != first[0]:
+            self._oldest_row = None  # a 250 MB row is not held twice while the next is read
+            row = db.execute(
+                f"SELECT {LOG_COLUMNS} FROM budget_log WHERE seq = ?", (first[0],)
+            ).fetchone()
+            seq, n, *blobs = checked_row(self.path, "budget_log", row)
+            packed = PackedBudgets(as_int(n), *map(as_blob, blobs))
+            self._oldest_row = (as_int(seq), packed, packed.offsets(self.path))
+        return self._oldest_row
 
     def _folded_entries(self) -> int:
         """Entries of the oldest budget log row already folded into ``budgets``."""
