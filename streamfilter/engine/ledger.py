@@ -166,6 +166,10 @@ def _is_sorted(a: np.ndarray) -> bool:
     return bool(len(a) < 2 or (a[1:] >= a[:-1]).all())
 
 
+#: ids per step of :meth:`UserKeys.utf8` (its index arrays: 8 bytes per byte of the step's ids)
+_UTF8_CHUNK_IDS = 1 << 16
+
+
 @dataclass(frozen=True)
 class UserKeys:
     """What the ledger needs of a batch of ids, computed once: ``hasher`` hash and UTF-8 bytes.
@@ -193,6 +197,20 @@ class UserKeys:
 
     def __len__(self) -> int:
         return len(self.hashes)
+
+    def utf8(self) -> tuple[bytes, np.ndarray]:
+        """``(ids, lengths)``: the ids' UTF-8 back to back and each one's byte length — what
+        :func:`encode_ids` gives, without the padding, gathered from the words (no Python per
+        id, and no visit to the id objects scattered over the heap)."""
+        lengths = np.asarray(self.lengths, dtype=np.int64)
+        data, parts = self.words.view(np.uint8), []
+        for a in range(0, len(lengths), _UTF8_CHUNK_IDS):  # bounded index arrays
+            n = lengths[a : a + _UTF8_CHUNK_IDS]
+            ends = np.cumsum(n)
+            # byte k of the part is byte 8 * woff[i] + (k - start of id i) of the words
+            shift = np.repeat(8 * self.woff[a : a + _UTF8_CHUNK_IDS] - (ends - n), n)
+            parts.append(data[shift + np.arange(int(ends[-1]), dtype=np.int64)].tobytes())
+        return b"".join(parts), lengths
 
     def take(self, idx: np.ndarray) -> UserKeys:
         return UserKeys(

@@ -127,6 +127,33 @@ def test_given_keys_and_unsorted_input():
     assert led.state(users[:12])[0].tolist() == [7] * 10 + [10, 11]
 
 
+@settings(max_examples=150, deadline=None)
+@given(users=st.lists(IDS, max_size=30), picks=st.lists(st.integers(0, 29), max_size=30))
+def test_the_budget_log_row_of_keyed_users_is_the_row_of_their_ids(users, picks):
+    """``PackedBudgets.of`` reuses the engine's UTF-8 of a ``KeyedUsers`` (``UserKeys.utf8``,
+    subsets taken with ``take`` included): the same bytes as encoding the ids afresh."""
+    from streamfilter.runtime.store.schema import PackedBudgets
+
+    keys = UserKeys.of(arr(users), python_hash)
+    idx = np.array([p for p in picks if p < len(users)], dtype=np.int64)
+    for ids, k in ((arr(users), keys), (arr(users)[idx], keys.take(idx))):
+        spent, retired = np.arange(len(ids)), np.zeros(len(ids), bool)
+        keyed = PackedBudgets.of(KeyedUsers.wrap(ids, k), spent, retired)
+        assert keyed == PackedBudgets.of(np.array(ids.tolist(), dtype=object), spent, retired)
+        assert keyed.ids == "".join(ids.tolist()).encode("utf-8", "surrogatepass")
+
+
+def test_keyed_utf8_in_several_steps(monkeypatch):
+    import streamfilter.engine.ledger as ledger
+
+    ids = arr(["a", "", "é" * 9, "user-12345678901", "😀", "x" * 300, "b\x00", "c"])
+    whole = UserKeys.of(ids, python_hash).utf8()
+    monkeypatch.setattr(ledger, "_UTF8_CHUNK_IDS", 3)
+    steps = UserKeys.of(ids, python_hash).utf8()
+    assert steps[0] == whole[0] == "".join(ids.tolist()).encode()
+    assert steps[1].tolist() == whole[1].tolist() == [len(u.encode()) for u in ids]
+
+
 def test_memory_is_compact():
     led = BudgetLedger()
     n = 20_000

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from streamfilter.engine.ledger import encode_ids
+from streamfilter.engine.ledger import UserKeys, encode_ids
 from streamfilter.errors import StoreError
 from streamfilter.runtime.store.base import TelemetryCharge
 
@@ -147,11 +147,18 @@ class PackedBudgets:
 
     @classmethod
     def of(cls, users: np.ndarray, spent_units: np.ndarray, retired: np.ndarray) -> PackedBudgets:
-        buffer, _starts, lengths = encode_ids(users)
+        """The row of these changes; the UTF-8 of ids the engine already encoded (``users`` a
+        ``KeyedUsers``, as a closed day gives them) is reused."""
+        keys = getattr(users, "keys", None)
+        if isinstance(keys, UserKeys) and len(keys) == len(users):
+            ids, lengths = keys.utf8()
+        else:
+            buffer, _starts, lengths = encode_ids(users)
+            ids = buffer[: int(lengths.sum())]
         return cls(
             len(lengths),
             lengths.astype("<u4").tobytes(),
-            buffer[: int(lengths.sum())],
+            ids,
             np.asarray(spent_units, dtype="<i8").tobytes(),
             np.asarray(retired, dtype=bool).astype(np.uint8).tobytes(),
         )
