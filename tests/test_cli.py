@@ -218,9 +218,9 @@ def test_restart_after_sigkill_publishes_identical_releases_without_double_debit
     """Kill `run` mid-way at several points; the restarted runs must end with exactly the
     releases of an uninterrupted run under the same test seed, and the same budgets.
 
-    ``mid_compaction:2``: killed while a day's commit folds the budget log into the table for
-    the second time (``budget_log_max_rows = 0``); the budgets it ends with equal those of the
-    reference run, which never folds."""
+    ``mid_compaction:2``: killed while the upkeep between two day closes folds the budget log
+    into the table for the second time (``budget_log_max_rows = 0``); the budgets it ends with
+    equal those of the reference run, which never folds."""
     ref = tmp_path / "ref"
     ref.mkdir()
     write_world(ref, days=8, users=200, bad=False)

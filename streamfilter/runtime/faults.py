@@ -5,8 +5,8 @@ the first) it reaches ``crash_point(<name>)``. Names used by the daemon: ``after
 ``after_publish``, ``before_mark_sent``; by a cluster worker (``runtime.cluster``):
 ``before_partition_commit``, ``after_partition_commit``, ``after_release_insert``; by the SQLite
 store: ``before_mirror`` (the day is
-committed, its sequence not yet mirrored to ``<state>.seq``) and ``mid_compaction`` (inside a
-day's transaction, while the budget log is being folded into the budgets table).
+committed, its sequence not yet mirrored to ``<state>.seq``) and ``mid_compaction`` (inside an
+upkeep step's transaction, while the budget log is being folded into the budgets table).
 ``STREAMFILTER_PAUSE_AT=<name>:<seconds>`` sleeps there instead, the first time (a test kills the
 broker meanwhile). Unset (production), a crash point is two dict lookups.
 """
