@@ -140,6 +140,9 @@ RELAY_BACKOFF_S = (1.0, 30.0)
 #: the fewest budget log entries the store's upkeep folds after a batch, or when idle (about
 #: a tenth of a second; ``Daemon._compact_state``)
 COMPACT_MIN_ENTRIES = 20_000
+#: the most the upkeep folds between two days closing back to back (a backfill's releases do
+#: not wait on a long fold; the input batches that follow catch up)
+COMPACT_BETWEEN_CLOSES_ENTRIES = 100_000
 
 
 #: seconds between probes of an input whose broker did not answer (see ``_probe_input``)
@@ -432,8 +435,9 @@ class Daemon:
         """The store's upkeep (the budget log's fold, docs/design.md §5.1), paced by the work it
         follows: after each input batch as many entries as it had records (a day appends at most
         one entry per record), between days closing back to back as many as the earlier day
-        appended; at least ``COMPACT_MIN_ENTRIES``. The fold keeps up with the commits and never
-        stalls a day's close; the excess of a run's last commits is left to the next run."""
+        appended up to ``COMPACT_BETWEEN_CLOSES_ENTRIES``; at least ``COMPACT_MIN_ENTRIES``. The
+        fold keeps up with the commits and never stalls a day's close; the excess of a run's
+        last commits is left to the next run."""
         self.store.compact(max(n_records, COMPACT_MIN_ENTRIES))
 
     def _ingest_batches(self, batches: list[RecordBatch]) -> None:
@@ -682,7 +686,7 @@ class Daemon:
         appended = 0  # budget log entries of the day just closed
         while day is not None and last is not None and day <= last and not self.stop_event.is_set():
             if appended:  # days closing back to back: the upkeep between them
-                self._compact_state(appended)
+                self._compact_state(min(appended, COMPACT_BETWEEN_CLOSES_ENTRIES))
             appended = self._close_day(day)
             day = _next_day(day)
         return True

@@ -390,3 +390,37 @@ def test_the_budget_log_is_folded_between_batches_and_never_inside_a_close(tmp_p
         finally:
             store.close()
     assert payloads[0] == payloads[1] and len(payloads[0]) == 6
+
+
+def test_the_upkeep_between_back_to_back_closes_is_bounded(tmp_path, monkeypatch):
+    """Between two days closing back to back the upkeep folds at most
+    ``COMPACT_BETWEEN_CLOSES_ENTRIES`` (here 10 of a day's 23 entries): a backfill's releases do
+    not wait on a long fold; the budgets are those of a store that never folds."""
+    import streamfilter.runtime.daemon as daemon_module
+
+    monkeypatch.setattr(daemon_module, "COMPACT_MIN_ENTRIES", 1)
+    monkeypatch.setattr(daemon_module, "COMPACT_BETWEEN_CLOSES_ENTRIES", 10)
+    records = [event(f"u{d}-{i % 23}", f"2026-01-0{d}") for d in range(1, 5) for i in range(23)]
+    budgets = []
+    for max_rows in (0, 10**6):
+        store = RecordingStore(tmp_path / f"state-{max_rows}.db", budget_log_max_rows=max_rows)
+        try:
+            d = Daemon(
+                Engine(PARAMS, SeededRandomBits(3)),
+                store,
+                MemorySource({"p0": list(records)}),
+                ListFeed((Q,)),
+                MemorySink(),
+                MemorySink(),
+                poll_interval_s=0,
+                batch_size=1000,
+            )
+            d.run(until_end=True)
+            between = [b for a, b in itertools.pairwise(store.calls) if a[0] == "commit"]
+            assert len(between) == 3 and all(c[:2] == ("compact", 10) for c in between)
+            folded = [c[2][0] - c[3][0] for c in between]
+            assert folded == ([10, 10, 10] if max_rows == 0 else [0, 0, 0])
+            budgets.append(sorted(store.load().budgets))
+        finally:
+            store.close()
+    assert budgets[0] == budgets[1] and len(budgets[0]) == 4 * 23
