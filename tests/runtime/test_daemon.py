@@ -350,6 +350,20 @@ class RecordingStore(SQLiteStateStore):
         return left
 
 
+def run_until_end(store, records, sink, *, batch_size):
+    """A daemon over ``records`` (one partition) with the test seed, run to the input's end."""
+    Daemon(
+        Engine(PARAMS, SeededRandomBits(3)),
+        store,
+        MemorySource({"p0": list(records)}),
+        ListFeed((Q,)),
+        sink,
+        MemorySink(),
+        poll_interval_s=0,
+        batch_size=batch_size,
+    ).run(until_end=True)
+
+
 def test_the_budget_log_is_folded_between_batches_and_never_inside_a_close(tmp_path):
     """Upkeep (docs/design.md §5.1): a day's commit only appends its entries; the fold runs in
     steps after input batches and between days closing back to back, keeps pace (no excess is
@@ -361,17 +375,7 @@ def test_the_budget_log_is_folded_between_batches_and_never_inside_a_close(tmp_p
         store = RecordingStore(tmp_path / f"state-{max_rows}.db", budget_log_max_rows=max_rows)
         sink = MemorySink()
         try:
-            d = Daemon(
-                Engine(PARAMS, SeededRandomBits(3)),
-                store,
-                MemorySource({"p0": list(records)}),
-                ListFeed((Q,)),
-                sink,
-                MemorySink(),
-                poll_interval_s=0,
-                batch_size=25,
-            )
-            d.run(until_end=True)
+            run_until_end(store, records, sink, batch_size=25)
             commits = [c for c in store.calls if c[0] == "commit"]
             assert len(commits) == 6 and all(c[1] == 23 for c in commits)
             for _, appended, (log, table), after in commits:
@@ -405,17 +409,7 @@ def test_the_upkeep_between_back_to_back_closes_is_bounded(tmp_path, monkeypatch
     for max_rows in (0, 10**6):
         store = RecordingStore(tmp_path / f"state-{max_rows}.db", budget_log_max_rows=max_rows)
         try:
-            d = Daemon(
-                Engine(PARAMS, SeededRandomBits(3)),
-                store,
-                MemorySource({"p0": list(records)}),
-                ListFeed((Q,)),
-                MemorySink(),
-                MemorySink(),
-                poll_interval_s=0,
-                batch_size=1000,
-            )
-            d.run(until_end=True)
+            run_until_end(store, records, MemorySink(), batch_size=1000)
             between = [b for a, b in itertools.pairwise(store.calls) if a[0] == "commit"]
             assert len(between) == 3 and all(c[:2] == ("compact", 10) for c in between)
             folded = [c[2][0] - c[3][0] for c in between]
