@@ -273,6 +273,7 @@ def test_budget_log_folds_its_oldest_entries_beyond_the_threshold_and_the_table(
         store.commit_day(budget_commit(day, changes))
         assert log_and_table_rows(store) == (before[0] + len(changes), before[1])
         assert store.compact(10**9) == 0
+        assert store._oldest_row is None  # caught up: no log row is kept in memory
 
     try:
         commit_and_compact(0, {"a": (1, False), "b": (1, False), "c": (1, False)})

@@ -407,7 +407,10 @@ class SQLiteStateStore(StateStore):
                     base_rows = self._fold_oldest(db, step)
                 self._base_rows, self._log_users = base_rows, self._log_users - step
                 left -= step
-            return self.excess_log_entries()
+            excess = self.excess_log_entries()
+            if excess == 0:
+                self._oldest_row = None  # nothing left to fold: do not keep a big row in memory
+            return excess
         except sqlite3.Error as exc:
             raise StoreError(
                 f"state store {self.path} failed to fold its budget log: {sqlite_error_text(exc)}"
