@@ -172,6 +172,7 @@ class FileSink(Sink):
         self._dedupe = dedupe_releases
         self._held_through = max((k.split("/", 1)[0] for k in self._held), default=None)
         self._fh: IO[bytes] = open(self.path, "ab")  # noqa: SIM115 - owned by the sink
+        self._unsynced = False  # written since the last fsync
 
     def publish(self, key: str, payload: bytes) -> None:
         if self._dedupe:
@@ -185,10 +186,15 @@ class FileSink(Sink):
                 )
             self._held[key] = digest
         self._fh.write(payload + b"\n")
+        self._unsynced = True
 
     def flush(self) -> None:
-        self._fh.flush()
-        os.fsync(self._fh.fileno())
+        """Durable once it returns; an fsync only when something was written since the last
+        (the reject file is flushed at every day's close and is usually empty)."""
+        if self._unsynced:
+            self._fh.flush()
+            os.fsync(self._fh.fileno())
+            self._unsynced = False
 
     def last_published_day(self) -> str | None:
         """The latest ``day`` among the release lines the file held when it was opened."""

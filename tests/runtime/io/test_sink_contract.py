@@ -227,3 +227,40 @@ def test_a_restart_after_a_torn_write_holds_every_record_published_after_it(case
         again.publish(key, payload)
     again.flush()
     assert {p for _, p in RELEASES[:4]} <= set(case.held_records())
+
+
+def test_the_file_sink_fsyncs_what_it_wrote_and_only_then(tmp_path, monkeypatch):
+    """``FileSink.flush`` makes every published line durable with one fsync of the file, and
+    skips the fsync when nothing was written since the last one (the reject file is flushed at
+    every day's close and is usually empty). The real fsync runs; the test counts the calls."""
+    import os
+
+    import streamfilter.runtime.io.files as files
+
+    synced: list[int] = []
+    real_fsync = os.fsync
+
+    def counting_fsync(fd: int) -> None:
+        synced.append(fd)
+        real_fsync(fd)
+
+    monkeypatch.setattr(files.os, "fsync", counting_fsync)
+    sink = FileSink(tmp_path / "out.jsonl")
+    try:
+        sink.flush()
+        assert synced == []  # nothing written
+        sink.publish(*RELEASES[0])
+        sink.flush()
+        assert len(synced) == 1
+        sink.flush()
+        sink.publish(*RELEASES[0])  # held already with identical bytes: nothing written
+        sink.flush()
+        assert len(synced) == 1
+        sink.publish(*RELEASES[1])
+        sink.flush()
+        assert len(synced) == 2
+        lines = (tmp_path / "out.jsonl").read_bytes().splitlines()
+        assert lines == [RELEASES[0][1], RELEASES[1][1]]
+    finally:
+        sink.close()
+    assert len(synced) == 2  # closing with nothing new written
