@@ -137,8 +137,8 @@ def collector_for_run() -> Iterator[None]:
 #: first and longest wait between two attempts to relay the outbox (seconds)
 RELAY_BACKOFF_S = (1.0, 30.0)
 
-#: the fewest budget log entries the store's upkeep folds after a batch, or when idle (about
-#: a tenth of a second; ``Daemon._compact_state``)
+#: the fewest budget log entries the store's upkeep folds after a batch, or when idle (a
+#: fraction of a second; ``Daemon._compact_state``)
 COMPACT_MIN_ENTRIES = 20_000
 #: the most the upkeep folds between two days closing back to back (a backfill's releases do
 #: not wait on a long fold; the input batches that follow catch up)
