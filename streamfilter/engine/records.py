@@ -125,16 +125,53 @@ class SeenEventIds:
     (``_pair_keys``), the user code and the event id as a slice of the run's one ``str`` —
     ~28 B a pair plus the id's characters. A batch is one new run; the newest two runs merge
     while the newer is at least half the older, so there are O(log n) runs and each pair is
-    merged O(log n) times. A look-up is a binary search per run; a key match (a repeated pair,
-    or a collision) is confirmed by comparing the user code and the event id exactly.
+    merged O(log n) times. A look-up first asks a one-hash Bloom filter over all keys held
+    (at least ``FILTER_BITS`` bits a pair: about one absent key in eight passes it, one random
+    read each), then binary-searches each run for the keys that pass; a key match (a repeated
+    pair, or a collision) is confirmed by comparing the user code and the event id exactly.
     """
 
     #: pairs added one at a time (``add``) are buffered in a ``set`` up to this many
     PENDING_MAX = 1 << 12
+    #: the filter's size in bits per pair held, at least (it doubles as the pairs do)
+    FILTER_BITS = 8
 
     def __init__(self) -> None:
         self._runs: list[_Run] = []
         self._pending: set[tuple[int, str]] = set()
+        self._filter = np.zeros(1, np.uint8)  # bit (key >> _filter_shift) of every key held
+        self._filter_shift = 61
+        self._filtered = 0  # keys held in runs
+
+    def _filter_bits(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(byte, bit mask) of each key's filter bit: its top bits, read as unsigned."""
+        top = np.ascontiguousarray(keys, np.int64).view(np.uint64) >> np.uint64(self._filter_shift)
+        byte = (top >> np.uint64(3)).astype(np.intp)
+        return byte, np.left_shift(np.uint8(1), (top & np.uint64(7)).astype(np.uint8))
+
+    def _may_hold(self, keys: np.ndarray) -> np.ndarray:
+        """False where no run holds the key (no false negatives)."""
+        byte, bit = self._filter_bits(keys)
+        held: np.ndarray = (self._filter[byte] & bit) != 0
+        return held
+
+    def _set_filter(self, keys: np.ndarray) -> None:
+        for a in range(0, len(keys), 1 << 20):  # bounded index arrays
+            byte, bit = self._filter_bits(keys[a : a + (1 << 20)])
+            np.bitwise_or.at(self._filter, byte, bit)
+
+    def _filter_add(self, keys: np.ndarray) -> None:
+        """Set the bits of a new run's keys; past ``FILTER_BITS`` a pair, rebuild twice as big
+        (or more) from every run, so each key is set O(1) times amortised."""
+        self._filtered += len(keys)
+        if self._filtered * self.FILTER_BITS <= 8 * len(self._filter):
+            self._set_filter(keys)
+            return
+        bits = max(3, (self._filtered * self.FILTER_BITS * 2 - 1).bit_length())
+        self._filter = np.zeros(1 << (bits - 3), np.uint8)
+        self._filter_shift = 64 - bits
+        for run in self._runs:
+            self._set_filter(run.keys)
 
     def __len__(self) -> int:
         return len(self._pending) + sum(len(r.keys) for r in self._runs)
@@ -143,7 +180,10 @@ class SeenEventIds:
         if key in self._pending:
             return True
         user, event_id = key
-        k = int(_pair_keys(np.array([user], np.int64), [event_id])[0])
+        keys = _pair_keys(np.array([user], np.int64), [event_id])
+        if not self._runs or not self._may_hold(keys)[0]:
+            return False
+        k = int(keys[0])
         return any(run.holds(k, user, event_id) for run in self._runs)
 
     def add(self, key: tuple[int, str]) -> None:
@@ -179,9 +219,11 @@ class SeenEventIds:
                         new[later] = False
                         break
                     i -= 1
+        passed = np.flatnonzero(self._may_hold(ks)) if self._runs else np.zeros(0, np.intp)
+        kp = ks[passed]  # sorted, like ks
         for run in self._runs:
-            pos = np.minimum(np.searchsorted(run.keys, ks), len(run.keys) - 1)
-            for j in np.flatnonzero(run.keys[pos] == ks).tolist():
+            pos = np.minimum(np.searchsorted(run.keys, kp), len(run.keys) - 1)
+            for j in passed[np.flatnonzero(run.keys[pos] == kp)].tolist():
                 i = int(order[j])
                 if new[i] and run.holds(int(ks[j]), int(users[i]), event_ids[i]):
                     new[i] = False
@@ -196,6 +238,7 @@ class SeenEventIds:
 
     def _push(self, run: _Run) -> None:
         self._runs.append(run)
+        self._filter_add(run.keys)
         while len(self._runs) > 1 and 2 * len(self._runs[-1].keys) >= len(self._runs[-2].keys):
             newer = self._runs.pop()
             self._runs[-1] = self._runs[-1].merged(newer)

@@ -113,6 +113,29 @@ def test_categories_fold_into_cells():
     assert rec.matrix(["c=a", "c=b"]).sum() == 3000
 
 
+def test_seen_event_ids_at_scale_through_filter_rebuilds():
+    """200,000 pairs in batches, 5% of them repeating a pair of an earlier batch: exactly a
+    set's answers while the runs merge and the Bloom filter is rebuilt bigger many times (a
+    key whose bit were lost would let a repeated event count twice)."""
+    rng = np.random.default_rng(7)
+    seen, model = records.SeenEventIds(), set()
+    held: list[tuple[int, str]] = []
+    for b in range(20):
+        fresh = [(int(u), f"e{b}-{i}") for i, u in enumerate(rng.integers(0, 5000, 10_000))]
+        again = [held[int(j)] for j in rng.integers(0, len(held), 500)] if held else []
+        batch = fresh + again
+        expected = [k not in model for k in batch]
+        for k in batch:
+            model.add(k)
+        users = np.array([u for u, _ in batch], np.int64)
+        assert seen.insert(users, [e for _, e in batch]).tolist() == expected
+        held += fresh
+    assert len(seen) == len(model) == 200_000
+    assert seen._filter.nbytes * 8 >= seen.FILTER_BITS * len(seen)
+    probe = [*held[::97], (1, "absent"), (4999, "e0-0x")]
+    assert [k in seen for k in probe] == [k in model for k in probe]
+
+
 @settings(max_examples=80, deadline=None)
 @given(
     st.lists(
