@@ -141,7 +141,6 @@ class SeenEventIds:
         self._pending: set[tuple[int, str]] = set()
         self._filter = np.zeros(1, np.uint8)  # bit (key >> _filter_shift) of every key held
         self._filter_shift = 61
-        self._filtered = 0  # keys held in runs
 
     def _filter_bits(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(byte, bit mask) of each key's filter bit: its top bits, read as unsigned."""
@@ -163,11 +162,11 @@ class SeenEventIds:
     def _filter_add(self, keys: np.ndarray) -> None:
         """Set the bits of a new run's keys; past ``FILTER_BITS`` a pair, rebuild twice as big
         (or more) from every run, so each key is set O(1) times amortised."""
-        self._filtered += len(keys)
-        if self._filtered * self.FILTER_BITS <= 8 * len(self._filter):
+        held = sum(len(run.keys) for run in self._runs)  # the new run's included
+        if held * self.FILTER_BITS <= 8 * len(self._filter):
             self._set_filter(keys)
             return
-        bits = max(3, (self._filtered * self.FILTER_BITS * 2 - 1).bit_length())
+        bits = max(3, (held * self.FILTER_BITS * 2 - 1).bit_length())
         self._filter = np.zeros(1 << (bits - 3), np.uint8)
         self._filter_shift = 64 - bits
         for run in self._runs:
@@ -181,7 +180,7 @@ class SeenEventIds:
             return True
         user, event_id = key
         keys = _pair_keys(np.array([user], np.int64), [event_id])
-        if not self._runs or not self._may_hold(keys)[0]:
+        if not self._may_hold(keys)[0]:  # an empty filter holds nothing
             return False
         k = int(keys[0])
         return any(run.holds(k, user, event_id) for run in self._runs)
@@ -219,7 +218,7 @@ class SeenEventIds:
                         new[later] = False
                         break
                     i -= 1
-        passed = np.flatnonzero(self._may_hold(ks)) if self._runs else np.zeros(0, np.intp)
+        passed = np.flatnonzero(self._may_hold(ks))
         kp = ks[passed]  # sorted, like ks
         for run in self._runs:
             pos = np.minimum(np.searchsorted(run.keys, kp), len(run.keys) - 1)

@@ -404,8 +404,9 @@ class SQLiteStateStore(StateStore):
             while left > 0 and (excess := self.excess_log_entries()) > 0:
                 step = min(left, excess, FOLD_STEP_ENTRIES)
                 with self._transaction() as db:
-                    base_rows = self._fold_oldest(db, step)
-                self._base_rows, self._log_users = base_rows, self._log_users - step
+                    self._fold_oldest(db, step)
+                # new users added table rows: counted again when next needed
+                self._base_rows, self._log_users = None, self._log_users - step
                 left -= step
             excess = self.excess_log_entries()
             if excess == 0:
@@ -416,20 +417,21 @@ class SQLiteStateStore(StateStore):
                 f"state store {self.path} failed to fold its budget log: {sqlite_error_text(exc)}"
             ) from exc
 
-    def _fold_oldest(self, db: sqlite3.Connection, n_entries: int) -> int:
+    def _fold_oldest(self, db: sqlite3.Connection, n_entries: int) -> None:
         """Fold the budget log's ``n_entries`` oldest unfolded entries into ``budgets`` (inside
         the caller's transaction). A log row is deleted once all its entries are folded; of the
         oldest row, meta ``budget_log_folded`` counts those already folded (rewriting the row
         would cost as much as the fold). A user's state stays their newest log entry, else
-        their table row. Returns the number of ``budgets`` rows after."""
+        their table row."""
         folded = self._folded_entries()
         while n_entries > 0:
-            seq, packed, offsets = self._oldest_log_row(db)
-            if not 0 <= folded < packed.n_users:
+            oldest = self._oldest_log_row(db)
+            if oldest is None or not 0 <= folded < oldest[1].n_users:
                 raise StoreError(
                     f"state store {self.path} is corrupt: the budget log does not match its "
                     "folded-entries count; refusing to use it — restore the newest intact copy"
                 )
+            seq, packed, offsets = oldest
             stop = min(folded + n_entries, packed.n_users)
             part = packed.entries(folded, stop, self.path, offsets)
             users, spent, retired = part.unpack(self.path)
@@ -448,18 +450,17 @@ class SQLiteStateStore(StateStore):
                 db.execute("DELETE FROM budget_log WHERE seq = ?", (seq,))
                 folded = 0
         self._set_meta(db, "budget_log_folded", str(folded))
-        return int(db.execute("SELECT count(*) FROM budgets").fetchone()[0])
 
-    def _oldest_log_row(self, db: sqlite3.Connection) -> tuple[int, PackedBudgets, np.ndarray]:
-        """The oldest budget log row, checked against its ``crc``, and its ids' offsets. Kept
-        from one upkeep step to the next: a log row never changes once written (it is only
-        deleted), and a row of 10M entries is 250 MB to read and check again for every step."""
+    def _oldest_log_row(
+        self, db: sqlite3.Connection
+    ) -> tuple[int, PackedBudgets, np.ndarray] | None:
+        """The oldest budget log row, checked against its ``crc``, and its ids' offsets (None:
+        the log is empty). Kept from one upkeep step to the next: a log row never changes once
+        written (it is only deleted), and a row of 10M entries is 250 MB to read and check again
+        for every step."""
         first = db.execute("SELECT seq FROM budget_log ORDER BY seq LIMIT 1").fetchone()
         if first is None:
-            raise StoreError(
-                f"state store {self.path} is corrupt: the budget log holds fewer entries than "
-                "counted; refusing to use it — restore the newest intact copy"
-            )
+            return None
         if self._oldest_row is None or self._oldest_row[0] != first[0]:
             self._oldest_row = None  # a 250 MB row is not held twice while the next is read
             row = db.execute(
