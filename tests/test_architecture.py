@@ -57,6 +57,7 @@ RUNTIME_LAYERS: dict[str, int] = {
     "io": 1,
     "store": 1,
     "observe": 1,
+    "event_ids": 1,  # the day's event-id index that spills to disk (issue #17 point 2)
     "active_set": 2,
     "coverage": 2,  # coverage with every release (issue #16 point 1)
     "daemon": 2,

@@ -31,6 +31,7 @@ from typing import Any, Literal, cast
 import numpy as np
 
 from streamfilter.engine.contract import Event
+from streamfilter.engine.event_ids import EventIdIndex
 from streamfilter.engine.ingest import EventColumns
 from streamfilter.engine.ledger import (
     Hasher,
@@ -242,6 +243,11 @@ class SeenEventIds:
             newer = self._runs.pop()
             self._runs[-1] = self._runs[-1].merged(newer)
 
+    def close(self) -> None:
+        """Drop every pair, freeing their memory (``EventIdIndex.close``)."""
+        self._runs, self._pending = [], set()
+        self._filter, self._filter_shift = np.zeros(1, np.uint8), 61
+
 
 class DayAccumulator:
     """Collects one day's events as integer-coded columns (docs/design.md §2 "Record").
@@ -260,12 +266,13 @@ class DayAccumulator:
     hot path).
     """
 
-    def __init__(self, day: str) -> None:
+    def __init__(self, day: str, seen: EventIdIndex | None = None) -> None:
         self.day = day
         self.events = 0
         self.duplicates = 0
         self._finished = False
-        self._seen_event_ids = SeenEventIds()
+        #: repeated events: in memory unless the runtime passes an index (it may spill to disk)
+        self._seen_event_ids: EventIdIndex = seen if seen is not None else SeenEventIds()
         # user id → code: the day's count of events when the id first arrived (unique, never
         # renumbered; made dense at the close); ``_users[i]`` has the i-th smallest code
         self._user_code: dict[str, int] = {}
@@ -537,6 +544,7 @@ class DayAccumulator:
         the repeated-event index and the id → code dict are released first, since the close is
         when memory peaks."""
         self._finished = True
+        self._seen_event_ids.close()
         self._seen_event_ids = SeenEventIds()
         self._user_code = {}
         self._flush_pending()

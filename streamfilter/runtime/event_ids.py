@@ -1,0 +1,522 @@
+"""A day's event-id index that spills to disk, so an open day's memory does not grow with events.
+
+:class:`SpillingEventIds` implements ``engine.event_ids.EventIdIndex`` with the same exact
+answers as the in-memory ``records.SeenEventIds``. Recent pairs are held in a ``SeenEventIds``
+(and, packed, in columns ready to write); once they reach ``memory_pairs`` they are written, sorted
+by their 64-bit key, as one immutable *segment* file and memory starts empty again. A segment is
+four columns — keys (int64), user codes (int32), the end of each id in the text (int64) and the
+ids' UTF-8 text — in a private directory (0700, files 0600: event ids are user data) removed by
+:meth:`SpillingEventIds.close` (the day's close) or, failing that, when the index is collected.
+
+What stays in memory per segment is small: the first and last key of every block of
+``BLOCK_PAIRS`` keys (fences) and a blocked Bloom filter (``FILTER_BITS_PER_PAIR`` bits a pair,
+``FILTER_HASHES`` bits in one 64-bit word a key: one gather a key, ~1% false positives). A key
+that passes a segment's filter reads the keys of the block(s) its fences name with ``os.pread``
+(not ``mmap``: mapped file pages would count toward the RSS); a key match then reads the user
+code and the id's bytes and compares both exactly. Segments of one tier merge ``MERGE_FANOUT``
+at a time into one of the next tier, streamed in chunks of ``MERGE_CHUNK_PAIRS`` per input, so
+there are O(log n) segments, each pair is rewritten O(log n) times and a merge's memory is
+bounded.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import logging
+import os
+import tempfile
+import weakref
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from streamfilter.engine import event_ids as engine_event_ids
+from streamfilter.engine.records import SeenEventIds
+
+__all__ = ["DEFAULT_MEMORY_PAIRS", "SpillingEventIds"]
+
+log = logging.getLogger("streamfilter.event_ids")
+
+#: pairs held in memory before they spill (~70 B a pair with ~11-character ids)
+DEFAULT_MEMORY_PAIRS = 1 << 21
+#: keys per fence block: a key that passes a segment's filter reads one block's keys (2 KiB)
+BLOCK_PAIRS = 256
+FILTER_BITS_PER_PAIR = 12
+FILTER_HASHES = 5
+#: segments of one tier merged into one of the next tier
+MERGE_FANOUT = 4
+#: pairs read from each input segment at a time while merging
+MERGE_CHUNK_PAIRS = 1 << 17
+#: pairs ``add`` buffers before they join the index
+ADDED_MAX = 1 << 12
+
+_INT32_MAX = (1 << 31) - 1
+_SIGN = np.uint64(1 << 63)
+_MASK_MIX = np.uint64(0xD6E8FEB86659FD93)
+
+
+def _utf8(event_id: str) -> bytes:
+    """An id's bytes: UTF-8, with lone surrogates kept (``surrogatepass``: still one-to-one)."""
+    return event_id.encode("utf-8", "surrogatepass")
+
+
+def _packed_text(event_ids: list[str]) -> tuple[bytes, np.ndarray]:
+    """The ids' UTF-8 bytes back to back, and each id's length in bytes."""
+    blob = _utf8("".join(event_ids))
+    lengths = np.fromiter(map(len, event_ids), np.int64, count=len(event_ids))
+    if len(blob) != int(lengths.sum()):  # not all ASCII: count bytes, not characters
+        lengths = np.fromiter(map(len, map(_utf8, event_ids)), np.int64, count=len(event_ids))
+    return blob, lengths
+
+
+def _ragged_gather(text: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """``text[starts[0]:starts[0]+lengths[0]] + text[starts[1]:...] + ...`` as one array."""
+    total = int(lengths.sum())
+    if total == 0:
+        return np.zeros(0, np.uint8)
+    out_starts = np.cumsum(lengths) - lengths
+    index = np.repeat(starts - out_starts, lengths) + np.arange(total, dtype=np.int64)
+    gathered: np.ndarray = text[index]
+    return gathered
+
+
+class _Filter:
+    """A Bloom filter blocked by 64-bit word: a key's ``FILTER_HASHES`` bits all lie in the word
+    its top bits pick (one random read a key; no false negatives)."""
+
+    __slots__ = ("shift", "words")
+
+    def __init__(self, n_pairs: int) -> None:
+        bits = max(2, (max(1, n_pairs * FILTER_BITS_PER_PAIR // 64) - 1).bit_length())
+        self.words = np.zeros(1 << bits, np.uint64)
+        self.shift = np.uint64(64 - bits)
+
+    def _word(self, keys: np.ndarray) -> np.ndarray:
+        """The word of each key: its top bits, with the sign flipped so that keys sorted as
+        int64 have non-decreasing words."""
+        word: np.ndarray = ((keys.view(np.uint64) ^ _SIGN) >> self.shift).astype(np.intp)
+        return word
+
+    @staticmethod
+    def masks(keys: np.ndarray) -> np.ndarray:
+        """Each key's bits within its word (the same whatever the filter's size)."""
+        mixed = keys.view(np.uint64) * _MASK_MIX
+        mask = np.zeros(len(keys), np.uint64)
+        for i in range(1, FILTER_HASHES + 1):
+            mask |= np.left_shift(np.uint64(1), mixed >> np.uint64(64 - 6 * i) & np.uint64(63))
+        return mask
+
+    def add(self, keys: np.ndarray) -> None:
+        """Set the bits of ``keys`` (sorted ascending: then each word's keys are one run)."""
+        if len(keys) == 0:
+            return
+        word, mask = self._word(keys), self.masks(keys)
+        if not (word[1:] >= word[:-1]).all():  # not sorted: slower, still exact
+            np.bitwise_or.at(self.words, word, mask)
+            return
+        starts = np.flatnonzero(np.r_[True, word[1:] != word[:-1]])
+        self.words[word[starts]] |= np.bitwise_or.reduceat(mask, starts)
+
+    def may_hold(self, keys: np.ndarray, masks: np.ndarray) -> np.ndarray:
+        """False where the key was never added (``masks``: ``_Filter.masks(keys)``)."""
+        held: np.ndarray = (self.words[self._word(keys)] & masks) == masks
+        return held
+
+
+def _pread(fd: int, size: int, offset: int) -> bytes:
+    """Exactly ``size`` bytes at ``offset`` (``os.pread`` may return fewer)."""
+    parts = []
+    while size > 0:
+        chunk = os.pread(fd, size, offset)
+        if not chunk:
+            raise OSError(f"event-id spill file ended early ({size} bytes missing)")
+        parts.append(chunk)
+        size -= len(chunk)
+        offset += len(chunk)
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+def _pwrite(fd: int, data: np.ndarray, offset: int) -> None:
+    view = data.data.cast("B")
+    while len(view):
+        written = os.pwrite(fd, view, offset)
+        view, offset = view[written:], offset + written
+
+
+class _SpillDir:
+    """The index's private directory (0700) and its open segment files (0600); ``cleanup``
+    closes and removes them all (also run by a finalizer when the index is collected)."""
+
+    def __init__(self, parent: str | None) -> None:
+        self.path = Path(tempfile.mkdtemp(prefix="streamfilter-event-ids-", dir=parent))
+        self.fds: dict[str, int] = {}
+        self._next = 0
+
+    def create(self) -> tuple[str, int]:
+        name = f"segment-{self._next:06d}"
+        self._next += 1
+        flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+        fd = self.fds[name] = os.open(self.path / name, flags, 0o600)
+        return name, fd
+
+    def remove(self, name: str) -> None:
+        os.close(self.fds.pop(name))
+        (self.path / name).unlink()
+
+    def cleanup(self) -> None:
+        for name in list(self.fds):
+            with contextlib.suppress(OSError):
+                self.remove(name)
+        with contextlib.suppress(OSError):
+            self.path.rmdir()
+
+
+def _columns_at(n: int) -> tuple[int, int, int]:
+    """Where a segment of ``n`` pairs keeps its user codes, id ends and text (its keys at 0)."""
+    return 8 * n, 12 * n, 20 * n
+
+
+@dataclass
+class _Segment:
+    """One immutable segment file: ``n`` pairs sorted by key, and what memory keeps of it."""
+
+    name: str
+    fd: int
+    n: int
+    text_bytes: int
+    tier: int
+    firsts: np.ndarray  # the first key of each block
+    lasts: np.ndarray  # the last key of each block
+    filter: _Filter
+
+    def keys(self, a: int, b: int) -> np.ndarray:
+        return np.frombuffer(_pread(self.fd, 8 * (b - a), 8 * a), np.int64)
+
+    def users(self, a: int, b: int) -> np.ndarray:
+        users_at = _columns_at(self.n)[0]
+        return np.frombuffer(_pread(self.fd, 4 * (b - a), users_at + 4 * a), np.int32)
+
+    def ends(self, a: int, b: int) -> np.ndarray:
+        """The text end of pairs ``a-1 .. b-1`` (0 for pair -1): ``b - a + 1`` values."""
+        ends_at = _columns_at(self.n)[1]
+        if a == 0:
+            tail = np.frombuffer(_pread(self.fd, 8 * b, ends_at), np.int64)
+            return np.r_[np.zeros(1, np.int64), tail]
+        return np.frombuffer(_pread(self.fd, 8 * (b - a + 1), ends_at + 8 * (a - 1)), np.int64)
+
+    def text(self, start: int, stop: int) -> np.ndarray:
+        text_at = _columns_at(self.n)[2]
+        return np.frombuffer(_pread(self.fd, stop - start, text_at + start), np.uint8)
+
+    def holds_at(self, j: int, user: int, event_id: bytes) -> bool:
+        """Pair ``j`` is exactly ``(user, event_id)``."""
+        if int(self.users(j, j + 1)[0]) != user:
+            return False
+        start, stop = self.ends(j, j + 1).tolist()
+        return stop - start == len(event_id) and self.text(start, stop).tobytes() == event_id
+
+    def find(
+        self,
+        keys: np.ndarray,
+        masks: np.ndarray,
+        users: np.ndarray,
+        event_ids: list[str],
+        todo: np.ndarray,
+    ) -> np.ndarray:
+        """The indices among ``todo`` whose pair this segment holds: the filter first, then the
+        fenced block(s) of each key that passes, then an exact comparison on a key match."""
+        if len(todo) < len(keys):
+            keys, masks = keys[todo], masks[todo]
+        passed = self.filter.may_hold(keys, masks)
+        maybe, k = todo[passed], keys[passed]
+        if len(maybe) == 0:
+            return maybe
+        first_block = np.searchsorted(self.lasts, k, "left")  # its last key >= k
+        stop_block = np.searchsorted(self.firsts, k, "right")  # blocks before: first key <= k
+        blocks: dict[int, list[int]] = {}
+        found = []
+        for i, key, a, b in zip(
+            maybe.tolist(), k.tolist(), first_block.tolist(), stop_block.tolist(), strict=True
+        ):
+            held = False
+            for block in range(a, b):  # one block, unless equal keys straddle blocks
+                block_keys = blocks.get(block)
+                if block_keys is None:
+                    start = block * BLOCK_PAIRS
+                    stop = min(self.n, start + BLOCK_PAIRS)
+                    block_keys = blocks[block] = self.keys(start, stop).tolist()
+                lo = bisect.bisect_left(block_keys, key)
+                hi = bisect.bisect_right(block_keys, key, lo)
+                if lo < hi:
+                    user, event_id = int(users[i]), _utf8(event_ids[i])
+                    base = block * BLOCK_PAIRS
+                    held = any(self.holds_at(base + j, user, event_id) for j in range(lo, hi))
+                    if held:
+                        break
+            if held:
+                found.append(i)
+        return np.array(found, np.intp)
+
+
+class _SegmentWriter:
+    """Writes a segment of a known size from chunks sorted by key, each after the last."""
+
+    def __init__(self, files: _SpillDir, n: int, text_bytes: int, tier: int) -> None:
+        self.name, self.fd = files.create()
+        self.n, self.text_bytes, self.tier = n, text_bytes, tier
+        self.pos = 0
+        self.text_pos = 0
+        self.firsts: list[np.ndarray] = []
+        self.lasts: list[np.ndarray] = []
+        self.filter = _Filter(n)
+
+    def append(
+        self, keys: np.ndarray, users: np.ndarray, lengths: np.ndarray, text: np.ndarray
+    ) -> None:
+        m = len(keys)
+        if m == 0:
+            return
+        users_at, ends_at, text_at = _columns_at(self.n)
+        _pwrite(self.fd, np.ascontiguousarray(keys, np.int64), 8 * self.pos)
+        _pwrite(self.fd, np.ascontiguousarray(users, np.int32), users_at + 4 * self.pos)
+        ends = self.text_pos + np.cumsum(lengths, dtype=np.int64)
+        _pwrite(self.fd, ends, ends_at + 8 * self.pos)
+        _pwrite(self.fd, np.ascontiguousarray(text, np.uint8), text_at + self.text_pos)
+        where = self.pos + np.arange(m)
+        self.firsts.append(keys[where % BLOCK_PAIRS == 0])
+        self.lasts.append(keys[(where % BLOCK_PAIRS == BLOCK_PAIRS - 1) | (where == self.n - 1)])
+        self.filter.add(keys)
+        self.pos += m
+        self.text_pos = int(ends[-1])
+
+    def finish(self) -> _Segment:
+        if (self.pos, self.text_pos) != (self.n, self.text_bytes):
+            raise RuntimeError("event-id segment written short")
+        return _Segment(
+            self.name,
+            self.fd,
+            self.n,
+            self.text_bytes,
+            self.tier,
+            np.concatenate([np.zeros(0, np.int64), *self.firsts]),
+            np.concatenate([np.zeros(0, np.int64), *self.lasts]),
+            self.filter,
+        )
+
+
+class _Reader:
+    """Streams one segment's pairs in key order, a chunk at a time (for a merge)."""
+
+    def __init__(self, segment: _Segment) -> None:
+        self.segment = segment
+        self.pos = 0  # the next pair on disk
+        self.keys = np.zeros(0, np.int64)
+        self.users = np.zeros(0, np.int32)
+        self.lengths = np.zeros(0, np.int64)
+        self.text = np.zeros(0, np.uint8)  # the buffered pairs' ids back to back
+
+    @property
+    def on_disk(self) -> bool:
+        return self.pos < self.segment.n
+
+    def refill(self) -> None:
+        s, a = self.segment, self.pos
+        b = min(s.n, a + MERGE_CHUNK_PAIRS)
+        ends = s.ends(a, b)
+        self.keys, self.users = s.keys(a, b), s.users(a, b)
+        self.lengths = np.diff(ends)
+        self.text = s.text(int(ends[0]), int(ends[-1]))
+        self.pos = b
+
+    def take(self, bound: int | None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(keys, users, id lengths, their text) of the buffered pairs with keys <= ``bound``
+        (all when None), removed from the buffer: a prefix, so its text is too."""
+        m = len(self.keys) if bound is None else int(np.searchsorted(self.keys, bound, "right"))
+        size = int(self.lengths[:m].sum())
+        taken = (self.keys[:m], self.users[:m], self.lengths[:m], self.text[:size])
+        self.keys, self.users = self.keys[m:], self.users[m:]
+        self.lengths, self.text = self.lengths[m:], self.text[size:]
+        return taken
+
+
+class SpillingEventIds:
+    """The exact set of a day's ``(user code, event id)`` pairs, at most ``memory_pairs`` of them
+    in memory and the rest in sorted segment files under ``spill_dir`` (the system's temporary
+    directory when None). ``label`` names the index in logs (the day). See the module doc."""
+
+    def __init__(
+        self,
+        memory_pairs: int = DEFAULT_MEMORY_PAIRS,
+        spill_dir: str | Path | None = None,
+        label: str = "",
+    ) -> None:
+        if memory_pairs < 1:
+            raise ValueError("memory_pairs must be at least 1")
+        self.memory_pairs = memory_pairs
+        self.spill_dir = None if spill_dir is None else str(spill_dir)
+        self.label = label
+        self._recent = SeenEventIds()
+        # the recent pairs packed: (keys, user codes, id lengths in bytes, UTF-8 text) per batch
+        self._pending: list[tuple[np.ndarray, np.ndarray, np.ndarray, bytes]] = []
+        self._added: set[tuple[int, str]] = set()
+        self._segments: list[_Segment] = []
+        self._files: _SpillDir | None = None
+        self._cleanup: weakref.finalize[[], SpillingEventIds] | None = None
+        self.spilled_pairs = 0
+
+    # ------------------------------------------------------------------ the interface
+    def __len__(self) -> int:
+        return len(self._added) + len(self._recent) + self.spilled_pairs
+
+    def __contains__(self, pair: tuple[int, str]) -> bool:
+        if pair in self._added or pair in self._recent:
+            return True
+        user, event_id = pair
+        users = np.array([user], np.int64)
+        keys = engine_event_ids.pair_keys(users, [event_id])
+        return len(self._spilled(keys, users, [event_id])) > 0
+
+    def add(self, pair: tuple[int, str]) -> None:
+        self._added.add(pair)
+        if len(self._added) >= ADDED_MAX:
+            self._flush_added()
+
+    def insert(self, users: np.ndarray, event_ids: list[str]) -> np.ndarray:
+        """Add each pair not already held; True where the pair is new — neither held before
+        nor earlier in the batch."""
+        self._flush_added()
+        n = len(event_ids)
+        if n == 0:
+            return np.ones(0, bool)
+        users = np.asarray(users)
+        if int(users.min()) < 0 or int(users.max()) > _INT32_MAX:
+            raise ValueError("user codes must fit in int32")
+        keys = engine_event_ids.pair_keys(users, event_ids)
+        spilled = self._spilled(keys, users, event_ids)
+        if len(spilled) == 0:
+            new = self._recent.insert(users, event_ids)
+        else:  # pairs a segment holds are not new, however often the batch repeats them
+            new = np.zeros(n, bool)
+            rest = np.setdiff1d(np.arange(n), spilled, assume_unique=True)
+            new[rest] = self._recent.insert(users[rest], [event_ids[i] for i in rest.tolist()])
+        kept = np.flatnonzero(new)
+        if len(kept):
+            ids = event_ids if len(kept) == n else [event_ids[i] for i in kept.tolist()]
+            blob, lengths = _packed_text(ids)
+            self._pending.append((keys[kept], users[kept].astype(np.int32), lengths, blob))
+            if len(self._recent) >= self.memory_pairs:
+                self._spill()
+        return new
+
+    def close(self) -> None:
+        """Drop every pair: the memory, and the segment files and their directory."""
+        self._recent = SeenEventIds()
+        self._pending, self._added, self._segments = [], set(), []
+        self.spilled_pairs = 0
+        if self._cleanup is not None:
+            self._cleanup()
+
+    # ------------------------------------------------------------------ inspection
+    @property
+    def directory(self) -> Path | None:
+        """The private directory of the segment files (None before the first spill)."""
+        return None if self._files is None else self._files.path
+
+    @property
+    def segment_count(self) -> int:
+        return len(self._segments)
+
+    # ------------------------------------------------------------------ the segments
+    def _flush_added(self) -> None:
+        if self._added:
+            users, event_ids = zip(*self._added, strict=True)
+            self._added = set()
+            self.insert(np.array(users, np.int64), list(event_ids))
+
+    def _spilled(self, keys: np.ndarray, users: np.ndarray, event_ids: list[str]) -> np.ndarray:
+        """The indices of the pairs some segment holds."""
+        if not self._segments:
+            return np.zeros(0, np.intp)
+        masks = _Filter.masks(keys)
+        todo = np.arange(len(keys))
+        found = []
+        for segment in self._segments:
+            hits = segment.find(keys, masks, users, event_ids, todo)
+            if len(hits):
+                found.append(hits)
+                todo = np.setdiff1d(todo, hits, assume_unique=True)
+        return np.sort(np.concatenate(found)) if found else np.zeros(0, np.intp)
+
+    def _spill(self) -> None:
+        """Write the recent pairs as a segment of tier 0, then merge full tiers."""
+        keys = np.concatenate([p[0] for p in self._pending])
+        users = np.concatenate([p[1] for p in self._pending])
+        lengths = np.concatenate([p[2] for p in self._pending])
+        text = np.frombuffer(b"".join(p[3] for p in self._pending), np.uint8)
+        self._pending, self._recent = [], SeenEventIds()
+        if self._files is None:
+            self._files = _SpillDir(self.spill_dir)
+            self._cleanup = weakref.finalize(self, self._files.cleanup)
+            log.info(
+                "day %s: %d event ids held in memory; spilling them to %s",
+                self.label or "?",
+                len(keys),
+                self._files.path,
+            )
+        order = np.argsort(keys, kind="stable")
+        starts = np.cumsum(lengths) - lengths
+        writer = _SegmentWriter(self._files, len(keys), len(text), tier=0)
+        for a in range(0, len(order), MERGE_CHUNK_PAIRS):  # bounded gather index arrays
+            o = order[a : a + MERGE_CHUNK_PAIRS]
+            writer.append(
+                keys[o], users[o], lengths[o], _ragged_gather(text, starts[o], lengths[o])
+            )
+        self._segments.append(writer.finish())
+        self.spilled_pairs += len(keys)
+        self._merge_full_tiers()
+
+    def _merge_full_tiers(self) -> None:
+        while True:
+            tiers = [s.tier for s in self._segments]
+            full = [t for t in set(tiers) if tiers.count(t) >= MERGE_FANOUT]
+            if not full:
+                return
+            tier = min(full)
+            inputs = [s for s in self._segments if s.tier == tier][:MERGE_FANOUT]
+            merged = self._merge(inputs, tier + 1)
+            assert self._files is not None
+            self._segments = [s for s in self._segments if s not in inputs] + [merged]
+            for s in inputs:
+                self._files.remove(s.name)
+
+    def _merge(self, inputs: list[_Segment], tier: int) -> _Segment:
+        """One segment of every pair of ``inputs`` (disjoint sets), streamed: each round emits
+        the buffered pairs up to the smallest last key among the inputs with more on disk."""
+        assert self._files is not None
+        writer = _SegmentWriter(
+            self._files, sum(s.n for s in inputs), sum(s.text_bytes for s in inputs), tier
+        )
+        readers = [_Reader(s) for s in inputs]
+        while True:
+            for r in readers:
+                if len(r.keys) == 0 and r.on_disk:
+                    r.refill()
+            pending = [r for r in readers if r.on_disk]
+            bound = min(int(r.keys[-1]) for r in pending) if pending else None
+            taken = [r.take(bound) for r in readers if len(r.keys)]
+            if not taken:
+                break
+            keys = np.concatenate([t[0] for t in taken])
+            order = np.argsort(keys, kind="stable")
+            lengths = np.concatenate([t[2] for t in taken])
+            starts = np.cumsum(lengths) - lengths
+            lengths = lengths[order]
+            writer.append(
+                keys[order],
+                np.concatenate([t[1] for t in taken])[order],
+                lengths,
+                _ragged_gather(np.concatenate([t[3] for t in taken]), starts[order], lengths),
+            )
+        return writer.finish()
