@@ -12,6 +12,13 @@ issue #17: ≤ 1.2, i.e.
 memory bounded by the (user, coordinate) cells, not by the events). Reported beside it: the
 bytes per event the open day holds, and the same ratio with categorical values only (which the
 accumulator folds into per-cell counts as they arrive).
+
+``event_id_index_memory`` (not in ``make bench``: minutes): the repeated-event index alone —
+peak RSS and insert throughput of ``N`` distinct (user code, event id) pairs of ``n_users`` users
+(ids ``e{u}-{r}``, round ``r`` of every user, batches of 50,000 as the daemon inserts them), in
+memory (``records.SeenEventIds``) and spilling to disk (``runtime.event_ids.SpillingEventIds``),
+each size and kind in its own process: ``python -m benchmarks.bench_memory --event-ids
+[--pairs 10000000,100000000] [--users 10000000]`` (``BENCH_SPILL_DIR`` picks the spill directory).
 """
 
 from __future__ import annotations
@@ -93,6 +100,93 @@ def _child(n_users: int, k: int, numeric: bool) -> None:
     print(json.dumps(out))
 
 
+def _event_ids_child(kind: str, n_pairs: int, n_users: int) -> None:
+    """Insert ``n_pairs`` pairs into an index of ``kind`` (``memory`` or ``spill``); print the
+    peak RSS, the RSS before the first pair and the seconds spent inside ``insert``."""
+    import numpy as np
+
+    from streamfilter.engine.event_ids import EventIdIndex
+    from streamfilter.engine.records import SeenEventIds
+    from streamfilter.runtime.event_ids import SpillingEventIds
+
+    index: EventIdIndex = (
+        SeenEventIds()
+        if kind == "memory"
+        else SpillingEventIds(spill_dir=os.environ.get("BENCH_SPILL_DIR"), label="bench")
+    )
+    base = _vm("VmRSS")
+    insert_s = 0.0
+    new = 0
+    for start in range(0, n_pairs, BATCH):
+        pos = np.arange(start, min(n_pairs, start + BATCH))
+        users, rounds = pos % n_users, pos // n_users
+        ids = [f"e{u}-{r}" for u, r in zip(users.tolist(), rounds.tolist(), strict=True)]
+        codes = users.astype(np.int32)
+        t0 = time.perf_counter()
+        new += int(index.insert(codes, ids).sum())
+        insert_s += time.perf_counter() - t0
+    held, segments = len(index), getattr(index, "segment_count", 0)
+    t0 = time.perf_counter()
+    index.close()
+    out = {
+        "pairs": n_pairs,
+        "new": new,
+        "held": held,
+        "segments": segments,
+        "base_rss_mib": base,
+        "peak_rss_mib": _vm("VmHWM"),
+        "insert_s": insert_s,
+        "close_s": time.perf_counter() - t0,
+    }
+    print(json.dumps(out))
+
+
+def run_event_ids(pair_counts: list[int], n_users: int) -> list[dict[str, object]]:
+    """Peak RSS and insert throughput of the repeated-event index, in memory and spilling."""
+    measured = {}
+    for n in pair_counts:
+        for kind in ("memory", "spill"):
+            argv = [sys.executable, "-m", "benchmarks.bench_memory", "--event-ids-child", kind]
+            out = subprocess.run(
+                [*argv, str(n), str(n_users)],
+                cwd=Path(__file__).resolve().parent.parent,
+                check=True,
+                capture_output=True,
+                text=True,
+            )
+            measured[kind, n] = json.loads(out.stdout.strip().splitlines()[-1])
+            assert measured[kind, n]["new"] == measured[kind, n]["held"] == n
+    small, big = min(pair_counts), max(pair_counts)
+    entries = []
+    for kind in ("memory", "spill"):
+        lo, hi = measured[kind, small], measured[kind, big]
+        ratio = hi["peak_rss_mib"] / lo["peak_rss_mib"]
+        rates = ", ".join(
+            f"{n:,} pairs: peak RSS {measured[kind, n]['peak_rss_mib']:,.0f} MiB "
+            f"(before: {measured[kind, n]['base_rss_mib']:,.0f}), "
+            f"{n / measured[kind, n]['insert_s'] / 1e6:.2f}M pairs/s, "
+            f"{measured[kind, n]['segments']} segments"
+            for n in pair_counts
+        )
+        entries.append(
+            entry(
+                f"event_id_index_memory_{kind}",
+                value=round(hi["peak_rss_mib"]),
+                unit="MiB peak RSS",
+                baseline=f"the same index with {small:,} pairs",
+                baseline_value=round(lo["peak_rss_mib"]),
+                ratio=round(ratio, 2),
+                ratio_definition=f"peak RSS at {big:,} ÷ at {small:,} pairs (lower is better)",
+                target="≤ 1.2" if kind == "spill" else None,
+                target_met=ratio <= 1.2 if kind == "spill" else None,
+                runs=1,
+                size=f"{n_users:,} users, ids e<user>-<round>, batches of {BATCH:,}",
+                detail=f"{rates}; load average {os.getloadavg()[0]:.1f}",
+            )
+        )
+    return entries
+
+
 def _measure(n_users: int, k: int, numeric: bool) -> dict[str, float]:
     out = subprocess.run(
         [sys.executable, "-m", "benchmarks.bench_memory", "--child", str(n_users), str(k)]
@@ -146,6 +240,13 @@ def run(quick: bool = False, n_users: int | None = None) -> list[dict[str, objec
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--child"]:
         _child(int(sys.argv[2]), int(sys.argv[3]), "--numeric" in sys.argv)
+    elif sys.argv[1:2] == ["--event-ids-child"]:
+        _event_ids_child(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
+    elif "--event-ids" in sys.argv:
+        arg = sys.argv[sys.argv.index("--pairs") + 1] if "--pairs" in sys.argv else None
+        pairs = [int(p) for p in arg.split(",")] if arg else [10_000_000, 100_000_000]
+        users = int(sys.argv[sys.argv.index("--users") + 1]) if "--users" in sys.argv else None
+        print(json.dumps(run_event_ids(pairs, users or 10_000_000), indent=2))
     else:
         users = int(sys.argv[sys.argv.index("--users") + 1]) if "--users" in sys.argv else None
         print(json.dumps(run(quick="--quick" in sys.argv, n_users=users), indent=2))

@@ -4,8 +4,8 @@
 answers as the in-memory ``records.SeenEventIds``. Recent pairs are held in a ``SeenEventIds``
 (and, packed, in columns ready to write); once they reach ``memory_pairs`` they are written, sorted
 by their 64-bit key, as one immutable *segment* file and memory starts empty again. A segment is
-four columns — keys (int64), user codes (int32), the end of each id in the text (int64) and the
-ids' UTF-8 text — in a private directory (0700, files 0600: event ids are user data) removed by
+four columns sorted by key — keys (int64), user codes (int32), each id's start (int64) and length
+(int32) in the text — and the ids' UTF-8 text in arrival order, in a private directory (0700, files 0600: event ids are user data) removed by
 :meth:`SpillingEventIds.close` (the day's close) or, failing that, when the index is collected.
 
 What stays in memory per segment is small: the first and last key of every block of
@@ -69,17 +69,6 @@ def _packed_text(event_ids: list[str]) -> tuple[bytes, np.ndarray]:
     if len(blob) != int(lengths.sum()):  # not all ASCII: count bytes, not characters
         lengths = np.fromiter(map(len, map(_utf8, event_ids)), np.int64, count=len(event_ids))
     return blob, lengths
-
-
-def _ragged_gather(text: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """``text[starts[0]:starts[0]+lengths[0]] + text[starts[1]:...] + ...`` as one array."""
-    total = int(lengths.sum())
-    if total == 0:
-        return np.zeros(0, np.uint8)
-    out_starts = np.cumsum(lengths) - lengths
-    index = np.repeat(starts - out_starts, lengths) + np.arange(total, dtype=np.int64)
-    gathered: np.ndarray = text[index]
-    return gathered
 
 
 class _Filter:
@@ -173,14 +162,19 @@ class _SpillDir:
             self.path.rmdir()
 
 
-def _columns_at(n: int) -> tuple[int, int, int]:
-    """Where a segment of ``n`` pairs keeps its user codes, id ends and text (its keys at 0)."""
-    return 8 * n, 12 * n, 20 * n
+def _columns_at(n: int) -> tuple[int, int, int, int]:
+    """Where a segment of ``n`` pairs keeps its user codes, text starts, id lengths and text
+    (its keys at 0)."""
+    return 8 * n, 12 * n, 20 * n, 24 * n
 
 
 @dataclass
 class _Segment:
-    """One immutable segment file: ``n`` pairs sorted by key, and what memory keeps of it."""
+    """One immutable segment file: ``n`` pairs sorted by key, and what memory keeps of it.
+
+    Columns, in key order: keys (int64), user codes (int32), each id's start in the text (int64)
+    and its length in bytes (int32); then the ids' UTF-8 text in the order they arrived (a merge
+    copies its inputs' text as is and only re-bases the starts)."""
 
     name: str
     fd: int
@@ -191,31 +185,23 @@ class _Segment:
     lasts: np.ndarray  # the last key of each block
     filter: _Filter
 
+    def column(self, which: int, dtype: type, a: int, b: int) -> np.ndarray:
+        """Pairs ``a..b-1`` of column ``which`` (0 keys, 1 users, 2 starts, 3 lengths)."""
+        width = np.dtype(dtype).itemsize
+        at = 0 if which == 0 else _columns_at(self.n)[which - 1]
+        return np.frombuffer(_pread(self.fd, width * (b - a), at + width * a), dtype)
+
     def keys(self, a: int, b: int) -> np.ndarray:
-        return np.frombuffer(_pread(self.fd, 8 * (b - a), 8 * a), np.int64)
-
-    def users(self, a: int, b: int) -> np.ndarray:
-        users_at = _columns_at(self.n)[0]
-        return np.frombuffer(_pread(self.fd, 4 * (b - a), users_at + 4 * a), np.int32)
-
-    def ends(self, a: int, b: int) -> np.ndarray:
-        """The text end of pairs ``a-1 .. b-1`` (0 for pair -1): ``b - a + 1`` values."""
-        ends_at = _columns_at(self.n)[1]
-        if a == 0:
-            tail = np.frombuffer(_pread(self.fd, 8 * b, ends_at), np.int64)
-            return np.r_[np.zeros(1, np.int64), tail]
-        return np.frombuffer(_pread(self.fd, 8 * (b - a + 1), ends_at + 8 * (a - 1)), np.int64)
-
-    def text(self, start: int, stop: int) -> np.ndarray:
-        text_at = _columns_at(self.n)[2]
-        return np.frombuffer(_pread(self.fd, stop - start, text_at + start), np.uint8)
+        return self.column(0, np.int64, a, b)
 
     def holds_at(self, j: int, user: int, event_id: bytes) -> bool:
         """Pair ``j`` is exactly ``(user, event_id)``."""
-        if int(self.users(j, j + 1)[0]) != user:
+        if int(self.column(1, np.int32, j, j + 1)[0]) != user:
             return False
-        start, stop = self.ends(j, j + 1).tolist()
-        return stop - start == len(event_id) and self.text(start, stop).tobytes() == event_id
+        if int(self.column(3, np.int32, j, j + 1)[0]) != len(event_id):
+            return False
+        start = int(self.column(2, np.int64, j, j + 1)[0])
+        return _pread(self.fd, len(event_id), _columns_at(self.n)[3] + start) == event_id
 
     def find(
         self,
@@ -260,39 +246,57 @@ class _Segment:
         return np.array(found, np.intp)
 
 
+def _copy(src: int, src_at: int, dst: int, dst_at: int, size: int) -> None:
+    """``size`` bytes from one file to another, in the kernel where it can (no Python buffer)."""
+    while size > 0:
+        try:
+            done = os.copy_file_range(src, dst, size, src_at, dst_at)
+        except (AttributeError, OSError):  # not Linux, or not across these file systems
+            done = 0
+        if done == 0:
+            chunk = _pread(src, min(size, 1 << 24), src_at)
+            _pwrite(dst, np.frombuffer(chunk, np.uint8), dst_at)
+            done = len(chunk)
+        size, src_at, dst_at = size - done, src_at + done, dst_at + done
+
+
 class _SegmentWriter:
-    """Writes a segment of a known size from chunks sorted by key, each after the last."""
+    """Writes a segment of ``n`` pairs from chunks of columns sorted by key, each after the
+    last; the text is written (or copied) on its own, ``text_bytes`` in all."""
 
     def __init__(self, files: _SpillDir, n: int, text_bytes: int, tier: int) -> None:
         self.name, self.fd = files.create()
         self.n, self.text_bytes, self.tier = n, text_bytes, tier
         self.pos = 0
-        self.text_pos = 0
         self.firsts: list[np.ndarray] = []
         self.lasts: list[np.ndarray] = []
         self.filter = _Filter(n)
 
+    @property
+    def text_at(self) -> int:
+        return _columns_at(self.n)[3]
+
     def append(
-        self, keys: np.ndarray, users: np.ndarray, lengths: np.ndarray, text: np.ndarray
+        self, keys: np.ndarray, users: np.ndarray, starts: np.ndarray, lengths: np.ndarray
     ) -> None:
         m = len(keys)
         if m == 0:
             return
-        users_at, ends_at, text_at = _columns_at(self.n)
+        users_at, starts_at, lengths_at, _ = _columns_at(self.n)
         _pwrite(self.fd, np.ascontiguousarray(keys, np.int64), 8 * self.pos)
         _pwrite(self.fd, np.ascontiguousarray(users, np.int32), users_at + 4 * self.pos)
-        ends = self.text_pos + np.cumsum(lengths, dtype=np.int64)
-        _pwrite(self.fd, ends, ends_at + 8 * self.pos)
-        _pwrite(self.fd, np.ascontiguousarray(text, np.uint8), text_at + self.text_pos)
-        where = self.pos + np.arange(m)
-        self.firsts.append(keys[where % BLOCK_PAIRS == 0])
-        self.lasts.append(keys[(where % BLOCK_PAIRS == BLOCK_PAIRS - 1) | (where == self.n - 1)])
+        _pwrite(self.fd, np.ascontiguousarray(starts, np.int64), starts_at + 8 * self.pos)
+        _pwrite(self.fd, np.ascontiguousarray(lengths, np.int32), lengths_at + 4 * self.pos)
+        self.firsts.append(keys[-self.pos % BLOCK_PAIRS :: BLOCK_PAIRS])
+        lasts = keys[-(self.pos + 1) % BLOCK_PAIRS :: BLOCK_PAIRS]
+        if self.pos + m == self.n and (self.n - 1) % BLOCK_PAIRS != BLOCK_PAIRS - 1:
+            lasts = np.r_[lasts, keys[-1:]]  # the last block is short
+        self.lasts.append(lasts)
         self.filter.add(keys)
         self.pos += m
-        self.text_pos = int(ends[-1])
 
     def finish(self) -> _Segment:
-        if (self.pos, self.text_pos) != (self.n, self.text_bytes):
+        if self.pos != self.n:
             raise RuntimeError("event-id segment written short")
         return _Segment(
             self.name,
@@ -307,15 +311,18 @@ class _SegmentWriter:
 
 
 class _Reader:
-    """Streams one segment's pairs in key order, a chunk at a time (for a merge)."""
+    """Streams one segment's columns in key order, a chunk at a time (for a merge); the starts
+    come re-based by ``text_offset`` (where the segment's text lands in the merged one)."""
 
-    def __init__(self, segment: _Segment) -> None:
+    def __init__(self, segment: _Segment, text_offset: int) -> None:
         self.segment = segment
+        self.text_offset = text_offset
         self.pos = 0  # the next pair on disk
-        self.keys = np.zeros(0, np.int64)
-        self.users = np.zeros(0, np.int32)
-        self.lengths = np.zeros(0, np.int64)
-        self.text = np.zeros(0, np.uint8)  # the buffered pairs' ids back to back
+        self.columns: list[np.ndarray] = [np.zeros(0, np.int64)] * 4
+
+    @property
+    def keys(self) -> np.ndarray:
+        return self.columns[0]
 
     @property
     def on_disk(self) -> bool:
@@ -324,20 +331,17 @@ class _Reader:
     def refill(self) -> None:
         s, a = self.segment, self.pos
         b = min(s.n, a + MERGE_CHUNK_PAIRS)
-        ends = s.ends(a, b)
-        self.keys, self.users = s.keys(a, b), s.users(a, b)
-        self.lengths = np.diff(ends)
-        self.text = s.text(int(ends[0]), int(ends[-1]))
+        starts = s.column(2, np.int64, a, b) + self.text_offset
+        lengths = s.column(3, np.int32, a, b)
+        self.columns = [s.keys(a, b), s.column(1, np.int32, a, b), starts, lengths]
         self.pos = b
 
-    def take(self, bound: int | None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """(keys, users, id lengths, their text) of the buffered pairs with keys <= ``bound``
-        (all when None), removed from the buffer: a prefix, so its text is too."""
+    def take(self, bound: int | None) -> list[np.ndarray]:
+        """The buffered columns of the pairs with keys <= ``bound`` (all when None), removed
+        from the buffer."""
         m = len(self.keys) if bound is None else int(np.searchsorted(self.keys, bound, "right"))
-        size = int(self.lengths[:m].sum())
-        taken = (self.keys[:m], self.users[:m], self.lengths[:m], self.text[:size])
-        self.keys, self.users = self.keys[m:], self.users[m:]
-        self.lengths, self.text = self.lengths[m:], self.text[size:]
+        taken = [c[:m] for c in self.columns]
+        self.columns = [c[m:] for c in self.columns]
         return taken
 
 
@@ -451,11 +455,12 @@ class SpillingEventIds:
 
     def _spill(self) -> None:
         """Write the recent pairs as a segment of tier 0, then merge full tiers."""
+        self._recent = SeenEventIds()  # the same pairs as ``_pending``
         keys = np.concatenate([p[0] for p in self._pending])
         users = np.concatenate([p[1] for p in self._pending])
         lengths = np.concatenate([p[2] for p in self._pending])
         text = np.frombuffer(b"".join(p[3] for p in self._pending), np.uint8)
-        self._pending, self._recent = [], SeenEventIds()
+        self._pending = []
         if self._files is None:
             self._files = _SpillDir(self.spill_dir)
             self._cleanup = weakref.finalize(self, self._files.cleanup)
@@ -465,14 +470,13 @@ class SpillingEventIds:
                 len(keys),
                 self._files.path,
             )
-        order = np.argsort(keys, kind="stable")
+        order = np.argsort(keys)  # equal keys in any order: each is compared exactly
         starts = np.cumsum(lengths) - lengths
         writer = _SegmentWriter(self._files, len(keys), len(text), tier=0)
-        for a in range(0, len(order), MERGE_CHUNK_PAIRS):  # bounded gather index arrays
+        _pwrite(writer.fd, text, writer.text_at)
+        for a in range(0, len(order), MERGE_CHUNK_PAIRS):  # bounded gathered copies
             o = order[a : a + MERGE_CHUNK_PAIRS]
-            writer.append(
-                keys[o], users[o], lengths[o], _ragged_gather(text, starts[o], lengths[o])
-            )
+            writer.append(keys[o], users[o], starts[o], lengths[o].astype(np.int32))
         self._segments.append(writer.finish())
         self.spilled_pairs += len(keys)
         self._merge_full_tiers()
@@ -492,31 +496,29 @@ class SpillingEventIds:
                 self._files.remove(s.name)
 
     def _merge(self, inputs: list[_Segment], tier: int) -> _Segment:
-        """One segment of every pair of ``inputs`` (disjoint sets), streamed: each round emits
-        the buffered pairs up to the smallest last key among the inputs with more on disk."""
+        """One segment of every pair of ``inputs`` (disjoint sets). The text is copied input
+        after input; the columns are streamed: each round emits the buffered pairs up to the
+        smallest last key among the inputs with more on disk, so memory holds a chunk an input."""
         assert self._files is not None
         writer = _SegmentWriter(
             self._files, sum(s.n for s in inputs), sum(s.text_bytes for s in inputs), tier
         )
-        readers = [_Reader(s) for s in inputs]
+        offset = 0
+        readers = []
+        for s in inputs:
+            _copy(s.fd, _columns_at(s.n)[3], writer.fd, writer.text_at + offset, s.text_bytes)
+            readers.append(_Reader(s, offset))
+            offset += s.text_bytes
         while True:
             for r in readers:
                 if len(r.keys) == 0 and r.on_disk:
                     r.refill()
-            pending = [r for r in readers if r.on_disk]
-            bound = min(int(r.keys[-1]) for r in pending) if pending else None
+            on_disk = [r for r in readers if r.on_disk]
+            bound = min(int(r.keys[-1]) for r in on_disk) if on_disk else None
             taken = [r.take(bound) for r in readers if len(r.keys)]
             if not taken:
                 break
-            keys = np.concatenate([t[0] for t in taken])
-            order = np.argsort(keys, kind="stable")
-            lengths = np.concatenate([t[2] for t in taken])
-            starts = np.cumsum(lengths) - lengths
-            lengths = lengths[order]
-            writer.append(
-                keys[order],
-                np.concatenate([t[1] for t in taken])[order],
-                lengths,
-                _ragged_gather(np.concatenate([t[3] for t in taken]), starts[order], lengths),
-            )
+            columns = [np.concatenate(c) for c in zip(*taken, strict=True)]
+            order = np.argsort(columns[0], kind="stable")  # sorted runs: a merge
+            writer.append(*(c[order] for c in columns))
         return writer.finish()
