@@ -218,6 +218,22 @@ class LimitsSection(_Section):
     max_live_queries: int = Field(1000, ge=1, le=1_000_000)
 
 
+class SpillSection(_Section):
+    """The open day's repeated-event index (docs/design.md §2.2): past ``event_ids_in_memory``
+    (user, event id) pairs it writes them, sorted, to files in a private directory (0700, files
+    0600, removed when the day closes) under ``dir`` — the system's temporary directory when not
+    set; a set ``dir`` must exist. Put it on a disk, not a RAM-backed ``tmpfs``."""
+
+    dir: Path | None = None
+    event_ids_in_memory: int = Field(1 << 21, ge=1, le=1 << 31)
+
+    @model_validator(mode="after")
+    def _dir_exists(self) -> SpillSection:
+        if self.dir is not None and not self.dir.is_dir():
+            raise ValueError(f"spill.dir: no such directory: {self.dir}")
+        return self
+
+
 class ModeSection(_Section):
     """``central``: the daemon reads raw events and keeps each user's filter. ``local``: each
     device runs its own filter (``streamfilter.client``) and the daemon reads contributions."""
@@ -530,6 +546,7 @@ class Settings(BaseSettings):
     telemetry: TelemetrySection = TelemetrySection()
     report: ReportSection = ReportSection()
     limits: LimitsSection = LimitsSection()
+    spill: SpillSection = SpillSection()
     mode: ModeSection = ModeSection()
     local: LocalSection = LocalSection()
     cluster: ClusterSection = ClusterSection()
@@ -737,13 +754,14 @@ def _without_values(message: str) -> str:
 
 
 def _resolve_paths(data: dict[str, Any], base: Path) -> None:
-    for section in ("source", "queries", "sink", "rejects", "state", "local"):
+    for section in ("source", "queries", "sink", "rejects", "state", "local", "spill"):
         sec = data.get(section)
-        if isinstance(sec, dict) and isinstance(sec.get("path"), str):
-            p = Path(sec["path"])
+        key = "dir" if section == "spill" else "path"
+        if isinstance(sec, dict) and isinstance(sec.get(key), str):
+            p = Path(sec[key])
             if section == "queries" and sec.get("kind") == "policy":
                 continue
-            sec["path"] = str(p if p.is_absolute() else base / p)
+            sec[key] = str(p if p.is_absolute() else base / p)
 
 
 def _format_errors(exc: ValidationError, prefix: tuple[str, ...] = ()) -> str:

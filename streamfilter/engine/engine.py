@@ -10,7 +10,7 @@ stored state to :meth:`Engine.restore`, the one way state enters an engine.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -20,6 +20,7 @@ from streamfilter.engine.active_set import ActiveSetTracker
 from streamfilter.engine.contract import Reject, Release, load_object, parse_event, parse_query
 from streamfilter.engine.coverage import CoverageTracker
 from streamfilter.engine.day import DayOutcome, close_day
+from streamfilter.engine.event_ids import EventIdIndex
 from streamfilter.engine.ingest import EventColumns, parse_columns, parse_events
 from streamfilter.engine.ledger import BudgetLedger
 from streamfilter.engine.params import PrivacyParams
@@ -60,7 +61,10 @@ class Engine:
         *,
         active_set: ActiveSetTracker | None = None,
         coverage: CoverageTracker | None = None,
+        event_id_index: Callable[[str], EventIdIndex] | None = None,
     ) -> None:
+        """``event_id_index(day)``: a new day's repeated-event index (the runtime's spills to
+        disk); None keeps every day's pairs in memory."""
         self.params = params
         self.bits = bits
         self.ledger = BudgetLedger()
@@ -71,6 +75,7 @@ class Engine:
         self.active_set = active_set
         #: coverage with every release (``engine.coverage``); None = off
         self.coverage = coverage
+        self.event_id_index = event_id_index
 
     def restore(
         self,
@@ -181,7 +186,12 @@ class Engine:
         return None
 
     def new_day(self, day: str) -> DayInput:
-        return DayAccumulator(day)
+        return self.new_accumulator(day)
+
+    def new_accumulator(self, day: str) -> DayAccumulator:
+        """An open day's event buffer, with this engine's repeated-event index."""
+        index = None if self.event_id_index is None else self.event_id_index(day)
+        return DayAccumulator(day, index)
 
     def prepare_day(self, acc: DayInput) -> DayOutcome:
         """Compute the day's releases and debits; mutates nothing."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -13,6 +14,7 @@ from streamfilter.engine.active_set import ActiveSetTracker
 from streamfilter.engine.coverage import CoverageTracker
 from streamfilter.engine.day import SeededPerRelease
 from streamfilter.engine.engine import Engine
+from streamfilter.engine.event_ids import EventIdIndex
 from streamfilter.engine.local import LocalEngine
 from streamfilter.engine.params import PrivacyParams
 from streamfilter.errors import ConfigError, StreamfilterError
@@ -20,6 +22,7 @@ from streamfilter.privacy.noise import RandomBits, SystemRandomBits
 from streamfilter.runtime.active_set import load_active_set
 from streamfilter.runtime.coverage import load_coverage
 from streamfilter.runtime.daemon import Daemon, InputLimits
+from streamfilter.runtime.event_ids import SpillingEventIds
 from streamfilter.runtime.io.base import NoQueryFeed, QueryFeed, Sink, Source
 from streamfilter.runtime.io.files import FileQueryFeed, FileSink, FileSource, StdoutSink
 from streamfilter.runtime.io.policy import PolicyFeed
@@ -86,6 +89,17 @@ def _contributions_source(settings: Settings, follow: bool) -> Source:
         return KafkaSource(loc.topic, k.client_config(), k.group_id)
 
 
+def _event_id_index(settings: Settings) -> Callable[[str], EventIdIndex]:
+    """Each open day's repeated-event index: spilling to ``[spill] dir`` past
+    ``event_ids_in_memory`` pairs, so a day's memory does not grow with its events."""
+    spill = settings.spill
+
+    def new_index(day: str) -> EventIdIndex:
+        return SpillingEventIds(spill.event_ids_in_memory, spill.dir, label=day)
+
+    return new_index
+
+
 def _engine(
     settings: Settings,
     params: PrivacyParams,
@@ -95,7 +109,13 @@ def _engine(
 ) -> Engine:
     if settings.mode.kind == "local":  # no per-user state on the server: no active-set estimate
         return LocalEngine(params, bits, settings.local.variant, settings.sigma2_local_units())
-    return Engine(params, bits, active_set=active_set, coverage=coverage)
+    return Engine(
+        params,
+        bits,
+        active_set=active_set,
+        coverage=coverage,
+        event_id_index=_event_id_index(settings),
+    )
 
 
 def _source(settings: Settings, follow: bool) -> Source:
@@ -428,7 +448,7 @@ def _build_worker(settings: Settings, params: PrivacyParams, bits: RandomBits) -
             ) from None
     w = settings.window
     daemon = ClusterDaemon(
-        Engine(params, bits, coverage=coverage),
+        Engine(params, bits, coverage=coverage, event_id_index=_event_id_index(settings)),
         ledger,
         source,
         feed,

@@ -235,7 +235,7 @@ class ClusterDaemon(Daemon):
         key = (day, _partition_number(partition))
         acc = self._parts.get(key)
         if acc is None:
-            acc = self._parts[key] = DayAccumulator(day)
+            acc = self._parts[key] = self.engine.new_accumulator(day)
             self._open.setdefault(day, acc)
         self._min_offset.setdefault(day, {}).setdefault(partition, offset)
         return acc
@@ -367,7 +367,7 @@ class ClusterDaemon(Daemon):
         started = time.perf_counter()
         parts = {}
         for p in todo:
-            acc = self._parts.pop((day, p), None) or DayAccumulator(day)
+            acc = self._parts.pop((day, p), None) or self.engine.new_accumulator(day)
             records = acc.finish()
             ledger = BudgetLedger()
             known = self.store.budgets_of([str(u) for u in records.users])

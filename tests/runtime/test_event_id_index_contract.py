@@ -1,0 +1,198 @@
+"""Contract suite for EventIdIndex (streamfilter/engine/event_ids.py): every implementation runs
+these tests — the in-memory ``records.SeenEventIds`` and the spilling
+``runtime.event_ids.SpillingEventIds``, the latter with a bound of a few pairs, blocks of 2 keys,
+merges of 2 segments and chunks of 3 pairs, so that spills, multi-block key runs and streamed
+merges all happen on small inputs. The answers must be exactly a Python ``set``'s, also when
+every key collides (keys cut to 2 bits: then only the exact comparison tells pairs apart)."""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import stat
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from streamfilter.engine import event_ids, records
+from streamfilter.engine.event_ids import EventIdIndex
+from streamfilter.runtime import event_ids as spilling
+from streamfilter.runtime.event_ids import SpillingEventIds
+
+#: the spilling index's bound in these tests (pairs held in memory before a spill)
+TINY = 3
+
+Pair = tuple[int, str]
+
+
+@pytest.fixture(params=["memory", "spill"])
+def make_index(request, monkeypatch, tmp_path) -> Callable[[], EventIdIndex]:
+    if request.param == "memory":
+        return records.SeenEventIds
+    monkeypatch.setattr(spilling, "BLOCK_PAIRS", 2)
+    monkeypatch.setattr(spilling, "MERGE_FANOUT", 2)
+    monkeypatch.setattr(spilling, "MERGE_CHUNK_PAIRS", 3)
+    monkeypatch.setattr(spilling, "ADDED_MAX", 2)
+    return lambda: SpillingEventIds(TINY, tmp_path)
+
+
+@pytest.fixture(params=[False, True], ids=["keys", "colliding-keys"])
+def colliding(request, monkeypatch) -> bool:
+    """Keys cut to 2 bits in both implementations: every key is shared by many pairs."""
+    if request.param:
+        memory_keys, spill_keys = records._pair_keys, event_ids.pair_keys
+        monkeypatch.setattr(records, "_pair_keys", lambda u, ids: memory_keys(u, ids) & 3)
+        monkeypatch.setattr(event_ids, "pair_keys", lambda u, ids: spill_keys(u, ids) & 3)
+    return bool(request.param)
+
+
+def _insert(index: EventIdIndex, model: set[Pair], batch: list[Pair]) -> None:
+    expected = []
+    for pair in batch:
+        expected.append(pair not in model)
+        model.add(pair)
+    users = np.array([u for u, _ in batch], np.int64)
+    assert index.insert(users, [e for _, e in batch]).tolist() == expected
+
+
+ids = st.text(st.characters(codec="utf-8"), max_size=3) | st.sampled_from(["", "é", "€x", "😀"])
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    st.lists(st.lists(st.tuples(st.integers(0, 3), ids), max_size=10), max_size=10),
+    st.data(),
+)
+def test_the_index_is_a_set(make_index, colliding, batches, data):
+    """Batches (``insert``, repeats within and across batches) and single pairs (``add`` after
+    a ``not in``): membership, newness and size are exactly a Python set's."""
+    index, model = make_index(), set()
+    try:
+        for b, batch in enumerate(batches):
+            if model:  # repeat earlier pairs too, anywhere in the batch
+                batch = batch + data.draw(st.lists(st.sampled_from(sorted(model)), max_size=4))
+            assert [p in index for p in batch] == [p in model for p in batch]
+            if b % 3 == 2:
+                for pair in batch:
+                    if pair not in index:
+                        index.add(pair)
+                    model.add(pair)
+            else:
+                _insert(index, model, batch)
+            assert len(index) == len(model)
+        probe = [p for b in batches for p in b] + [(0, "zz"), (9, ""), (3, "é")]
+        assert [p in index for p in probe] == [p in model for p in probe]
+        if isinstance(index, SpillingEventIds) and len(model) > TINY:
+            assert index.spilled_pairs > 0  # the disk really was used
+    finally:
+        index.close()
+
+
+def test_many_spills_and_merges_answer_like_a_set(make_index, colliding):
+    """30 batches of fresh pairs, 10% of each repeating pairs of earlier batches (and of the
+    batch itself): a set's answers while segments spill and merge tier after tier."""
+    rng = np.random.default_rng(3)
+    index, model = make_index(), set()
+    held: list[Pair] = []
+    n = 40 if colliding else 300
+    try:
+        for b in range(30):
+            fresh = [
+                (int(u), f"e{b}-{i}é"[: 2 + i % 6]) for i, u in enumerate(rng.integers(0, 50, n))
+            ]
+            again = [held[int(j)] for j in rng.integers(0, len(held), n // 10)] if held else []
+            batch = fresh + again + fresh[: n // 10]
+            _insert(index, model, batch)
+            held += fresh
+        assert len(index) == len(model)
+        probe = [*held[::7], (1, "absent"), (49, "e0-0x"), (0, "")]
+        assert [p in index for p in probe] == [p in model for p in probe]
+        if isinstance(index, SpillingEventIds):
+            assert index.segment_count >= 2 and index.spilled_pairs > len(model) // 2
+            assert max(s.tier for s in index._segments) >= 2  # merged, and merged again
+    finally:
+        index.close()
+
+
+def test_an_empty_batch_is_an_empty_answer(make_index):
+    index = make_index()
+    assert index.insert(np.zeros(0, np.int32), []).tolist() == []
+    assert len(index) == 0 and (0, "") not in index
+    index.close()
+
+
+def test_close_frees_the_pairs(make_index):
+    index = make_index()
+    index.insert(np.arange(20, dtype=np.int32), [f"e{i}" for i in range(20)])
+    index.close()
+    assert len(index) == 0
+
+
+# ---------------------------------------------------------------------- the spilling index only
+def _spilled(tmp_path, n: int = 20) -> SpillingEventIds:
+    index = SpillingEventIds(4, tmp_path, label="2026-03-01")
+    index.insert(np.arange(n, dtype=np.int32) % 5, [f"secret-{i}" for i in range(n)])
+    return index
+
+
+def test_segment_files_are_private_and_removed_on_close(tmp_path):
+    index = _spilled(tmp_path)
+    where = index.directory
+    assert where is not None and where.parent == tmp_path
+    files = list(where.iterdir())
+    assert len(files) == index.segment_count >= 1
+    assert stat.S_IMODE(where.stat().st_mode) == 0o700
+    assert all(stat.S_IMODE(f.stat().st_mode) == 0o600 for f in files)
+    assert any(b"secret-3" in f.read_bytes() for f in files)  # the ids really are on disk
+    index.close()
+    assert not where.exists() and list(tmp_path.iterdir()) == []
+    index.close()  # a second close does nothing
+
+
+def test_an_index_dropped_without_close_removes_its_files(tmp_path):
+    """A day dropped unclosed (a rebalanced cluster worker, a stopped run) leaves no file."""
+    index = _spilled(tmp_path)
+    assert list(tmp_path.iterdir())
+    del index
+    gc.collect()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_nothing_is_written_below_the_bound(tmp_path):
+    index = SpillingEventIds(100, tmp_path)
+    index.insert(np.arange(99, dtype=np.int32), [f"e{i}" for i in range(99)])
+    assert index.directory is None and list(tmp_path.iterdir()) == []
+    index.close()
+
+
+def test_the_first_spill_is_logged_with_a_count_and_no_id(tmp_path, caplog):
+    """A spill follows the batch that reaches the bound (4 pairs here, in batches of 2)."""
+    index = SpillingEventIds(4, tmp_path, label="2026-03-01")
+    with caplog.at_level(logging.INFO, logger="streamfilter.event_ids"):
+        for i in range(0, 40, 2):
+            index.insert(np.array([i, i + 1]), [f"secret-{i}", f"secret-{i + 1}"])
+    assert index.segment_count >= 2
+    spills = [r.getMessage() for r in caplog.records if "spilling" in r.getMessage()]
+    assert len(spills) == 1, spills  # the first spill only
+    assert "2026-03-01" in spills[0] and " 4 event ids" in spills[0]
+    assert "secret" not in caplog.text
+    index.close()
+
+
+def test_user_codes_must_fit_in_int32(tmp_path):
+    index = SpillingEventIds(4, tmp_path)
+    with pytest.raises(ValueError, match="int32"):
+        index.insert(np.array([1 << 31]), ["e"])
+    index.close()
+
+
+def test_a_missing_spill_directory_is_refused(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        _spilled(tmp_path / "absent")
+    assert os.listdir(tmp_path) == []
