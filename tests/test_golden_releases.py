@@ -182,3 +182,44 @@ def test_small_batches_take_the_columnar_path_and_release_the_same_bytes(
     assert sum(columnar) > 1000, sum(columnar)  # of the 2,738 lines
     produced = (tmp_path / "releases.jsonl").read_bytes()
     assert produced == (GOLDEN / f"{name}.releases.jsonl").read_bytes()
+
+
+@pytest.mark.parametrize("name", RUNS)
+def test_a_spilling_event_id_index_releases_the_same_bytes(name, tmp_path, monkeypatch):
+    """Each day's events twice (the second time in reverse order: every one a repeated event
+    id, within a batch and across batches), read 10 lines at a time, with the daemon's event-id
+    index spilling past 5 pairs: the repeats are all found — the releases are the pinned ones,
+    byte for byte — while the index really spilled and merged, and the day's close removed its
+    files."""
+    from streamfilter.runtime import event_ids
+    from streamfilter.runtime.io.files import FileSource
+
+    poll = FileSource.poll_batches
+    monkeypatch.setattr(FileSource, "poll_batches", lambda self, n: poll(self, min(n, 10)))
+    merges = []
+    merge = event_ids.SpillingEventIds._merge
+
+    def counted(self, inputs, tier):
+        merges.append(tier)
+        return merge(self, inputs, tier)
+
+    monkeypatch.setattr(event_ids.SpillingEventIds, "_merge", counted)
+    lines = (GOLDEN / "events.jsonl").read_text().splitlines(keepends=True)
+    days = [json.loads(line)["day"] for line in lines]
+    doubled = []
+    for day in sorted(set(days)):
+        block = [line for line, d in zip(lines, days, strict=True) if d == day]
+        doubled += block + block[::-1]
+    (tmp_path / "events.jsonl").write_text("".join(doubled))
+    shutil.copy(GOLDEN / "queries.jsonl", tmp_path / "queries.jsonl")
+    spill = tmp_path / "spill"
+    spill.mkdir()
+    config = (GOLDEN / f"{name}.toml").read_text()
+    (tmp_path / "run.toml").write_text(
+        f'{config}\n[spill]\nevent_ids_in_memory = 5\ndir = "{spill.name}"\n'
+    )
+    assert main(["run", "--config", str(tmp_path / "run.toml"), "--until-end", "--testing"]) == 0
+    assert merges and max(merges) >= 2  # segments spilled, merged, and merged again
+    assert list(spill.iterdir()) == []
+    produced = (tmp_path / "releases.jsonl").read_bytes()
+    assert produced == (GOLDEN / f"{name}.releases.jsonl").read_bytes()

@@ -99,3 +99,15 @@ def test_report_and_demo_headline_the_total(tmp_path):
     assert f"{total['epsilon_total_max']:.4g}"[:4] in headline
     out = cli("demo", "--users", "300", "--days", "2", "--out", "d", cwd=tmp_path).stdout
     assert "0.55-zCDP per user in total" in out.splitlines()[1]
+
+
+def test_a_spill_directory_must_exist_and_is_relative_to_the_config(tmp_path):
+    base = "[privacy]\nb_norm = 4.0\nrho = 0.5\n[spill]\n"
+    with pytest.raises(ConfigError) as exc:
+        _load(tmp_path, base + 'dir = "absent"\n')
+    assert "spill.dir: no such directory" in str(exc.value)
+    (tmp_path / "scratch").mkdir()
+    settings = _load(tmp_path, base + 'dir = "scratch"\nevent_ids_in_memory = 1000\n')
+    assert settings.spill.dir == tmp_path / "scratch"
+    assert settings.spill.event_ids_in_memory == 1000
+    assert _load(tmp_path, "[privacy]\nb_norm = 4.0\nrho = 0.5\n").spill.dir is None
