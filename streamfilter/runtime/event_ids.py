@@ -2,10 +2,11 @@
 
 :class:`SpillingEventIds` implements ``engine.event_ids.EventIdIndex`` with the same exact
 answers as the in-memory ``records.SeenEventIds``. Recent pairs are held in a ``SeenEventIds``
-(and, packed, in columns ready to write); once they reach ``memory_pairs`` they are written, sorted
-by their 64-bit key, as one immutable *segment* file and memory starts empty again. A segment is
-four columns sorted by key — keys (int64), user codes (int32), each id's start (int64) and length
-(int32) in the text — and the ids' UTF-8 text in arrival order, in a private directory (0700, files 0600: event ids are user data) removed by
+(and, packed, in columns ready to write); once a batch brings them to ``memory_pairs`` they are
+written, sorted by their 64-bit key, as one immutable *segment* file and memory starts empty
+again. A segment is four columns sorted by key — keys (int64), user codes (int32), each id's
+start (int64) and length (int32) in the text — then the ids' UTF-8 text in arrival order. The
+files live in a private directory (0700, files 0600: event ids are user data) removed by
 :meth:`SpillingEventIds.close` (the day's close) or, failing that, when the index is collected.
 
 What stays in memory per segment is small: the first and last key of every block of
@@ -168,7 +169,7 @@ def _columns_at(n: int) -> tuple[int, int, int, int]:
     return 8 * n, 12 * n, 20 * n, 24 * n
 
 
-@dataclass
+@dataclass(eq=False)
 class _Segment:
     """One immutable segment file: ``n`` pairs sorted by key, and what memory keeps of it.
 
@@ -368,6 +369,7 @@ class SpillingEventIds:
         self._segments: list[_Segment] = []
         self._files: _SpillDir | None = None
         self._cleanup: weakref.finalize[[], SpillingEventIds] | None = None
+        self._failed: BaseException | None = None  # a spill that failed: no answer is exact now
         self.spilled_pairs = 0
 
     # ------------------------------------------------------------------ the interface
@@ -375,6 +377,7 @@ class SpillingEventIds:
         return len(self._added) + len(self._recent) + self.spilled_pairs
 
     def __contains__(self, pair: tuple[int, str]) -> bool:
+        self._check()
         if pair in self._added or pair in self._recent:
             return True
         user, event_id = pair
@@ -390,6 +393,7 @@ class SpillingEventIds:
     def insert(self, users: np.ndarray, event_ids: list[str]) -> np.ndarray:
         """Add each pair not already held; True where the pair is new — neither held before
         nor earlier in the batch."""
+        self._check()
         self._flush_added()
         n = len(event_ids)
         if n == 0:
@@ -411,8 +415,18 @@ class SpillingEventIds:
             blob, lengths = _packed_text(ids)
             self._pending.append((keys[kept], users[kept].astype(np.int32), lengths, blob))
             if len(self._recent) >= self.memory_pairs:
-                self._spill()
+                try:
+                    self._spill()
+                except BaseException as exc:  # e.g. a full disk: the pairs may be lost
+                    self._failed = exc
+                    raise
         return new
+
+    def _check(self) -> None:
+        if self._failed is not None:
+            raise RuntimeError(
+                "the event-id index failed to spill to disk; its answers would not be exact"
+            ) from self._failed
 
     def close(self) -> None:
         """Drop every pair: the memory, and the segment files and their directory."""

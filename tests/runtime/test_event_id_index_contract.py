@@ -196,3 +196,21 @@ def test_a_missing_spill_directory_is_refused(tmp_path):
     with pytest.raises(FileNotFoundError):
         _spilled(tmp_path / "absent")
     assert os.listdir(tmp_path) == []
+
+
+def test_a_failed_spill_refuses_every_later_answer(tmp_path, monkeypatch):
+    """A spill that fails (a full disk) may have lost pairs: the index answers nothing after."""
+    index = SpillingEventIds(4, tmp_path)
+
+    def full(fd, data, offset):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(spilling, "_pwrite", full)
+    with pytest.raises(OSError, match="No space"):
+        index.insert(np.arange(6, dtype=np.int32), [f"e{i}" for i in range(6)])
+    with pytest.raises(RuntimeError, match="failed to spill"):
+        index.insert(np.arange(1, dtype=np.int32), ["e0"])
+    with pytest.raises(RuntimeError, match="failed to spill"):
+        assert (0, "e0") in index
+    index.close()
+    assert list(tmp_path.iterdir()) == []
