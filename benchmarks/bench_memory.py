@@ -18,7 +18,8 @@ peak RSS and insert throughput of ``N`` distinct (user code, event id) pairs of 
 (ids ``e{u}-{r}``, round ``r`` of every user, batches of 50,000 as the daemon inserts them), in
 memory (``records.SeenEventIds``) and spilling to disk (``runtime.event_ids.SpillingEventIds``),
 each size and kind in its own process: ``python -m benchmarks.bench_memory --event-ids
-[--pairs 10000000,100000000] [--users 10000000]`` (``BENCH_SPILL_DIR`` picks the spill directory).
+[--pairs 10000000,100000000] [--users 10000000]`` (``BENCH_SPILL_DIR`` picks the spill directory,
+``BENCH_SPILL_PAIRS`` the pairs held in memory; default: the daemon's).
 """
 
 from __future__ import annotations
@@ -107,12 +108,13 @@ def _event_ids_child(kind: str, n_pairs: int, n_users: int) -> None:
 
     from streamfilter.engine.event_ids import EventIdIndex
     from streamfilter.engine.records import SeenEventIds
-    from streamfilter.runtime.event_ids import SpillingEventIds
+    from streamfilter.runtime.event_ids import DEFAULT_MEMORY_PAIRS, SpillingEventIds
 
+    bound = int(os.environ.get("BENCH_SPILL_PAIRS", DEFAULT_MEMORY_PAIRS))
     index: EventIdIndex = (
         SeenEventIds()
         if kind == "memory"
-        else SpillingEventIds(spill_dir=os.environ.get("BENCH_SPILL_DIR"), label="bench")
+        else SpillingEventIds(bound, os.environ.get("BENCH_SPILL_DIR"), label="bench")
     )
     base = _vm("VmRSS")
     insert_s = 0.0

@@ -74,19 +74,21 @@ def _packed_text(event_ids: list[str]) -> tuple[bytes, np.ndarray]:
 
 class _Filter:
     """A Bloom filter blocked by 64-bit word: a key's ``FILTER_HASHES`` bits all lie in the word
-    its top bits pick (one random read a key; no false negatives)."""
+    its top bits pick (one random read a key; no false negatives), ``FILTER_BITS_PER_PAIR`` bits
+    a pair exactly (words are picked by multiply-shift, so their count need not be a power of 2).
+    """
 
-    __slots__ = ("shift", "words")
+    __slots__ = ("n_words", "words")
 
     def __init__(self, n_pairs: int) -> None:
-        bits = max(2, (max(1, n_pairs * FILTER_BITS_PER_PAIR // 64) - 1).bit_length())
-        self.words = np.zeros(1 << bits, np.uint64)
-        self.shift = np.uint64(64 - bits)
+        self.n_words = np.uint64(max(1, -(-n_pairs * FILTER_BITS_PER_PAIR // 64)))
+        self.words = np.zeros(int(self.n_words), np.uint64)
 
     def _word(self, keys: np.ndarray) -> np.ndarray:
-        """The word of each key: its top bits, with the sign flipped so that keys sorted as
-        int64 have non-decreasing words."""
-        word: np.ndarray = ((keys.view(np.uint64) ^ _SIGN) >> self.shift).astype(np.intp)
+        """The word of each key: its top 32 bits scaled to the word count, with the sign flipped
+        first so that keys sorted as int64 have non-decreasing words."""
+        top = (keys.view(np.uint64) ^ _SIGN) >> np.uint64(32)
+        word: np.ndarray = ((top * self.n_words) >> np.uint64(32)).astype(np.intp)
         return word
 
     @staticmethod
@@ -519,7 +521,8 @@ class SpillingEventIds:
         )
         offset = 0
         readers = []
-        for s in inputs:
+        for s in inputs:  # no look-up runs until the merge ends: the inputs' filters can go
+            s.filter = _Filter(0)
             _copy(s.fd, _columns_at(s.n)[3], writer.fd, writer.text_at + offset, s.text_bytes)
             readers.append(_Reader(s, offset))
             offset += s.text_bytes

@@ -214,3 +214,16 @@ def test_a_failed_spill_refuses_every_later_answer(tmp_path, monkeypatch):
         assert (0, "e0") in index
     index.close()
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_segment_filter_lets_about_one_absent_key_in_a_hundred_through():
+    """No false negative (the contract tests' answers), and few false positives: each one
+    costs a read of a block's keys."""
+    rng = np.random.default_rng(5)
+    held = np.sort(rng.integers(-(1 << 63), (1 << 63) - 1, 100_000, dtype=np.int64))
+    absent = rng.integers(-(1 << 63), (1 << 63) - 1, 100_000, dtype=np.int64)
+    bloom = spilling._Filter(len(held))
+    bloom.add(held)
+    assert bloom.may_hold(held, bloom.masks(held)).all()
+    assert bloom.words.nbytes * 8 <= spilling.FILTER_BITS_PER_PAIR * len(held) + 64
+    assert bloom.may_hold(absent, bloom.masks(absent)).mean() < 0.02
