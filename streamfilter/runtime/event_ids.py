@@ -290,8 +290,9 @@ class _SegmentWriter:
         _pwrite(self.fd, np.ascontiguousarray(users, np.int32), users_at + 4 * self.pos)
         _pwrite(self.fd, np.ascontiguousarray(starts, np.int64), starts_at + 8 * self.pos)
         _pwrite(self.fd, np.ascontiguousarray(lengths, np.int32), lengths_at + 4 * self.pos)
-        self.firsts.append(keys[-self.pos % BLOCK_PAIRS :: BLOCK_PAIRS])
-        lasts = keys[-(self.pos + 1) % BLOCK_PAIRS :: BLOCK_PAIRS]
+        # copies, not views: a view would keep the whole chunk's keys alive
+        self.firsts.append(keys[-self.pos % BLOCK_PAIRS :: BLOCK_PAIRS].copy())
+        lasts = keys[-(self.pos + 1) % BLOCK_PAIRS :: BLOCK_PAIRS].copy()
         if self.pos + m == self.n and (self.n - 1) % BLOCK_PAIRS != BLOCK_PAIRS - 1:
             lasts = np.r_[lasts, keys[-1:]]  # the last block is short
         self.lasts.append(lasts)
