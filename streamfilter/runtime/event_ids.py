@@ -22,7 +22,6 @@ bounded.
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import logging
 import os
@@ -224,29 +223,52 @@ class _Segment:
             return maybe
         first_block = np.searchsorted(self.lasts, k, "left")  # its last key >= k
         stop_block = np.searchsorted(self.firsts, k, "right")  # blocks before: first key <= k
-        blocks: dict[int, list[int]] = {}
-        found = []
-        for i, key, a, b in zip(
-            maybe.tolist(), k.tolist(), first_block.tolist(), stop_block.tolist(), strict=True
-        ):
-            held = False
-            for block in range(a, b):  # one block, unless equal keys straddle blocks
-                block_keys = blocks.get(block)
-                if block_keys is None:
-                    start = block * BLOCK_PAIRS
-                    stop = min(self.n, start + BLOCK_PAIRS)
-                    block_keys = blocks[block] = self.keys(start, stop).tolist()
-                lo = bisect.bisect_left(block_keys, key)
-                hi = bisect.bisect_right(block_keys, key, lo)
-                if lo < hi:
-                    user, event_id = int(users[i]), _utf8(event_ids[i])
-                    base = block * BLOCK_PAIRS
-                    held = any(self.holds_at(base + j, user, event_id) for j in range(lo, hi))
-                    if held:
-                        break
-            if held:
-                found.append(i)
+        # the usual candidate (a filter false positive) has one block: all such blocks are read
+        # (one pread each) and searched at once; a key found there, or a key whose equals
+        # straddle blocks, is then located and compared exactly
+        one = np.flatnonzero(stop_block - first_block == 1)
+        rows = self._blocks(first_block[one])
+        hit = one[(rows == k[one, None]).any(axis=1)]
+        exact = np.union1d(hit, np.flatnonzero(stop_block - first_block > 1))
+        found = [
+            int(maybe[c])
+            for c in exact.tolist()
+            if self._holds(
+                int(k[c]),
+                range(int(first_block[c]), int(stop_block[c])),
+                int(users[maybe[c]]),
+                event_ids[maybe[c]],
+            )
+        ]
         return np.array(found, np.intp)
+
+    def _blocks(self, blocks: np.ndarray) -> np.ndarray:
+        """The keys of each block, one row each (a short last block padded with its last key,
+        which matches only a key it holds)."""
+        if len(blocks) == 0:
+            return np.zeros((0, BLOCK_PAIRS), np.int64)
+        width = 8 * BLOCK_PAIRS
+        parts = []
+        for b in blocks.tolist():
+            data = _pread(
+                self.fd, 8 * (min(self.n, (b + 1) * BLOCK_PAIRS) - b * BLOCK_PAIRS), b * width
+            )
+            parts.append(
+                data if len(data) == width else data + data[-8:] * ((width - len(data)) // 8)
+            )
+        return np.frombuffer(b"".join(parts), np.int64).reshape(len(blocks), BLOCK_PAIRS)
+
+    def _holds(self, key: int, blocks: range, user: int, event_id: str) -> bool:
+        """Some pair of ``blocks`` with this key is exactly ``(user, event_id)``."""
+        encoded = _utf8(event_id)
+        for block in blocks:
+            start = block * BLOCK_PAIRS
+            block_keys = self.keys(start, min(self.n, start + BLOCK_PAIRS))
+            lo = int(np.searchsorted(block_keys, key, "left"))
+            hi = int(np.searchsorted(block_keys, key, "right"))
+            if any(self.holds_at(start + j, user, encoded) for j in range(lo, hi)):
+                return True
+        return False
 
 
 def _copy(src: int, src_at: int, dst: int, dst_at: int, size: int) -> None:
