@@ -225,7 +225,7 @@ class SpillSection(_Section):
     set; a set ``dir`` must exist. Put it on a disk, not a RAM-backed ``tmpfs``."""
 
     dir: Path | None = None
-    event_ids_in_memory: int = Field(1 << 21, ge=1, le=1 << 31)
+    event_ids_in_memory: int = Field(1 << 20, ge=1, le=1 << 31)  # runtime.event_ids default
 
     @model_validator(mode="after")
     def _dir_exists(self) -> SpillSection:

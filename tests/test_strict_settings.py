@@ -111,3 +111,10 @@ def test_a_spill_directory_must_exist_and_is_relative_to_the_config(tmp_path):
     assert settings.spill.dir == tmp_path / "scratch"
     assert settings.spill.event_ids_in_memory == 1000
     assert _load(tmp_path, "[privacy]\nb_norm = 4.0\nrho = 0.5\n").spill.dir is None
+
+
+def test_the_spill_bound_defaults_to_the_index_default():
+    from streamfilter.config import SpillSection
+    from streamfilter.runtime.event_ids import DEFAULT_MEMORY_PAIRS
+
+    assert SpillSection().event_ids_in_memory == DEFAULT_MEMORY_PAIRS

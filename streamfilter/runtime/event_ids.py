@@ -39,8 +39,9 @@ __all__ = ["DEFAULT_MEMORY_PAIRS", "SpillingEventIds"]
 
 log = logging.getLogger("streamfilter.event_ids")
 
-#: pairs held in memory before they spill (~70 B a pair with ~11-character ids)
-DEFAULT_MEMORY_PAIRS = 1 << 21
+#: pairs held in memory before they spill: with ~10-character ids, ~150 MiB at the peak (the
+#: recent pairs twice, as a SeenEventIds and packed for writing, plus the sort of a spill)
+DEFAULT_MEMORY_PAIRS = 1 << 20
 #: keys per fence block: a key that passes a segment's filter reads one block's keys (2 KiB)
 BLOCK_PAIRS = 256
 FILTER_BITS_PER_PAIR = 12
