@@ -72,11 +72,14 @@ def _vm(field: str) -> float:
     return float("nan")
 
 
-def _child(n_users: int, k: int, numeric: bool) -> None:
+def _child(n_users: int, k: int, numeric: bool, spill: bool = False) -> None:
     from streamfilter.engine.ingest import parse_columns, parse_events
     from streamfilter.engine.records import DayAccumulator
+    from streamfilter.runtime.event_ids import SpillingEventIds
 
-    acc = DayAccumulator("2026-03-01")
+    # ``--spill``: the daemon's event-id index (spilling to disk), else the in-memory one
+    index = SpillingEventIds(label="2026-03-01") if spill else None
+    acc = DayAccumulator("2026-03-01", index)
     base = _vm("VmRSS")
     t0 = time.perf_counter()
     for batch in _lines(n_users, k, numeric):
@@ -189,10 +192,11 @@ def run_event_ids(pair_counts: list[int], n_users: int) -> list[dict[str, object
     return entries
 
 
-def _measure(n_users: int, k: int, numeric: bool) -> dict[str, float]:
+def _measure(n_users: int, k: int, numeric: bool, spill: bool = False) -> dict[str, float]:
     out = subprocess.run(
         [sys.executable, "-m", "benchmarks.bench_memory", "--child", str(n_users), str(k)]
-        + (["--numeric"] if numeric else []),
+        + (["--numeric"] if numeric else [])
+        + (["--spill"] if spill else []),
         cwd=Path(__file__).resolve().parent.parent,
         check=True,
         capture_output=True,
@@ -202,10 +206,13 @@ def _measure(n_users: int, k: int, numeric: bool) -> dict[str, float]:
     return result
 
 
-def run(quick: bool = False, n_users: int | None = None) -> list[dict[str, object]]:
+def run(
+    quick: bool = False, n_users: int | None = None, spill: bool = False
+) -> list[dict[str, object]]:
+    """``spill``: the open day's event ids go to the daemon's spilling index (``--spill``)."""
     n = n_users or (5_000 if quick else 1_000_000)
-    one, ten = _measure(n, 1, True), _measure(n, 10, True)
-    cat_one, cat_ten = _measure(n, 1, False), _measure(n, 10, False)
+    one, ten = _measure(n, 1, True, spill), _measure(n, 10, True, spill)
+    cat_one, cat_ten = _measure(n, 1, False, spill), _measure(n, 10, False, spill)
     ratio = ten["peak_rss_mib"] / one["peak_rss_mib"]
     cat_ratio = cat_ten["peak_rss_mib"] / cat_one["peak_rss_mib"]
     per_event = (ten["open_day_mib"] - one["open_day_mib"]) * 2**20 / (9 * n)
@@ -224,6 +231,7 @@ def run(quick: bool = False, n_users: int | None = None) -> list[dict[str, objec
             runs=1,
             size=f"{n:,} users, {n:,} vs {10 * n:,} events of one day",
             detail=(
+                f"event ids {'spilled to disk past 2^20 pairs' if spill else 'in memory'}; "
                 f"events with a category and two numbers: peak RSS {one['peak_rss_mib']:.0f} → "
                 f"{ten['peak_rss_mib']:.0f} MiB, the open day grows {per_event:.0f} B per extra "
                 f"event (numeric values are kept one by one: a cell's sum is defined in "
@@ -241,7 +249,7 @@ def run(quick: bool = False, n_users: int | None = None) -> list[dict[str, objec
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--child"]:
-        _child(int(sys.argv[2]), int(sys.argv[3]), "--numeric" in sys.argv)
+        _child(int(sys.argv[2]), int(sys.argv[3]), "--numeric" in sys.argv, "--spill" in sys.argv)
     elif sys.argv[1:2] == ["--event-ids-child"]:
         _event_ids_child(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
     elif "--event-ids" in sys.argv:
@@ -251,4 +259,5 @@ if __name__ == "__main__":
         print(json.dumps(run_event_ids(pairs, users or 10_000_000), indent=2))
     else:
         users = int(sys.argv[sys.argv.index("--users") + 1]) if "--users" in sys.argv else None
-        print(json.dumps(run(quick="--quick" in sys.argv, n_users=users), indent=2))
+        spill = "--spill" in sys.argv
+        print(json.dumps(run("--quick" in sys.argv, users, spill), indent=2))
