@@ -95,31 +95,42 @@ def round_limbs(limbs: np.ndarray) -> np.ndarray:
 
 
 def _round_limbs(limbs: np.ndarray) -> np.ndarray:
-    m = limbs.copy()
-    normalize_limbs(m)
-    negative = m[:, LIMBS - 1] < 0
+    m = limbs.T.copy()  # a contiguous row per limb
+    _carry(m)
+    negative = m[LIMBS - 1] < 0
     if negative.any():
-        m[negative] *= -1
-        normalize_limbs(m)  # now every limb ≥ 0: the magnitude
+        m[:, negative] *= -1
+        _carry(m)  # now every limb ≥ 0: the magnitude
     u = m.view(np.uint64)
-    top = u[:, LIMBS - 1]
-    digits = [*(u[:, k] for k in range(LIMBS - 1)), top & _MASK, top >> np.uint64(32)]
-    nonzero = [d != 0 for d in digits]
-    h = np.select(nonzero[:0:-1], list(range(LIMBS, 0, -1)), 0)  # the highest non-zero digit
-    zero = np.zeros_like(top)
-    d0 = np.choose(h, digits)
-    d1 = np.choose(h, [zero, *digits[:-1]])
-    d2 = np.choose(h, [zero, zero, *digits[:-2]])
-    below = np.choose(h, [False, False, False, nonzero[0], nonzero[0] | nonzero[1]])
-    bits = np.maximum(np.frexp(d0.astype(np.float64))[1], 1).astype(np.uint64)  # 1..32
-    word = (d0 << (np.uint64(64) - bits)) | (d1 << (np.uint64(32) - bits)) | (d2 >> bits)
-    sticky = ((d2 & ((np.uint64(1) << bits) - np.uint64(1))) != 0) | below
-    word |= sticky.astype(np.uint64)
-    scale = 32 * (h - 2) + bits.astype(np.int64) - FRACTION_BITS
-    out = np.ldexp(word.astype(np.float64), scale)
-    out[d0 == 0] = 0.0
+    top = u[LIMBS - 1]
+    digits = [*u[: LIMBS - 1], top & _MASK, top >> np.uint64(32)]  # 32-bit digits
+    # the magnitude's bit length, from its highest non-zero digit
+    length = np.zeros(m.shape[1], np.int32)
+    for k, d in enumerate(digits):
+        bits = np.frexp(d.astype(np.float64))[1]
+        length = np.where(d != 0, 32 * k + bits, length)
+    # word = the top 64 bits (magnitude >> low); sticky = whether any bit below them is set
+    low = np.maximum(length - 64, -64)
+    word = np.zeros(m.shape[1], np.uint64)
+    sticky = np.zeros(m.shape[1], bool)
+    for k, d in enumerate(digits):
+        shift = 32 * k - low  # where digit k's lowest bit lands in the word
+        up = np.clip(shift, 0, 63).astype(np.uint64)
+        down = np.clip(-shift, 0, 63).astype(np.uint64)
+        word |= np.where(shift >= 0, np.where(shift < 64, d << up, np.uint64(0)), d >> down)
+        sticky |= (d & ((np.uint64(1) << down) - np.uint64(1))) != 0  # bits shifted out
+    word |= sticky.astype(np.uint64)  # below the rounding bit: the conversion sees it
+    out = np.ldexp(word.astype(np.float64), low - FRACTION_BITS)
     out[negative] *= -1.0
     return out
+
+
+def _carry(rows: np.ndarray) -> None:
+    """``normalize_limbs`` of a (LIMBS, n) array (a row per limb)."""
+    for k in range(LIMBS - 1):
+        carry = rows[k] >> 32
+        rows[k] -= carry << 32
+        rows[k + 1] += carry
 
 
 def _limb_terms(limbs: np.ndarray) -> list[float]:
@@ -176,27 +187,34 @@ def exact_sums_by_key(
 
 class CellSums:
     """One coordinate's exact sums for the open day, keyed by non-negative int64 keys (the
-    users' codes): a fixed-point accumulator per key (``fixed_point_limbs``).
+    users' codes).
 
-    ``add`` buffers (key, value) pairs; ``fold`` sorts the buffer (one ``np.sort`` of the keys
-    packed above their positions), sums each key's limbs and merges them into the sorted
-    accumulators. The owner folds once the buffers hold at least as many values as there are
-    accumulators, so memory is bounded by the cells, not by the values, and each value is
-    sorted once. A limb takes 2^31 additions before it could overflow and a day has fewer
-    values than that, so the accumulators are carried only when they are rounded.
+    A key that has taken one value keeps that value (its sum, exactly); a key that has taken
+    more keeps a fixed-point accumulator (``fixed_point_limbs``). ``add`` buffers (key, value)
+    pairs; ``fold`` sorts the buffer with the one-value keys (one ``np.sort`` of the keys packed
+    above their positions), keeps the keys still alone as they are, sums the others' limbs and
+    merges them into the sorted accumulators. The owner folds once the buffers hold at least
+    as many values as there are keys, so memory is bounded by the cells, not by the values,
+    and each value is sorted O(1) times amortised. A limb takes 2^31 additions before it could
+    overflow and a day has fewer values than that, so accumulators are carried only when they
+    are rounded.
     """
 
     def __init__(self) -> None:
-        self._keys = np.zeros(0, np.int64)  # ascending
-        self._limbs = np.zeros((0, LIMBS), np.int64)  # a row per key
+        # keys with one value so far (ascending) and that value
+        self._one_keys = np.zeros(0, np.int64)
+        self._one_values = np.zeros(0)
+        # keys with more (ascending) and their accumulators, a row per key
+        self._keys = np.zeros(0, np.int64)
+        self._limbs = np.zeros((0, LIMBS), np.int64)
         self._buffer: list[tuple[np.ndarray, np.ndarray]] = []
         self.buffered = 0
-        # values that do not fit the fixed point: (keys, values), kept as they are
+        # values of accumulated keys that do not fit the fixed point: (keys, values), as they are
         self._side: list[tuple[np.ndarray, np.ndarray]] = []
 
     def __len__(self) -> int:
         """Keys folded so far (buffered values may add more)."""
-        return len(self._keys)
+        return len(self._one_keys) + len(self._keys)
 
     def add(self, keys: np.ndarray, values: np.ndarray) -> None:
         """Add ``values[i]`` to key ``keys[i]`` (buffered until ``fold``)."""
@@ -205,23 +223,35 @@ class CellSums:
             self.buffered += len(keys)
 
     def fold(self) -> None:
-        """Fold every buffered value into its key's accumulator."""
+        """Fold every buffered value into its key's sum."""
         if not self._buffer:
             return
-        keys = np.concatenate([k for k, _ in self._buffer])
-        values = np.concatenate([v for _, v in self._buffer])
+        keys = np.concatenate([self._one_keys, *(k for k, _ in self._buffer)])
+        values = np.concatenate([self._one_values, *(v for _, v in self._buffer)])
         self._buffer, self.buffered = [], 0
         keys, order = _sorted_with_order(keys)
         values = values[order]
         del order
+        first = np.r_[True, keys[1:] != keys[:-1]]
+        alone = first & np.r_[first[1:], True]  # the key's only value so far
+        del first
+        if len(self._keys):  # ... unless the key already has an accumulator
+            candidates = np.flatnonzero(alone)
+            at = np.minimum(np.searchsorted(self._keys, keys[candidates]), len(self._keys) - 1)
+            alone[candidates[self._keys[at] == keys[candidates]]] = False
+        self._one_keys, self._one_values = keys[alone], values[alone]
+        if not alone.all():
+            more = ~alone
+            self._accumulate(keys[more], values[more])
+
+    def _accumulate(self, keys: np.ndarray, values: np.ndarray) -> None:
+        """Add sorted (key, value) pairs into the accumulators."""
         limbs, fits = fixed_point_limbs(values)
         if not fits.all():
             self._side.append((keys[~fits], values[~fits]))
-        del values, fits
         starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
         if len(starts) < len(keys):
             keys, limbs = keys[starts], np.add.reduceat(limbs, starts, axis=0)
-        del starts
         if len(self._keys) == 0:
             self._keys, self._limbs = keys, limbs
             return
@@ -241,7 +271,12 @@ class CellSums:
         side_keys = np.concatenate([np.zeros(0, np.int64), *(k for k, _ in self._side)])
         side_values = np.concatenate([np.zeros(0), *(v for _, v in self._side)])
         rows = np.searchsorted(self._keys, side_keys)
-        return self._keys, _sums(self._limbs, rows, side_values)
+        keys = np.concatenate([self._one_keys, self._keys])
+        summed = np.concatenate([self._one_values + 0.0, _sums(self._limbs, rows, side_values)])
+        if len(self._one_keys) and len(self._keys):
+            order = np.argsort(keys, kind="stable")  # two sorted runs: one merge
+            keys, summed = keys[order], summed[order]
+        return keys, summed
 
 
 def _sorted_with_order(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

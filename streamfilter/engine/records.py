@@ -57,11 +57,9 @@ _FOLD_MIN = 1 << 20
 #: a packed category cell: the user's code above the coordinate's code (codes < 2**31 each)
 _COORD_BITS = 31
 _COORD_MASK = (1 << _COORD_BITS) - 1
-#: events one day takes at most (user codes are int32; an exact-sum limb takes this many
-#: additions before it could overflow, engine/exact_sums.py)
-_MAX_EVENTS = (1 << 31) - 1
-#: ``dict.setdefault`` gives a new id a provisional code at least this (above every dense code)
-_NEW = 1 << 40
+#: codes are int32, and a user's code is the day's count of events at its first arrival; an
+#: exact-sum limb (engine/exact_sums.py) takes this many additions before it could overflow
+_MAX_USER_CODE = (1 << 31) - 1
 
 
 class _Run:
@@ -252,8 +250,8 @@ class SeenEventIds:
 class DayAccumulator:
     """Collects one day's events as integer-coded columns (docs/design.md §2 "Record").
 
-    Each distinct user id of the day gets a dense code on first arrival (0, 1, 2, … in order
-    of arrival; one ``str`` kept per user, in a dict), each coordinate name a code too; an
+    Each distinct user id of the day gets an int32 code on first arrival (one ``str`` kept per
+    user, in a dict), each coordinate name a code too; an
     event's values then become numpy columns with no Python object kept per value, and are
     folded into per-cell sums as they accumulate, so the open day's memory is bounded by its
     (user, coordinate) cells, not by its events. A categorical value adds exactly 1.0 to its
@@ -273,9 +271,13 @@ class DayAccumulator:
         self.duplicates = 0
         self._finished = False
         self._seen_event_ids = SeenEventIds()
-        # user id → dense code, in order of arrival: ``_users[code]`` is the id
+        # user id → code: the day's count of events when the id first arrived (unique, never
+        # renumbered; made dense at the close); ``_users[i]`` has the i-th smallest code
         self._user_code: dict[str, int] = {}
         self._users: list[str] = []
+        self._user_codes_seen: list[np.ndarray] = []  # the codes of ``_users``, ascending
+        self._next_code = 0
+        self._p_user_codes: list[int] = []  # codes of ids new to ``add``, not yet in the list
         self._coord_code: dict[str, int] = {}
         self._coords: list[str] = []  # code → coordinate name
         self._cat_code: dict[str, dict[str, int]] = {}  # feature → category → coordinate code
@@ -293,12 +295,14 @@ class DayAccumulator:
         self._folded: tuple[np.ndarray, np.ndarray] = (np.zeros(0, np.int64), np.zeros(0))
 
     def _user_code_of(self, user_id: str) -> int:
-        if self.events + self.duplicates >= _MAX_EVENTS:
-            raise OverflowError(f"more than {_MAX_EVENTS} events in one day")
         code = self._user_code.get(user_id)
         if code is None:
-            code = self._user_code[user_id] = len(self._users)
+            if self._next_code >= _MAX_USER_CODE:
+                raise OverflowError(f"more than {_MAX_USER_CODE} events in one day")
+            code = self._user_code[user_id] = self._next_code
             self._users.append(user_id)
+            self._p_user_codes.append(code)
+        self._next_code += 1
         return code
 
     def _coord_code_of(self, name: str) -> int:
@@ -343,24 +347,28 @@ class DayAccumulator:
         return True
 
     def _user_codes(self, user_ids: list[str]) -> np.ndarray:
-        """The dense code of each id: one C-level ``dict.setdefault`` per event, a new id first
-        getting ``_NEW`` plus its position in the batch; the batch's new ids then take the next
-        dense codes in order of first arrival (one C-level ``dict.update``)."""
-        if self.events + self.duplicates + len(user_ids) > _MAX_EVENTS:
-            raise OverflowError(f"more than {_MAX_EVENTS} events in one day")
+        """The code of each id: one C-level ``dict.setdefault`` per event, a new id getting the
+        day's count of events at its first arrival."""
+        n0 = self._next_code
+        if n0 + len(user_ids) > _MAX_USER_CODE:
+            raise OverflowError(f"more than {_MAX_USER_CODE} events in one day")
         code_of = self._user_code
         codes = np.fromiter(
-            map(code_of.setdefault, user_ids, count(_NEW)), np.int64, count=len(user_ids)
+            map(code_of.setdefault, user_ids, count(n0)), np.int64, count=len(user_ids)
         )
-        new = codes >= _NEW
+        self._next_code += len(user_ids)
+        self._flush_user_codes()
+        new = codes >= n0
         if new.any():
-            firsts, inverse = np.unique(codes[new], return_inverse=True)
-            dense = np.arange(len(self._users), len(self._users) + len(firsts))
-            new_ids = list(map(user_ids.__getitem__, (firsts - _NEW).tolist()))
-            code_of.update(zip(new_ids, dense.tolist(), strict=True))
-            self._users += new_ids
-            codes[new] = dense[inverse]
+            firsts = np.unique(codes[new])
+            self._users += map(user_ids.__getitem__, (firsts - n0).tolist())
+            self._user_codes_seen.append(firsts.astype(np.int32))
         return codes.astype(np.int32)
+
+    def _flush_user_codes(self) -> None:
+        if self._p_user_codes:
+            self._user_codes_seen.append(np.array(self._p_user_codes, np.int32))
+            self._p_user_codes = []
 
     def _coordinate_codes(self, names: list[str]) -> np.ndarray:
         """The code of each numeric feature name (a dict look-up in C; new names are few)."""
@@ -562,6 +570,7 @@ class DayAccumulator:
         self._user_code = {}
         self._flush_pending()
         self._fold()
+        self._flush_user_codes()
         cells, counts = self._folded
         users = [(cells >> _COORD_BITS).astype(np.int32)]
         coords = [(cells & _COORD_MASK).astype(np.int32)]
@@ -571,11 +580,17 @@ class DayAccumulator:
             users.append(codes.astype(np.int32))
             coords.append(np.full(len(codes), coord, np.int32))
             values.append(summed)
+        # dense codes, the users' order of arrival: a table indexed by code (one gather per
+        # cell; a binary search per cell took minutes at 100M cells)
+        dense_of = np.zeros(self._next_code, np.int32)
+        seen = np.concatenate([np.zeros(0, np.int32), *self._user_codes_seen])
+        dense_of[seen] = np.arange(len(seen), dtype=np.int32)
+        del seen
         return DayRecords.from_codes(
             self.day,
             self._users,
             self._coords,
-            np.concatenate(users),
+            np.concatenate([dense_of[u] for u in users]),
             np.concatenate(coords),
             np.concatenate(values),
         )
