@@ -130,8 +130,8 @@ def run(quick: bool = False, n_users: int | None = None) -> list[dict[str, objec
             detail=(
                 f"events with a category and two numbers: peak RSS {one['peak_rss_mib']:.0f} → "
                 f"{ten['peak_rss_mib']:.0f} MiB, the open day grows {per_event:.0f} B per extra "
-                f"event (numeric values are kept one by one: a cell's sum is defined in "
-                f"ascending value order); ingest {one['ingest_s']:.1f} / {ten['ingest_s']:.1f} s, "
+                f"event (numbers folded into exact per-cell sums as they arrive; what grows is "
+                f"the repeated-event index); ingest {one['ingest_s']:.1f} / {ten['ingest_s']:.1f} s, "
                 f"records {one['finish_s']:.1f} / {ten['finish_s']:.1f} s. Category only (folded "
                 f"into cell counts as they arrive): {cat_one['peak_rss_mib']:.0f} → "
                 f"{cat_ten['peak_rss_mib']:.0f} MiB (×{cat_ratio:.2f}, {cat_per_event:.0f} B per "
