@@ -6,7 +6,8 @@ user's values of ``f`` that day; a categorical value ``v`` of feature ``f`` adds
 
 Determinism: users are ordered by their 64-bit id hash (the ledger's order, so budget lookups
 are one monotone walk; distinct ids with equal hashes ordered by id) and each (user, coordinate)
-group is summed in ascending value order. Every per-user computation of the day close is
+cell is the exact sum of its values rounded once (``engine.exact_sums``), a function of the
+values alone. Every per-user computation of the day close is
 row-wise and every sum is an exact integer sum, so the releases under a test seed do not depend
 on the order in which events arrived, nor on the hash key.
 
@@ -32,6 +33,7 @@ import numpy as np
 
 from streamfilter.engine.contract import Event
 from streamfilter.engine.event_ids import EventIdIndex
+from streamfilter.engine.exact_sums import FOLD_MIN, CellSums, exact_sums_by_key
 from streamfilter.engine.ingest import EventColumns
 from streamfilter.engine.ledger import (
     Hasher,
@@ -56,7 +58,9 @@ _FOLD_MIN = 1 << 20
 #: a packed category cell: the user's code above the coordinate's code (codes < 2**31 each)
 _COORD_BITS = 31
 _COORD_MASK = (1 << _COORD_BITS) - 1
-_MAX_USER_CODE = (1 << 31) - 1  # codes are int32
+#: codes are int32, and a user's code is the day's count of events at its first arrival; an
+#: exact-sum limb (engine/exact_sums.py) takes this many additions before it could overflow
+_MAX_USER_CODE = (1 << 31) - 1
 
 
 class _Run:
@@ -253,13 +257,14 @@ class DayAccumulator:
     """Collects one day's events as integer-coded columns (docs/design.md §2 "Record").
 
     Each distinct user id of the day gets an int32 code on first arrival (one ``str`` kept per
-    user, in a dict), each coordinate name a code too; an event's values then become numpy
-    columns — user code, coordinate code and a float64 — with no Python object kept per value. A categorical value adds exactly 1.0 to its cell and sums of 1.0
-    are exact in any order, so category hits are folded into per-cell counts as they
-    accumulate — the day's records are then identical to summing every value at the end.
-    Numeric values are kept one by one: a cell's sum is defined in ascending value order
-    (``DayRecords.from_codes``), which a running sum cannot reproduce bit for bit. A repeated
-    ``event_id`` is remembered per (user code, event id).
+    user, in a dict), each coordinate name a code too; an
+    event's values then become numpy columns with no Python object kept per value, and are
+    folded into per-cell sums as they accumulate, so the open day's memory is bounded by its
+    (user, coordinate) cells, not by its events. A categorical value adds exactly 1.0 to its
+    cell (sums of 1.0 are exact in any order); a numeric coordinate keeps one exact fixed-point
+    accumulator per user (``engine.exact_sums.CellSums``): a cell's value is the exact sum of
+    its values rounded once, so the records are identical to summing every value at the end,
+    in any order. A repeated ``event_id`` is remembered per (user code, event id).
 
     ``add`` takes one event (``Monitor``, the audit); ``add_many`` a batch of one day's events and
     ``add_columns`` a batch decoded as columns, without Python bytecode per event (the daemon's
@@ -288,9 +293,9 @@ class DayAccumulator:
         self._p_coords: list[int] = []
         self._p_values: list[float] = []
         self._p_cats: list[int] = []  # packed cells of category hits
-        # numeric values: (user codes int32, coordinate code — one for the chunk, or int32 per
-        # value —, float64 values); a batch's user codes are one array shared by its features
-        self._num: list[tuple[np.ndarray, int | np.ndarray, np.ndarray]] = []
+        # numeric coordinate code → its exact per-user sums (values buffered, then folded)
+        self._num: dict[int, CellSums] = {}
+        self._num_buffered = 0
         self._cat: list[np.ndarray] = []  # category hits as packed cells (``_cell``)
         self._cat_buffered = 0
         # folded category cells: (ascending packed cells, counts)
@@ -469,7 +474,23 @@ class DayAccumulator:
             self._cat_buffered += len(codes)
         else:
             values = np.fromiter(column, np.float64, len(codes))
-            self._num.append((codes, self._coord_code_of(name), values))
+            self._add_numbers(self._coord_code_of(name), codes, values)
+
+    def _add_numbers(self, coord: int, codes: np.ndarray, values: np.ndarray) -> None:
+        """``values[i]`` of user ``codes[i]`` at numeric coordinate ``coord``: buffered in the
+        coordinate's sums; every coordinate's buffer is folded once they hold as many values as
+        there are numeric cells (and at least ``FOLD_MIN``), so memory stays bounded by cells."""
+        sums = self._num.get(coord)
+        if sums is None:
+            sums = self._num[coord] = CellSums()
+        sums.add(codes, values)
+        self._num_buffered += len(codes)
+
+    def _maybe_fold_numbers(self) -> None:
+        if self._num_buffered >= max(FOLD_MIN, sum(map(len, self._num.values()))):
+            for sums in self._num.values():
+                sums.fold()
+            self._num_buffered = 0
 
     def _add_mixed_values(
         self, codes: np.ndarray, value_maps: list[dict[str, float | str]]
@@ -496,26 +517,33 @@ class DayAccumulator:
             names, values = list(compress(names, is_num)), list(compress(values, is_num))
             user_col = user_col[~cat]
         if names:
-            self._num.append(
-                (
-                    user_col,
-                    self._coordinate_codes(names).astype(np.int32),
-                    np.fromiter(values, np.float64, len(values)),
-                )
+            self._add_per_coordinate(
+                user_col,
+                self._coordinate_codes(names),
+                np.fromiter(values, np.float64, len(values)),
             )
         empty = per_event == 0
         if empty.any():  # a zero record for each event with no values
             users = codes[empty]
-            self._num.append((users, self._coord_code_of(""), np.zeros(len(users))))
+            self._add_numbers(self._coord_code_of(""), users, np.zeros(len(users)))
+
+    def _add_per_coordinate(
+        self, users: np.ndarray, coords: np.ndarray, values: np.ndarray
+    ) -> None:
+        """Numeric values of mixed coordinates, split by coordinate."""
+        order = np.argsort(coords, kind="stable")
+        coords = coords[order]
+        bounds = np.flatnonzero(np.r_[True, coords[1:] != coords[:-1], True])
+        for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
+            run = order[a:b]
+            self._add_numbers(int(coords[a]), users[run], values[run])
 
     def _flush_pending(self) -> None:
         if self._p_users:
-            self._num.append(
-                (
-                    np.array(self._p_users, np.int32),
-                    np.array(self._p_coords, np.int32),
-                    np.array(self._p_values, np.float64),
-                )
+            self._add_per_coordinate(
+                np.array(self._p_users, np.int64),
+                np.array(self._p_coords, np.int64),
+                np.array(self._p_values, np.float64),
             )
             self._p_users, self._p_coords, self._p_values = [], [], []
         if self._p_cats:
@@ -527,6 +555,7 @@ class DayAccumulator:
     def _maybe_fold(self) -> None:
         if self._cat_buffered >= max(_FOLD_MIN, len(self._folded[1])):
             self._fold()
+        self._maybe_fold_numbers()
 
     def _fold(self) -> None:
         """Fold every buffered category hit into its (user, coordinate) cell's count."""
@@ -551,27 +580,27 @@ class DayAccumulator:
         self._fold()
         self._flush_user_codes()
         cells, counts = self._folded
+        users = [(cells >> _COORD_BITS).astype(np.int32)]
+        coords = [(cells & _COORD_MASK).astype(np.int32)]
+        values = [counts]
+        for coord, sums in self._num.items():
+            codes, summed = sums.sums()
+            users.append(codes.astype(np.int32))
+            coords.append(np.full(len(codes), coord, np.int32))
+            values.append(summed)
         # dense codes, the users' order of arrival: a table indexed by code (one gather per
         # cell; a binary search per cell took minutes at 100M cells)
         dense_of = np.zeros(self._next_code, np.int32)
         seen = np.concatenate([np.zeros(0, np.int32), *self._user_codes_seen])
         dense_of[seen] = np.arange(len(seen), dtype=np.int32)
         del seen
-        dense = np.concatenate(
-            [dense_of[cells >> _COORD_BITS], *(dense_of[u] for u, _, _ in self._num)]
-        )
-        del dense_of
-        coords = [
-            c if isinstance(c, np.ndarray) else np.full(len(u), c, np.int32)
-            for u, c, _ in self._num
-        ]
         return DayRecords.from_codes(
             self.day,
             self._users,
             self._coords,
-            dense,
-            np.concatenate([(cells & _COORD_MASK).astype(np.int32), *coords]),
-            np.concatenate([counts, *(v for _, _, v in self._num)]),
+            np.concatenate([dense_of[u] for u in users]),
+            np.concatenate(coords),
+            np.concatenate(values),
         )
 
     def _check_open(self) -> None:
@@ -817,15 +846,10 @@ def _keys_in_order(
 
 
 def _sum_cells(key: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Each distinct ``key`` (ascending) and the sum of its values in ascending value order —
-    a function of the key's multiset of values, so of no arrival or grouping order."""
-    order = _sort_order(key)
-    key = key[order]
-    same = key[1:] == key[:-1]
-    if same.any():  # repeated (user, coordinate): sum them in ascending value order
-        order = _values_ascending_within_runs(order, key, same, values)
-    starts = np.flatnonzero(np.r_[True, ~same])
-    return key[starts], np.add.reduceat(values[order], starts)
+    """Each distinct ``key`` (ascending) and the exact sum of its values rounded once
+    (``engine.exact_sums``) — a function of the key's multiset of values, so of no arrival or
+    grouping order."""
+    return exact_sums_by_key(key, values, _sort_order(key))
 
 
 def _split_collisions(
@@ -851,16 +875,4 @@ def _order_by_hash_then_id(users: np.ndarray, h: np.ndarray) -> np.ndarray:
         if e - s > 1:
             run = order[s:e]
             order[s:e] = run[sorted(range(e - s), key=lambda j: users[run[j]])]
-    return order
-
-
-def _values_ascending_within_runs(
-    order: np.ndarray, key: np.ndarray, same: np.ndarray, values: np.ndarray
-) -> np.ndarray:
-    """Re-order the cells of each run of equal ``key`` by ascending value (stable)."""
-    in_run = np.r_[same, False] | np.r_[False, same]
-    idx = np.flatnonzero(in_run)
-    sub = np.lexsort((values[order[idx]], key[idx]))
-    order = order.copy()
-    order[idx] = order[idx[sub]]
     return order
