@@ -41,6 +41,8 @@ _MASK = np.uint64(0xFFFFFFFF)
 FOLD_MIN = 1 << 20
 #: values handled per vectorised step (temporaries stay in cache)
 CHUNK = 1 << 14
+#: values converted to limbs at a time by a fold (bounds its temporaries to a few MiB)
+FOLD_STEP = 1 << 18
 
 
 def fixed_point_limbs(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -246,12 +248,18 @@ class CellSums:
 
     def _accumulate(self, keys: np.ndarray, values: np.ndarray) -> None:
         """Add sorted (key, value) pairs into the accumulators."""
-        limbs, fits = fixed_point_limbs(values)
-        if not fits.all():
-            self._side.append((keys[~fits], values[~fits]))
         starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
-        if len(starts) < len(keys):
-            keys, limbs = keys[starts], np.add.reduceat(limbs, starts, axis=0)
+        limbs = np.empty((len(starts), LIMBS), np.int64)
+        g = 0
+        while g < len(starts):  # whole keys at a time, about FOLD_STEP values: small temporaries
+            g_end = max(g + 1, int(np.searchsorted(starts, starts[g] + FOLD_STEP)))
+            a, b = starts[g], starts[g_end] if g_end < len(starts) else len(keys)
+            part, fits = fixed_point_limbs(values[a:b])
+            if not fits.all():
+                self._side.append((keys[a:b][~fits], values[a:b][~fits]))
+            limbs[g:g_end] = np.add.reduceat(part, starts[g:g_end] - a, axis=0)
+            g = g_end
+        keys = keys[starts]
         if len(self._keys) == 0:
             self._keys, self._limbs = keys, limbs
             return

@@ -74,15 +74,25 @@ def test_sums_by_key_are_fsum_of_each_keys_values(pairs):
 
 
 @settings(max_examples=300, deadline=None)
-@given(cells, st.lists(st.booleans(), min_size=60, max_size=60), st.integers(1, 7))
-def test_folding_at_any_point_gives_the_same_sums(pairs, folds, step):
+@given(
+    cells,
+    st.lists(st.booleans(), min_size=60, max_size=60),
+    st.integers(1, 7),
+    st.sampled_from([1, 2, 5, exact_sums.FOLD_STEP]),
+)
+def test_folding_at_any_point_gives_the_same_sums(pairs, folds, step, fold_step):
+    """Whatever is buffered between folds, and however many values a fold converts at a time."""
     sums = CellSums()
-    for i in range(0, len(pairs), step):
-        chunk = pairs[i : i + step]
-        sums.add(np.array([k for k, _ in chunk], np.int64), np.array([v for _, v in chunk]))
-        if folds[i]:
-            sums.fold()
-    got_keys, got = sums.sums()
+    saved, exact_sums.FOLD_STEP = exact_sums.FOLD_STEP, fold_step
+    try:
+        for i in range(0, len(pairs), step):
+            chunk = pairs[i : i + step]
+            sums.add(np.array([k for k, _ in chunk], np.int64), np.array([v for _, v in chunk]))
+            if folds[i]:
+                sums.fold()
+        got_keys, got = sums.sums()
+    finally:
+        exact_sums.FOLD_STEP = saved
     want_keys, want = reference(pairs)
     assert got_keys.tolist() == want_keys
     assert same_bits(got, want)
