@@ -213,6 +213,7 @@ def _measure(bootstrap: str, n: int, runs: int) -> dict[str, object]:
     admin.create_topics([NewTopic(name, 1, 1) for name in releases])
     admin.close()
     bare, daemon, wall_ratio, cpu_ratio, same_gc, fold_early = [], [], [], [], [], []
+    bare_per_cpu, daemon_per_cpu = [], []  # events per CPU second of the process (per core)
     arms = ("bare", "daemon", "bare_same_gc", "daemon_fold_early")
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
@@ -236,6 +237,8 @@ def _measure(bootstrap: str, n: int, runs: int) -> dict[str, object]:
             daemon.append(n / dw)
             wall_ratio.append(bw / dw)
             cpu_ratio.append(bc / dc)
+            bare_per_cpu.append(n / bc)
+            daemon_per_cpu.append(n / dc)
             same_gc.append(pair["bare_same_gc"][0] / dw)
             fold_early.append(bw / pair["daemon_fold_early"][0])
     ratio = statistics.median(wall_ratio)
@@ -256,7 +259,10 @@ def _measure(bootstrap: str, n: int, runs: int) -> dict[str, object]:
             f"{n:,} events ({n // 5:,} users a day) in 3 partitions, 5 day closes with 3 standing "
             f"queries, SQLite commits, releases to Kafka with acks=all; wall-clock ratios "
             f"{', '.join(f'{r:.2f}' for r in wall_ratio)}; the same ratio in CPU seconds of "
-            f"this process: {statistics.median(cpu_ratio):.2f} (median); CRC-32C in both arms: "
+            f"this process: {statistics.median(cpu_ratio):.2f} (median); per core (events per "
+            f"CPU second of the process, median): daemon "
+            f"{statistics.median(daemon_per_cpu):,.0f}, bare {statistics.median(bare_per_cpu):,.0f}"
+            f"; CRC-32C in both arms: "
             f"{crc}; like for like, the bare "
             f"loop under the daemon's collector policy: {statistics.median(same_gc):.3f} "
             f"({', '.join(f'{r:.2f}' for r in same_gc)}); the daemon folding its budget log "
@@ -264,6 +270,8 @@ def _measure(bootstrap: str, n: int, runs: int) -> dict[str, object]:
             f"{statistics.median(fold_early):.3f} ({', '.join(f'{r:.2f}' for r in fold_early)})"
         ),
         cpu_ratio=round(statistics.median(cpu_ratio), 3),
+        events_per_cpu_second=round(statistics.median(daemon_per_cpu)),
+        baseline_events_per_cpu_second=round(statistics.median(bare_per_cpu)),
         #: both arms run in this process, so they check record batches with the same CRC-32C
         crc32c=crc,
         ratio_same_gc=round(statistics.median(same_gc), 3),
