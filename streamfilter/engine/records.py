@@ -296,6 +296,7 @@ class DayAccumulator:
         # numeric coordinate code → its exact per-user sums (values buffered, then folded)
         self._num: dict[int, CellSums] = {}
         self._num_buffered = 0
+        self._records: DayRecords | None = None  # the day's records, once finished
         self._cat: list[np.ndarray] = []  # category hits as packed cells (``_cell``)
         self._cat_buffered = 0
         # folded category cells: (ascending packed cells, counts)
@@ -570,8 +571,10 @@ class DayAccumulator:
 
     def finish(self) -> DayRecords:
         """The day's records (the same on every call). The day takes no more events afterwards:
-        the repeated-event index and the id → code dict are released first, since the close is
-        when memory peaks."""
+        the repeated-event index and the id → code dict are released first, and each folded
+        table as soon as its cells are out, since the close is when memory peaks."""
+        if self._records is not None:
+            return self._records
         self._finished = True
         self._seen_event_ids.close()
         self._seen_event_ids = SeenEventIds()
@@ -579,33 +582,43 @@ class DayAccumulator:
         self._flush_pending()
         self._fold()
         self._flush_user_codes()
+        # dense codes, the users' order of arrival: the rank of a code among the users' codes
+        # (ascending); every table below comes out sorted by code, so the search is one sweep
+        seen = np.concatenate([np.zeros(0, np.int32), *self._user_codes_seen])
+        self._user_codes_seen = [seen]
         cells, counts = self._folded
-        users = [(cells >> _COORD_BITS).astype(np.int32)]
+        self._folded = (np.zeros(0, np.int64), np.zeros(0))
+        users = [np.searchsorted(seen, cells >> _COORD_BITS).astype(np.int32)]
         coords = [(cells & _COORD_MASK).astype(np.int32)]
         values = [counts]
-        for coord, sums in self._num.items():
-            codes, summed = sums.sums()
-            users.append(codes.astype(np.int32))
+        del cells, counts
+        for coord in list(self._num):
+            codes, summed = self._num.pop(coord).sums()
+            users.append(np.searchsorted(seen, codes).astype(np.int32))
             coords.append(np.full(len(codes), coord, np.int32))
             values.append(summed)
-        # dense codes, the users' order of arrival: a table indexed by code (one gather per
-        # cell; a binary search per cell took minutes at 100M cells)
-        dense_of = np.zeros(self._next_code, np.int32)
-        seen = np.concatenate([np.zeros(0, np.int32), *self._user_codes_seen])
-        dense_of[seen] = np.arange(len(seen), dtype=np.int32)
-        del seen
-        return DayRecords.from_codes(
+            del codes, summed
+        self._records = DayRecords.from_codes(
             self.day,
             self._users,
             self._coords,
-            np.concatenate([dense_of[u] for u in users]),
-            np.concatenate(coords),
-            np.concatenate(values),
+            _concatenated(users),
+            _concatenated(coords),
+            _concatenated(values),
         )
+        return self._records
 
     def _check_open(self) -> None:
         if self._finished:
             raise RuntimeError(f"day {self.day} is finished: it takes no more events")
+
+
+def _concatenated(parts: list[np.ndarray]) -> np.ndarray:
+    """``np.concatenate(parts)``, emptying the list as it goes (the parts are freed once
+    copied)."""
+    out = np.concatenate(parts)
+    parts.clear()
+    return out
 
 
 def _cell(users: np.ndarray, coords: np.ndarray) -> np.ndarray:
