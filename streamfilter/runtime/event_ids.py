@@ -6,8 +6,9 @@ answers as the in-memory ``records.SeenEventIds``. Recent pairs are held in a ``
 written, sorted by their 64-bit key, as one immutable *segment* file and memory starts empty
 again. A segment is four columns sorted by key — keys (int64), user codes (int32), each id's
 start (int64) and length (int32) in the text — then the ids' UTF-8 text in arrival order. The
-files live in a private directory (0700, files 0600: event ids are user data) removed by
-:meth:`SpillingEventIds.close` (the day's close) or, failing that, when the index is collected.
+files have no name (0600, in a private 0700 directory: event ids are user data), so they vanish
+with their descriptors however the process ends; :meth:`SpillingEventIds.close` (the day's
+close) closes them and removes the directory, as does collecting an index left unclosed.
 
 What stays in memory per segment is small: the first and last key of every block of
 ``BLOCK_PAIRS`` keys (fences) and a blocked Bloom filter (``FILTER_BITS_PER_PAIR`` bits a pair,
@@ -138,8 +139,11 @@ def _pwrite(fd: int, data: np.ndarray, offset: int) -> None:
 
 
 class _SpillDir:
-    """The index's private directory (0700) and its open segment files (0600); ``cleanup``
-    closes and removes them all (also run by a finalizer when the index is collected)."""
+    """The index's private directory (0700) and its open segment files (0600) — files with no
+    name (``O_TMPFILE``, else unlinked as soon as they are opened), so the kernel frees them when
+    their descriptors close, however the process ends: a crash or a kill leaves no event id on
+    disk, only the empty directory. ``cleanup`` closes them and removes the directory (also run
+    by a finalizer when the index is collected)."""
 
     def __init__(self, parent: str | None) -> None:
         self.path = Path(tempfile.mkdtemp(prefix="streamfilter-event-ids-", dir=parent))
@@ -149,13 +153,20 @@ class _SpillDir:
     def create(self) -> tuple[str, int]:
         name = f"segment-{self._next:06d}"
         self._next += 1
-        flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
-        fd = self.fds[name] = os.open(self.path / name, flags, 0o600)
+        flags = os.O_RDWR | getattr(os, "O_CLOEXEC", 0)
+        unnamed = getattr(os, "O_TMPFILE", 0)
+        fd = -1
+        if unnamed:
+            with contextlib.suppress(OSError):  # a file system without unnamed files
+                fd = os.open(self.path, flags | unnamed, 0o600)
+        if fd < 0:
+            fd = os.open(self.path / name, flags | os.O_CREAT | os.O_EXCL, 0o600)
+            os.unlink(self.path / name)
+        self.fds[name] = fd
         return name, fd
 
     def remove(self, name: str) -> None:
         os.close(self.fds.pop(name))
-        (self.path / name).unlink()
 
     def cleanup(self) -> None:
         for name in list(self.fds):

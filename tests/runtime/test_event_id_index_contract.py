@@ -10,7 +10,10 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import signal
 import stat
+import subprocess
+import sys
 from collections.abc import Callable
 
 import numpy as np
@@ -141,18 +144,41 @@ def _spilled(tmp_path, n: int = 20) -> SpillingEventIds:
     return index
 
 
-def test_segment_files_are_private_and_removed_on_close(tmp_path):
+def _segment_fds(index: SpillingEventIds) -> list[int]:
+    files = index._files
+    return [] if files is None else list(files.fds.values())
+
+
+def test_segment_files_are_private_nameless_and_removed_on_close(tmp_path):
     index = _spilled(tmp_path)
     where = index.directory
     assert where is not None and where.parent == tmp_path
-    files = list(where.iterdir())
-    assert len(files) == index.segment_count >= 1
+    fds = _segment_fds(index)
+    assert len(fds) == index.segment_count >= 1
     assert stat.S_IMODE(where.stat().st_mode) == 0o700
-    assert all(stat.S_IMODE(f.stat().st_mode) == 0o600 for f in files)
-    assert any(b"secret-3" in f.read_bytes() for f in files)  # the ids really are on disk
+    assert list(where.iterdir()) == []  # no segment has a name: nothing outlives the process
+    assert all(stat.S_IMODE(os.fstat(fd).st_mode) == 0o600 for fd in fds)
+    on_disk = [os.pread(fd, os.fstat(fd).st_size, 0) for fd in fds]
+    assert any(b"secret-3" in data for data in on_disk)  # the ids really are on disk
     index.close()
     assert not where.exists() and list(tmp_path.iterdir()) == []
     index.close()  # a second close does nothing
+
+
+def test_a_killed_process_leaves_no_event_id_on_disk(tmp_path):
+    """SIGKILL runs no finalizer: the spilled ids must still not survive on disk."""
+    code = (
+        "import os, signal, numpy as np\n"
+        "from streamfilter.runtime.event_ids import SpillingEventIds\n"
+        f"index = SpillingEventIds(4, {str(tmp_path)!r})\n"
+        "index.insert(np.arange(200, dtype=np.int32) % 7, [f'secret-{i}' for i in range(200)])\n"
+        "assert index.segment_count >= 1\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=120)
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    left = [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert left == []  # at most the empty private directory remains
 
 
 def test_an_index_dropped_without_close_removes_its_files(tmp_path):
