@@ -221,8 +221,9 @@ class LimitsSection(_Section):
 class SpillSection(_Section):
     """The open day's repeated-event index (docs/design.md §2.2): past ``event_ids_in_memory``
     (user, event id) pairs it writes them, sorted, to files in a private directory (0700, files
-    0600 with no name: nothing survives the process) under ``dir`` — the system's temporary directory when not
-    set; a set ``dir`` must exist. Put it on a disk, not a RAM-backed ``tmpfs``."""
+    0600 with no name: nothing survives the process) under ``dir`` — the system's temporary
+    directory when not set; a set ``dir`` must exist. Put it on a disk, not a RAM-backed
+    ``tmpfs``."""
 
     dir: Path | None = None
     event_ids_in_memory: int = Field(1 << 20, ge=1, le=1 << 31)  # runtime.event_ids default
