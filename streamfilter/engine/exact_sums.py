@@ -154,17 +154,39 @@ def _fsum(terms: list[float]) -> float:
         return math.nan
 
 
-def _sums(limbs: np.ndarray, side_rows: np.ndarray, side_values: np.ndarray) -> np.ndarray:
-    """Round each accumulator; accumulator ``side_rows[i]`` also takes ``side_values[i]`` (a
-    value that does not fit the fixed point), added exactly with ``math.fsum``."""
-    out = round_limbs(limbs)
+def _stored(limbs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Accumulators as kept between folds, 20 bytes each: carried (``normalize_limbs``, in
+    place), the three low limbs as uint32 and the top limb as int64."""
+    normalize_limbs(limbs)
+    return limbs[:, : LIMBS - 1].astype(np.uint32), limbs[:, LIMBS - 1].copy()
+
+
+def _loaded(low: np.ndarray, top: np.ndarray) -> np.ndarray:
+    """Stored accumulators back as int64 limbs (rows)."""
+    limbs = np.empty((len(top), LIMBS), np.int64)
+    limbs[:, : LIMBS - 1] = low
+    limbs[:, LIMBS - 1] = top
+    return limbs
+
+
+def _sums(
+    low: np.ndarray, top: np.ndarray, side_rows: np.ndarray, side_values: np.ndarray
+) -> np.ndarray:
+    """Round each stored accumulator; accumulator ``side_rows[i]`` also takes ``side_values[i]``
+    (a value that does not fit the fixed point), added exactly with ``math.fsum``."""
+    out = np.empty(len(top))
+    for a in range(0, len(top), FOLD_STEP):  # loaded a step at a time: small temporaries
+        out[a : a + FOLD_STEP] = round_limbs(
+            _loaded(low[a : a + FOLD_STEP], top[a : a + FOLD_STEP])
+        )
     if len(side_rows):
         order = np.argsort(side_rows, kind="stable")
         side_rows, side_values = side_rows[order], side_values[order]
         bounds = np.flatnonzero(np.r_[True, side_rows[1:] != side_rows[:-1], True])
         for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
             j = int(side_rows[a])
-            out[j] = _fsum(_limb_terms(limbs[j]) + side_values[a:b].tolist())
+            limbs = _loaded(low[j : j + 1], top[j : j + 1])[0]
+            out[j] = _fsum(_limb_terms(limbs) + side_values[a:b].tolist())
     return out
 
 
@@ -183,7 +205,7 @@ def exact_sums_by_key(
     group = np.cumsum(np.r_[True, ks[1:] != ks[:-1]]) - 1
     summed = np.add.reduceat(limbs, starts, axis=0)
     side = np.flatnonzero(~fits)
-    out = _sums(summed, group[side], values[order][side])
+    out = _sums(*_stored(summed), group[side], values[order][side])
     return ks[starts], out
 
 
@@ -206,9 +228,10 @@ class CellSums:
         # keys with one value so far (ascending) and that value
         self._one_keys = np.zeros(0, np.int64)
         self._one_values = np.zeros(0)
-        # keys with more (ascending) and their accumulators, a row per key
+        # keys with more (ascending) and their accumulators, stored in 20 bytes each (``_stored``)
         self._keys = np.zeros(0, np.int64)
-        self._limbs = np.zeros((0, LIMBS), np.int64)
+        self._low = np.zeros((0, LIMBS - 1), np.uint32)  # stored accumulators (``_stored``)
+        self._top = np.zeros(0, np.int64)
         self._buffer: list[tuple[np.ndarray, np.ndarray]] = []
         self.buffered = 0
         # values of accumulated keys that do not fit the fixed point: (keys, values), as they are
@@ -261,17 +284,22 @@ class CellSums:
             g = g_end
         keys = keys[starts]
         if len(self._keys) == 0:
-            self._keys, self._limbs = keys, limbs
+            self._keys, (self._low, self._top) = keys, _stored(limbs)
             return
         at = np.searchsorted(self._keys, keys)
         found = at < len(self._keys)
         found[found] = self._keys[at[found]] == keys[found]
         if found.any():
-            self._limbs[at[found]] += limbs[found]
+            rows = at[found]
+            held = _loaded(self._low[rows], self._top[rows])
+            held += limbs[found]
+            self._low[rows], self._top[rows] = _stored(held)
         if not found.all():
             new = ~found
+            low, top = _stored(limbs[new])
             self._keys = np.insert(self._keys, at[new], keys[new])
-            self._limbs = np.insert(self._limbs, at[new], limbs[new], axis=0)
+            self._low = np.insert(self._low, at[new], low, axis=0)
+            self._top = np.insert(self._top, at[new], top)
 
     def sums(self) -> tuple[np.ndarray, np.ndarray]:
         """(keys ascending, each key's exact sum rounded once)."""
@@ -280,7 +308,9 @@ class CellSums:
         side_values = np.concatenate([np.zeros(0), *(v for _, v in self._side)])
         rows = np.searchsorted(self._keys, side_keys)
         keys = np.concatenate([self._one_keys, self._keys])
-        summed = np.concatenate([self._one_values + 0.0, _sums(self._limbs, rows, side_values)])
+        summed = np.concatenate(
+            [self._one_values + 0.0, _sums(self._low, self._top, rows, side_values)]
+        )
         if len(self._one_keys) and len(self._keys):
             order = np.argsort(keys, kind="stable")  # two sorted runs: one merge
             keys, summed = keys[order], summed[order]
