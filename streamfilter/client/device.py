@@ -18,6 +18,7 @@ server drops duplicates) — never fresh noise for the same contribution, never 
 from __future__ import annotations
 
 import json
+import math
 import os
 import secrets
 import tempfile
@@ -40,8 +41,9 @@ STATE_FORMAT = 1
 
 def day_record(events: Iterable[Mapping[str, Any]]) -> dict[str, float]:
     """The user's record for one day: numeric features summed, a category ``v`` of feature ``f``
-    counts 1 at ``f=v``; a repeated ``event_id`` counts once. Sums run in sorted value order per
-    coordinate, as in the central engine (``engine.records``), so both build the same floats."""
+    counts 1 at ``f=v``; a repeated ``event_id`` counts once. A coordinate's value is the exact
+    sum of its values rounded once (``math.fsum``; an exact zero is +0.0), as in the central
+    engine (``engine.exact_sums``, docs/design.md §2.2), so both build the same floats."""
     seen: set[str] = set()
     cells: dict[str, list[float]] = {}
     for event in events:
@@ -62,8 +64,7 @@ def day_record(events: Iterable[Mapping[str, Any]]) -> dict[str, float]:
                 raise ValueError("event values must be finite numbers or strings")
     out: dict[str, float] = {}
     for coord, vals in cells.items():
-        arr = np.sort(np.array(vals, dtype=np.float64))
-        out[coord] = float(np.add.reduceat(arr, [0])[0])
+        out[coord] = math.fsum(vals) + 0.0
     return out
 
 
