@@ -32,7 +32,7 @@ from typing import Any, Literal, cast
 import numpy as np
 
 from streamfilter.engine.contract import Event
-from streamfilter.engine.event_ids import EventIdIndex
+from streamfilter.engine.event_ids import EventIdIndex, pair_keys
 from streamfilter.engine.exact_sums import FOLD_MIN, CellSums, exact_sums_by_key
 from streamfilter.engine.ingest import EventColumns
 from streamfilter.engine.ledger import (
@@ -115,12 +115,8 @@ class _Run:
         return False
 
 
-def _pair_keys(users: np.ndarray, event_ids: list[str]) -> np.ndarray:
-    """A 64-bit key of each (user code, event id): the id's ``hash`` xor the code mixed by an odd
-    multiplier (equal pairs have equal keys; unequal pairs share one with probability ~2**-64,
-    and every key match is confirmed exactly)."""
-    h = np.fromiter(map(hash, event_ids), np.int64, count=len(event_ids))
-    return h ^ (users.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)).view(np.int64)
+#: the pairs' 64-bit keys (``engine.event_ids.pair_keys``; a module name tests can narrow)
+_pair_keys = pair_keys
 
 
 class SeenEventIds:
@@ -261,10 +257,10 @@ class DayAccumulator:
     event's values then become numpy columns with no Python object kept per value, and are
     folded into per-cell sums as they accumulate, so the open day's memory is bounded by its
     (user, coordinate) cells, not by its events. A categorical value adds exactly 1.0 to its
-    cell (sums of 1.0 are exact in any order); a numeric coordinate keeps one exact fixed-point
-    accumulator per user (``engine.exact_sums.CellSums``): a cell's value is the exact sum of
-    its values rounded once, so the records are identical to summing every value at the end,
-    in any order. A repeated ``event_id`` is remembered per (user code, event id).
+    cell (sums of 1.0 are exact in any order); a numeric coordinate keeps each user's exact sum
+    (``engine.exact_sums.CellSums``: the value itself while there is one, else a fixed-point
+    accumulator): a cell's value is the exact sum of its values rounded once, so the records
+    are identical to summing every value at the end, in any order. A repeated ``event_id`` is remembered per (user code, event id).
 
     ``add`` takes one event (``Monitor``, the audit); ``add_many`` a batch of one day's events and
     ``add_columns`` a batch decoded as columns, without Python bytecode per event (the daemon's
@@ -295,7 +291,6 @@ class DayAccumulator:
         self._p_cats: list[int] = []  # packed cells of category hits
         # numeric coordinate code → its exact per-user sums (values buffered, then folded)
         self._num: dict[int, CellSums] = {}
-        self._num_buffered = 0
         self._records: DayRecords | None = None  # the day's records, once finished
         self._cat: list[np.ndarray] = []  # category hits as packed cells (``_cell``)
         self._cat_buffered = 0
@@ -485,13 +480,16 @@ class DayAccumulator:
         if sums is None:
             sums = self._num[coord] = CellSums()
         sums.add(codes, values)
-        self._num_buffered += len(codes)
+
+    @property
+    def _num_buffered(self) -> int:
+        """Numeric values waiting in the coordinates' buffers."""
+        return sum(sums.buffered for sums in self._num.values())
 
     def _maybe_fold_numbers(self) -> None:
         if self._num_buffered >= max(FOLD_MIN, sum(map(len, self._num.values()))):
             for sums in self._num.values():
                 sums.fold()
-            self._num_buffered = 0
 
     def _add_mixed_values(
         self, codes: np.ndarray, value_maps: list[dict[str, float | str]]
@@ -577,7 +575,6 @@ class DayAccumulator:
             return self._records
         self._finished = True
         self._seen_event_ids.close()
-        self._seen_event_ids = SeenEventIds()
         self._user_code = {}
         self._flush_pending()
         self._fold()
