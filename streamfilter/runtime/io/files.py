@@ -9,12 +9,16 @@ import hashlib
 import json
 import os
 import sys
-from itertools import accumulate, compress, islice, repeat
+from itertools import accumulate, compress, repeat
 from pathlib import Path
 from typing import IO
 
 from streamfilter.errors import PublishError
 from streamfilter.runtime.io.base import QueryFeed, RecordBatch, Sink, Source, SourceRecord
+
+#: bytes ``FileSource.poll_batches`` reads at a time
+BLOCK_BYTES = 1 << 20
+_PLUS_ONE = (1).__add__  # a line's length with its newline
 
 
 class FileSource(Source):
@@ -65,40 +69,58 @@ class FileSource(Source):
         return out
 
     def poll_batches(self, max_records: int) -> list[RecordBatch]:
-        """What :meth:`poll` returns, as one batch, the lines split and stripped by C-level
-        iteration (``islice``, ``map``) instead of a Python loop per line."""
+        """What :meth:`poll` returns, as one batch: the file is read in blocks of
+        :data:`BLOCK_BYTES` and split into lines by ``bytes.split`` (C), with no Python step per
+        line; a line longer than a block is completed with ``readline``."""
         if self._fh is None:
             if not self.path.exists():
                 return []
             self.seek({self._partition: self._offset})
         assert self._fh is not None
         fh = self._fh
-        fh.seek(self._offset)
         offsets: list[int] = []
         values: list[bytes] = []
         next_offset = self._offset
         while len(values) < max_records:
-            lines = list(islice(fh, max_records - len(values)))
-            if not lines:
+            fh.seek(self._offset)
+            block = fh.read(BLOCK_BYTES)
+            if not block:
                 break
-            partial = self.follow and not lines[-1].endswith(b"\n")
-            if partial:
-                lines.pop()  # wait for the writer to finish it
-            ends = list(accumulate(map(len, lines), initial=self._offset))
-            bodies = list(map(bytes.rstrip, lines, repeat(b"\r\n")))
-            if all(map(bytes.strip, bodies)):
+            at_eof = len(block) < BLOCK_BYTES
+            lines = block.split(b"\n")
+            if len(lines) == 1 and not at_eof:  # no newline in a whole block: a long line
+                block += fh.readline()
+                lines = block.split(b"\n")
+                at_eof = len(lines) == 1
+            tail = lines.pop()  # after the last newline: part of a line, or b""
+            need = max_records - len(values)
+            whole = len(lines) <= need  # every complete line of the block is taken
+            lines = lines[:need]
+            ends = list(accumulate(map(_PLUS_ONE, map(len, lines)), initial=self._offset))
+            if (
+                tail
+                and at_eof
+                and whole
+                and not self.follow
+                and sum(map(bool, map(bytes.strip, lines))) < need
+            ):
+                lines.append(tail)  # the file's last line has no newline: it counts as a line
+                ends.append(ends[-1] + len(tail))
+            if b"\r" in block:
+                lines = list(map(bytes.rstrip, lines, repeat(b"\r")))
+            if all(map(bytes.strip, lines)):
                 offsets += ends[:-1]
-                values += bodies
-                if bodies:
+                values += lines
+                if lines:
                     next_offset = ends[-1]
             else:  # blank lines are skipped (their bytes are consumed)
-                keep = list(map(bool, map(bytes.strip, bodies)))
+                keep = list(map(bool, map(bytes.strip, lines)))
                 offsets += compress(ends[:-1], keep)
-                values += compress(bodies, keep)
+                values += compress(lines, keep)
                 if any(keep):
                     next_offset = ends[len(keep) - keep[::-1].index(True)]
             self._offset = ends[-1]
-            if partial:
+            if at_eof and whole:
                 break
         return [RecordBatch(self._partition, offsets, values, next_offset)] if values else []
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from streamfilter.runtime.io import files
 from streamfilter.runtime.io.base import RecordBatch, Source, SourceRecord
 from streamfilter.runtime.io.files import FileSource
 from streamfilter.runtime.io.synthetic import SyntheticSource
@@ -358,13 +359,16 @@ file_lines = st.lists(
     tail=st.sampled_from([b"", b'{"partial": 1', b"  "]),
     follow=st.booleans(),
     max_records=st.integers(1, 7),
+    block_bytes=st.sampled_from([1, 2, 5, 8, 13, 1 << 20]),
 )
 def test_file_poll_batches_equal_the_line_by_line_poll_on_blank_crlf_and_partial_lines(
-    tmp_path_factory, lines, tail, follow, max_records
+    tmp_path_factory, monkeypatch, lines, tail, follow, max_records, block_bytes
 ):
-    """FileSource reads its batches with C-level line splitting: on blank and whitespace lines,
-    CR line ends and a trailing partial line (kept for later in follow mode), every poll gives
-    what the line-by-line ``poll`` gives, and both leave the source at the same offset."""
+    """FileSource reads its batches in blocks split by C: on blank and whitespace lines, CR line
+    ends, a trailing partial line (kept for later in follow mode) and lines longer than a block
+    or cut by a block's end, every poll gives what the line-by-line ``poll`` gives, and both
+    leave the source at the same offset."""
+    monkeypatch.setattr(files, "BLOCK_BYTES", block_bytes)
     path = tmp_path_factory.mktemp("file") / "events.jsonl"
     path.write_bytes(b"".join(line + b"\n" for line in lines) + tail)
     plain, batched = FileSource(path, follow=follow), FileSource(path, follow=follow)
