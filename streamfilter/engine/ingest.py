@@ -114,8 +114,8 @@ def _decode_wrapped(
     decoder: msgspec.json.Decoder[Any], lines: Sequence[bytes]
 ) -> tuple[list[Any], bytes] | None:
     """Each line decoded as one value by ``decoder`` (a ``list[tuple[T]]`` decoder) in one call,
-    with every day checked (``day_ok``), and the joined bytes; None when any line is refused or
-    the wrapping cannot show that each line is exactly one value (``_fast_chunk``)."""
+    and the joined bytes; None when any line is refused or the wrapping cannot show that each
+    line is exactly one value (``_fast_chunk``). The caller checks the days (``day_ok``)."""
     if max(map(len, lines)) > MAX_EVENT_BYTES:
         return None
     try:
@@ -130,10 +130,7 @@ def _decode_wrapped(
         return None
     if len(wrapped) != len(lines):
         return None
-    events = list(map(itemgetter(0), wrapped))
-    if not all(map(day_ok, set(map(_DAY, events)))):
-        return None
-    return events, blob
+    return list(map(itemgetter(0), wrapped)), blob
 
 
 def _fast_chunk(lines: Sequence[bytes]) -> list[Event] | None:
@@ -152,6 +149,8 @@ def _fast_chunk(lines: Sequence[bytes]) -> list[Event] | None:
     if decoded is None:
         return None
     events, blob = decoded
+    if not all(map(day_ok, set(map(_DAY, events)))):
+        return None
     if (b"=" in blob or b"\\u" in blob) and any(
         "=" in name for name in chain.from_iterable(map(_VALUES, events))
     ):
@@ -274,10 +273,13 @@ def parse_columns(lines: Sequence[bytes]) -> EventColumns | None:
     if decoded is None:
         return None
     events = decoded[0]
+    days = list(map(_DAY, events))
+    if not all(map(day_ok, set(days))):
+        return None
     values = list(map(_VALUES, events))
     return EventColumns(
         list(map(_USER, events)),
-        list(map(_DAY, events)),
+        days,
         list(map(_EVENT_ID, events)),
         tuple(name for name, _ in schema),
         tuple(cat for _, cat in schema),

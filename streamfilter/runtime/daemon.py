@@ -499,7 +499,10 @@ class Daemon:
         if columns is not None or not any(issubclass(t, Reject) for t in set(map(type, parsed))):
             days = columns.days if columns is not None else list(map(_DAY, parsed))
             # runs of consecutive events of one day (one run but at a day's boundary)
-            cuts = [0, *compress(range(1, len(days)), map(ne, days, days[1:]))]
+            if days.count(days[0]) == len(days):
+                cuts = [0]
+            else:
+                cuts = [0, *compress(range(1, len(days)), map(ne, days, days[1:]))]
             runs = list(zip(cuts, [*cuts[1:], len(days)], strict=True))
             if all(
                 not self.engine.is_closed(days[a]) and (horizon is None or days[a] <= horizon)

@@ -405,6 +405,8 @@ def _same_event(a: Event, b: Event) -> bool:
 )
 @example([SCHEMA_LINE.encode()] * 3)
 @example([NEAR_SCHEMA[0].encode(), NEAR_SCHEMA[1].encode(), NEAR_SCHEMA[2].encode()])
+@example([SCHEMA_LINE.encode(), SCHEMA_LINE.replace("2026-01-05", "2026-02-30").encode()])
+@example([SCHEMA_LINE.encode(), SCHEMA_LINE.replace("2026-01-05", "1969-12-31").encode()])
 def test_columns_are_the_events_parse_events_accepts(lines):
     """``parse_columns`` decides nothing of its own: when it returns columns, every line is an
     event ``parse_events`` accepts, with the same fields and values, bit for bit."""
