@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import resource
 import statistics
 import subprocess
@@ -139,13 +140,19 @@ def write_stream(path: Path, n_users: int, seed: int = 0) -> int:
     return n
 
 
+_CLOSED = re.compile(r"closed day \S+: \d+ releases in ([0-9.]+)s")
+
+
 def _child(argv: list[str]) -> None:
-    """Run one arm; print its wall seconds and peak RSS (MiB) as JSON."""
+    """Run one arm; print its wall seconds, peak RSS (MiB) and, from the daemon's log, the
+    seconds its day closes took (records, filter, noise, durable commit, publish) as JSON."""
     t0 = time.perf_counter()
-    subprocess.run(argv, check=True, stdout=subprocess.DEVNULL)
+    done = subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     wall = time.perf_counter() - t0
     rss_mib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-    print(json.dumps({"seconds": wall, "peak_rss_mib": rss_mib}))
+    closes = _CLOSED.findall(done.stderr.decode(errors="replace"))
+    close_s = sum(map(float, closes))
+    print(json.dumps({"seconds": wall, "peak_rss_mib": rss_mib, "close_seconds": close_s}))
 
 
 def _arm(argv: list[str], cwd: Path) -> dict[str, float]:
@@ -216,6 +223,7 @@ def run(quick: bool = False, runs: int | None = None, n_users: int | None = None
     )
     sf_s = statistics.median(p["streamfilter"]["seconds"] for p in pairs)
     db_s = statistics.median(p["duckdb"]["seconds"] for p in pairs)
+    sf_close = statistics.median(p["streamfilter"]["close_seconds"] for p in pairs)
     sf_rss = statistics.median(p["streamfilter"]["peak_rss_mib"] for p in pairs)
     db_rss = statistics.median(p["duckdb"]["peak_rss_mib"] for p in pairs)
     load = os.getloadavg()[0]
@@ -237,12 +245,16 @@ def run(quick: bool = False, runs: int | None = None, n_users: int | None = None
                 f"3-category histogram, linear d=2) vs DuckDB {_duckdb_version()} with 1 thread "
                 f"(typed read_json, DISTINCT ON event id, group by user, L2 clip, sums); wall "
                 f"ratios {', '.join(f'{r:.2f}' for r in ratios)}; "
+                f"of streamfilter's {sf_s:.2f} s, the {len(DAYS)} day closes (records, filter, "
+                f"noise, durable commit, publish) take {sf_close:.2f} s and start-up plus "
+                f"ingest the rest; "
                 f"peak RSS {sf_rss:.0f} MiB vs {db_rss:.0f} MiB (ratio {rss_ratio:.2f}); "
                 f"each run leaves {upkeep_entries:,} budget-log entries to the next run's "
                 f"upkeep ({upkeep_s:.2f} s, measured after the run): with it the ratio is "
                 f"{with_upkeep:.2f}; "
                 f"1-min load average at the end: {load:.1f}"
             ),
+            close_seconds=round(sf_close, 2),
             peak_rss_mib=round(sf_rss),
             baseline_peak_rss_mib=round(db_rss),
             rss_ratio=round(rss_ratio, 2),
