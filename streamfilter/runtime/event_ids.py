@@ -8,9 +8,10 @@ into one immutable *segment* file sorted by the pairs' 64-bit keys, and memory s
 again. A segment is four columns sorted by key — keys (int64), user codes (int32), each id's
 start (int64) and length (int32) in the text — then the ids' UTF-8 text, input after input.
 Each batch is keyed once (``engine.event_ids.pair_keys``); the keys serve the segments and the
-in-memory runs alike. The files have no name (0600, in a private 0700 directory: event ids are user data), so they vanish
-with their descriptors however the process ends; :meth:`SpillingEventIds.close` (the day's
-close) closes them and removes the directory, as does collecting an index left unclosed.
+in-memory runs alike. The files have no name (0600, in a private 0700 directory: event ids are
+user data), so they vanish with their descriptors however the process ends;
+:meth:`SpillingEventIds.close` (the day's close) closes them and removes the directory, as does
+collecting an index left unclosed.
 
 What stays in memory per segment is small: the first and last key of every block of
 ``BLOCK_PAIRS`` keys (fences) and a blocked Bloom filter (``FILTER_BITS_PER_PAIR`` bits a pair,
