@@ -526,6 +526,7 @@ class SpillingEventIds:
             )
         self._segments.append(self._merge(runs, tier=0))
         self.spilled_pairs += n
+        del runs  # the pairs are on disk now: their memory goes before any merge of segments
         self._merge_full_tiers()
 
     def _merge_full_tiers(self) -> None:
