@@ -110,8 +110,9 @@ class PairRun:
     def merged(self, other: PairRun) -> PairRun:
         keys = np.concatenate([self.keys, other.keys])
         order = np.argsort(keys, kind="stable")
+        keys = keys[order]  # the unsorted copy goes now, not after the other columns' copies
         return PairRun(
-            keys[order],
+            keys,
             np.concatenate([self.users, other.users])[order],
             np.concatenate([self.starts, other.starts + len(self.text)])[order],
             np.concatenate([self.lengths, other.lengths])[order],
