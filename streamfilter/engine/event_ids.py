@@ -5,6 +5,8 @@
 implementation keeps every pair in memory (``records.SeenEventIds``), the daemon's spills to disk
 past a bound (``runtime/event_ids.py``), so an open day's memory does not grow with its events.
 Either way the answer is exact: a key match is confirmed against the user code and the id text.
+Both keep a pair packed the same way (``records.PairRun``): its key, its int32 user code and the
+id's UTF-8 bytes (``id_bytes``) in one blob shared by many pairs — no Python object per pair.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import Protocol
 
 import numpy as np
 
-__all__ = ["EventIdIndex", "pair_keys"]
+__all__ = ["EventIdIndex", "id_bytes", "packed_ids", "pair_keys", "user_codes"]
 
 
 class EventIdIndex(Protocol):
@@ -49,3 +51,30 @@ def pair_keys(users: np.ndarray, event_ids: list[str]) -> np.ndarray:
     h = np.fromiter(map(hash, event_ids), np.int64, count=len(event_ids))
     mixed: np.ndarray = h ^ (np.asarray(users).astype(np.uint64) * _USER_MIX).view(np.int64)
     return mixed
+
+
+_INT32_MAX = (1 << 31) - 1
+
+
+def user_codes(users: np.ndarray) -> np.ndarray:
+    """``users`` as int32 codes (no copy if they are already); a code outside [0, 2**31) is a
+    ``ValueError`` (it would not survive the narrowing)."""
+    users = np.asarray(users)
+    if len(users) and (int(users.min()) < 0 or int(users.max()) > _INT32_MAX):
+        raise ValueError("user codes must fit in int32")
+    return users.astype(np.int32, copy=False)
+
+
+def id_bytes(event_id: str) -> bytes:
+    """An id's bytes: UTF-8, with lone surrogates kept (``surrogatepass``: still one-to-one, so
+    equal bytes are equal ids)."""
+    return event_id.encode("utf-8", "surrogatepass")
+
+
+def packed_ids(event_ids: list[str]) -> tuple[bytes, np.ndarray]:
+    """The ids' bytes (``id_bytes``) back to back, and each id's length in bytes (int32)."""
+    blob = id_bytes("".join(event_ids))
+    lengths = np.fromiter(map(len, event_ids), np.int32, count=len(event_ids))
+    if len(blob) != int(lengths.sum(dtype=np.int64)):  # not all ASCII: count bytes, not chars
+        lengths = np.fromiter(map(len, map(id_bytes, event_ids)), np.int32, count=len(event_ids))
+    return blob, lengths

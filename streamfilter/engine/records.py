@@ -32,7 +32,13 @@ from typing import Any, Literal, cast
 import numpy as np
 
 from streamfilter.engine.contract import Event
-from streamfilter.engine.event_ids import EventIdIndex, pair_keys
+from streamfilter.engine.event_ids import (
+    EventIdIndex,
+    id_bytes,
+    packed_ids,
+    pair_keys,
+    user_codes,
+)
 from streamfilter.engine.exact_sums import FOLD_MIN, CellSums, exact_sums_by_key
 from streamfilter.engine.ingest import EventColumns
 from streamfilter.engine.ledger import (
@@ -44,7 +50,7 @@ from streamfilter.engine.ledger import (
     python_hash,
 )
 
-__all__ = ["DayAccumulator", "DayRecords", "SeenEventIds"]
+__all__ = ["DayAccumulator", "DayRecords", "PairRun", "SeenEventIds"]
 
 
 _USER = attrgetter("user_id")
@@ -63,8 +69,11 @@ _COORD_MASK = (1 << _COORD_BITS) - 1
 _MAX_USER_CODE = (1 << 31) - 1
 
 
-class _Run:
-    """(user code, event id) pairs sorted by their 64-bit key; the ids' text in one ``str``."""
+class PairRun:
+    """(user code, event id) pairs sorted by their 64-bit key, packed: the keys (int64), the user
+    codes (int32), each id's start (int64) and length (int32) in ``text``, the ids' UTF-8 bytes
+    (``event_ids.id_bytes``) in one ``bytes`` — 24 B a pair plus the id. These are the columns
+    of a spilled segment (runtime/event_ids.py), which is written from the runs as they are."""
 
     __slots__ = ("keys", "lengths", "starts", "text", "users")
 
@@ -74,7 +83,7 @@ class _Run:
         users: np.ndarray,
         starts: np.ndarray,
         lengths: np.ndarray,
-        text: str,
+        text: bytes,
     ) -> None:
         self.keys, self.users, self.starts, self.lengths, self.text = (
             keys,
@@ -85,24 +94,33 @@ class _Run:
         )
 
     @classmethod
-    def of(cls, keys: np.ndarray, users: np.ndarray, event_ids: list[str]) -> _Run:
-        lengths = np.fromiter(map(len, event_ids), np.int32, count=len(event_ids))
+    def of(cls, keys: np.ndarray, users: np.ndarray, event_ids: list[str]) -> PairRun:
+        """The pairs ``(users[i], event_ids[i])`` with keys ``keys`` — already in key order (the
+        text follows that order, so each id starts where the one before it ends)."""
+        text, lengths = packed_ids(event_ids)
         starts = np.cumsum(lengths, dtype=np.int64) - lengths
-        order = np.argsort(keys, kind="stable")
-        return cls(keys[order], users[order], starts[order], lengths[order], "".join(event_ids))
+        return cls(keys, np.asarray(users, np.int32), starts, lengths, text)
 
-    def merged(self, other: _Run) -> _Run:
-        order = np.argsort(np.concatenate([self.keys, other.keys]), kind="stable")
-        return _Run(
-            np.concatenate([self.keys, other.keys])[order],
+    @property
+    def nbytes(self) -> int:
+        """The memory its pairs take (the columns and the text)."""
+        columns = (self.keys, self.users, self.starts, self.lengths)
+        return sum(c.nbytes for c in columns) + len(self.text)
+
+    def merged(self, other: PairRun) -> PairRun:
+        keys = np.concatenate([self.keys, other.keys])
+        order = np.argsort(keys, kind="stable")
+        keys = keys[order]  # the unsorted copy goes now, not after the other columns' copies
+        return PairRun(
+            keys,
             np.concatenate([self.users, other.users])[order],
             np.concatenate([self.starts, other.starts + len(self.text)])[order],
             np.concatenate([self.lengths, other.lengths])[order],
             self.text + other.text,
         )
 
-    def holds(self, key: int, user: int, event_id: str) -> bool:
-        """The pair is in this run (its key located, then compared exactly)."""
+    def holds(self, key: int, user: int, event_id: bytes) -> bool:
+        """The pair is in this run (its key located, then user and bytes compared exactly)."""
         j = int(np.searchsorted(self.keys, key))
         while j < len(self.keys) and int(self.keys[j]) == key:
             start = int(self.starts[j])
@@ -122,14 +140,18 @@ _pair_keys = pair_keys
 class SeenEventIds:
     """The exact set of a day's (user code, event id) pairs, with no Python object per pair.
 
-    The pairs are kept in sorted runs of numpy columns (a log-structured merge): the 64-bit key
-    (``_pair_keys``), the user code and the event id as a slice of the run's one ``str`` —
-    ~28 B a pair plus the id's characters. A batch is one new run; the newest two runs merge
-    while the newer is at least half the older, so there are O(log n) runs and each pair is
-    merged O(log n) times. A look-up first asks a one-hash Bloom filter over all keys held
-    (at least ``FILTER_BITS`` bits a pair: about one absent key in eight passes it, one random
-    read each), then binary-searches each run for the keys that pass; a key match (a repeated
-    pair, or a collision) is confirmed by comparing the user code and the event id exactly.
+    The pairs are kept in sorted runs of packed columns (``PairRun``, a log-structured merge):
+    the 64-bit key (``_pair_keys``), the int32 user code and the id's UTF-8 bytes as a slice of
+    the run's one ``bytes`` — 24 B a pair plus the id. A batch is one new run; the newest two
+    runs merge while the newer is at least half the older, so there are O(log n) runs and each
+    pair is merged O(log n) times. A look-up first asks a one-hash Bloom filter over all keys
+    held (at least ``FILTER_BITS`` bits a pair: about one absent key in eight passes it, one
+    random read each), then binary-searches each run for the keys that pass; a key match (a
+    repeated pair, or a collision) is confirmed by comparing the user code and the id exactly.
+
+    The daemon's spilling index keeps its in-memory tier in one of these: it keys each batch
+    once and passes the keys (``insert_keyed``, ``holds_keyed``), and at a spill takes the runs
+    (``take_runs``) and writes them as a segment.
     """
 
     #: pairs added one at a time (``add``) are buffered in a ``set`` up to this many
@@ -138,7 +160,7 @@ class SeenEventIds:
     FILTER_BITS = 8
 
     def __init__(self) -> None:
-        self._runs: list[_Run] = []
+        self._runs: list[PairRun] = []
         self._pending: set[tuple[int, str]] = set()
         self._filter = np.zeros(1, np.uint8)  # bit (key >> _filter_shift) of every key held
         self._filter_shift = 61
@@ -176,15 +198,25 @@ class SeenEventIds:
     def __len__(self) -> int:
         return len(self._pending) + sum(len(r.keys) for r in self._runs)
 
+    @property
+    def nbytes(self) -> int:
+        """The memory the runs' pairs take (``PairRun.nbytes``; not the filter nor ``add``'s
+        buffer)."""
+        return sum(run.nbytes for run in self._runs)
+
     def __contains__(self, key: tuple[int, str]) -> bool:
         if key in self._pending:
             return True
         user, event_id = key
         keys = _pair_keys(np.array([user], np.int64), [event_id])
-        if not self._may_hold(keys)[0]:  # an empty filter holds nothing
+        return self.holds_keyed(int(keys[0]), user, event_id)
+
+    def holds_keyed(self, key: int, user: int, event_id: str) -> bool:
+        """The runs hold the pair whose key is ``key`` (``add``'s buffer is not asked)."""
+        if not self._runs or not self._may_hold(np.array([key], np.int64))[0]:
             return False
-        k = int(keys[0])
-        return any(run.holds(k, user, event_id) for run in self._runs)
+        encoded = id_bytes(event_id)
+        return any(run.holds(key, user, encoded) for run in self._runs)
 
     def add(self, key: tuple[int, str]) -> None:
         self._pending.add(key)
@@ -201,10 +233,17 @@ class SeenEventIds:
         """Add each pair not already held; True where the pair is new — neither held before
         nor earlier in the batch."""
         self._flush()
+        if len(event_ids) == 0:
+            return np.ones(0, bool)
+        users = user_codes(users)
+        return self.insert_keyed(_pair_keys(users, event_ids), users, event_ids)
+
+    def insert_keyed(self, keys: np.ndarray, users: np.ndarray, event_ids: list[str]) -> np.ndarray:
+        """``insert``, the pairs' keys given (``users``: int32 codes, as ``user_codes`` makes
+        them); ``add``'s buffer is not flushed."""
         n = len(event_ids)
         if n == 0:
             return np.ones(0, bool)
-        keys = _pair_keys(users, event_ids)
         new = np.ones(n, bool)
         order = np.argsort(keys, kind="stable")
         ks = keys[order]
@@ -225,23 +264,28 @@ class SeenEventIds:
             pos = np.minimum(np.searchsorted(run.keys, kp), len(run.keys) - 1)
             for j in passed[np.flatnonzero(run.keys[pos] == kp)].tolist():
                 i = int(order[j])
-                if new[i] and run.holds(int(ks[j]), int(users[i]), event_ids[i]):
+                if new[i] and run.holds(int(ks[j]), int(users[i]), id_bytes(event_ids[i])):
                     new[i] = False
-        if new.all():
-            self._push(_Run.of(keys, users, event_ids))
-        elif new.any():
-            kept = np.flatnonzero(new)
-            self._push(
-                _Run.of(keys[kept], users[kept], list(map(event_ids.__getitem__, kept.tolist())))
-            )
+        kept = order if new.all() else order[new[order]]  # the new pairs, in key order
+        if len(kept):
+            ids = list(map(event_ids.__getitem__, kept.tolist()))
+            self._push(PairRun.of(keys[kept], users[kept], ids))
         return new
 
-    def _push(self, run: _Run) -> None:
+    def _push(self, run: PairRun) -> None:
         self._runs.append(run)
         self._filter_add(run.keys)
         while len(self._runs) > 1 and 2 * len(self._runs[-1].keys) >= len(self._runs[-2].keys):
             newer = self._runs.pop()
             self._runs[-1] = self._runs[-1].merged(newer)
+
+    def take_runs(self) -> list[PairRun]:
+        """Every pair ``insert`` added, as the runs that hold them; the index is empty after
+        (``add``'s buffer flushed first)."""
+        self._flush()
+        runs = self._runs
+        self.close()
+        return runs
 
     def close(self) -> None:
         """Drop every pair, freeing their memory (``EventIdIndex.close``)."""

@@ -1,14 +1,17 @@
 """A day's event-id index that spills to disk, so an open day's memory does not grow with events.
 
 :class:`SpillingEventIds` implements ``engine.event_ids.EventIdIndex`` with the same exact
-answers as the in-memory ``records.SeenEventIds``. Recent pairs are held in a ``SeenEventIds``
-(and, packed, in columns ready to write); once a batch brings them to ``memory_pairs`` they are
-written, sorted by their 64-bit key, as one immutable *segment* file and memory starts empty
+answers as the in-memory ``records.SeenEventIds``. Recent pairs are held once, in a
+``SeenEventIds`` (sorted runs of packed columns, ``records.PairRun``: 24 B a pair plus the id's
+UTF-8 bytes); once a batch brings them to ``memory_pairs`` its runs are merged, as they are,
+into one immutable *segment* file sorted by the pairs' 64-bit keys, and memory starts empty
 again. A segment is four columns sorted by key — keys (int64), user codes (int32), each id's
-start (int64) and length (int32) in the text — then the ids' UTF-8 text in arrival order. The
-files have no name (0600, in a private 0700 directory: event ids are user data), so they vanish
-with their descriptors however the process ends; :meth:`SpillingEventIds.close` (the day's
-close) closes them and removes the directory, as does collecting an index left unclosed.
+start (int64) and length (int32) in the text — then the ids' UTF-8 text, input after input.
+Each batch is keyed once (``engine.event_ids.pair_keys``); the keys serve the segments and the
+in-memory runs alike. The files have no name (0600, in a private 0700 directory: event ids are
+user data), so they vanish with their descriptors however the process ends;
+:meth:`SpillingEventIds.close` (the day's close) closes them and removes the directory, as does
+collecting an index left unclosed.
 
 What stays in memory per segment is small: the first and last key of every block of
 ``BLOCK_PAIRS`` keys (fences) and a blocked Bloom filter (``FILTER_BITS_PER_PAIR`` bits a pair,
@@ -18,7 +21,7 @@ that passes a segment's filter reads the keys of the block(s) its fences name wi
 code and the id's bytes and compares both exactly. Segments of one tier merge ``MERGE_FANOUT``
 at a time into one of the next tier, streamed in chunks of ``MERGE_CHUNK_PAIRS`` per input, so
 there are O(log n) segments, each pair is rewritten O(log n) times and a merge's memory is
-bounded.
+bounded; a spill is the same streamed merge, its inputs the in-memory runs (docs/design.md §2.2).
 """
 
 from __future__ import annotations
@@ -34,14 +37,15 @@ from pathlib import Path
 import numpy as np
 
 from streamfilter.engine import event_ids as engine_event_ids
-from streamfilter.engine.records import SeenEventIds
+from streamfilter.engine.event_ids import id_bytes, user_codes
+from streamfilter.engine.records import PairRun, SeenEventIds
 
 __all__ = ["DEFAULT_MEMORY_PAIRS", "SpillingEventIds"]
 
 log = logging.getLogger("streamfilter.event_ids")
 
-#: pairs held in memory before they spill: with ~10-character ids, ~150 MiB at the peak (the
-#: recent pairs twice, as a SeenEventIds and packed for writing, plus the sort of a spill)
+#: pairs held in memory before they spill: with ~10-character ids, ~35 MiB (24 B a pair plus
+#: the id, held once), up to about twice that while the newest runs merge
 DEFAULT_MEMORY_PAIRS = 1 << 20
 #: keys per fence block: a key that passes a segment's filter reads one block's keys (2 KiB)
 BLOCK_PAIRS = 256
@@ -54,23 +58,8 @@ MERGE_CHUNK_PAIRS = 1 << 17
 #: pairs ``add`` buffers before they join the index
 ADDED_MAX = 1 << 12
 
-_INT32_MAX = (1 << 31) - 1
 _SIGN = np.uint64(1 << 63)
 _MASK_MIX = np.uint64(0xD6E8FEB86659FD93)
-
-
-def _utf8(event_id: str) -> bytes:
-    """An id's bytes: UTF-8, with lone surrogates kept (``surrogatepass``: still one-to-one)."""
-    return event_id.encode("utf-8", "surrogatepass")
-
-
-def _packed_text(event_ids: list[str]) -> tuple[bytes, np.ndarray]:
-    """The ids' UTF-8 bytes back to back, and each id's length in bytes."""
-    blob = _utf8("".join(event_ids))
-    lengths = np.fromiter(map(len, event_ids), np.int64, count=len(event_ids))
-    if len(blob) != int(lengths.sum()):  # not all ASCII: count bytes, not characters
-        lengths = np.fromiter(map(len, map(_utf8, event_ids)), np.int64, count=len(event_ids))
-    return blob, lengths
 
 
 class _Filter:
@@ -187,8 +176,8 @@ class _Segment:
     """One immutable segment file: ``n`` pairs sorted by key, and what memory keeps of it.
 
     Columns, in key order: keys (int64), user codes (int32), each id's start in the text (int64)
-    and its length in bytes (int32); then the ids' UTF-8 text in the order they arrived (a merge
-    copies its inputs' text as is and only re-bases the starts)."""
+    and its length in bytes (int32); then the ids' UTF-8 text (a merge copies its inputs' text
+    as is, input after input, and only re-bases the starts)."""
 
     name: str
     fd: int
@@ -207,6 +196,10 @@ class _Segment:
 
     def keys(self, a: int, b: int) -> np.ndarray:
         return self.column(0, np.int64, a, b)
+
+    def write_text(self, fd: int, at: int) -> None:
+        """Copy the text into file ``fd`` at ``at`` (a merge)."""
+        _copy(self.fd, _columns_at(self.n)[3], fd, at, self.text_bytes)
 
     def holds_at(self, j: int, user: int, event_id: bytes) -> bool:
         """Pair ``j`` is exactly ``(user, event_id)``."""
@@ -272,7 +265,7 @@ class _Segment:
 
     def _holds(self, key: int, blocks: range, user: int, event_id: str) -> bool:
         """Some pair of ``blocks`` with this key is exactly ``(user, event_id)``."""
-        encoded = _utf8(event_id)
+        encoded = id_bytes(event_id)
         for block in blocks:
             start = block * BLOCK_PAIRS
             block_keys = self.keys(start, min(self.n, start + BLOCK_PAIRS))
@@ -348,14 +341,34 @@ class _SegmentWriter:
         )
 
 
-class _Reader:
-    """Streams one segment's columns in key order, a chunk at a time (for a merge); the starts
-    come re-based by ``text_offset`` (where the segment's text lands in the merged one)."""
+class _InMemory:
+    """A sorted run of the in-memory tier as the input of a merge (a spill): the columns a
+    segment would read from its file are slices of the run's arrays."""
 
-    def __init__(self, segment: _Segment, text_offset: int) -> None:
-        self.segment = segment
+    def __init__(self, run: PairRun) -> None:
+        self.run = run
+        self.n, self.text_bytes = len(run.keys), len(run.text)
+
+    def column(self, which: int, dtype: type, a: int, b: int) -> np.ndarray:
+        r = self.run
+        column: np.ndarray = (r.keys, r.users, r.starts, r.lengths)[which][a:b]
+        return column
+
+    def write_text(self, fd: int, at: int) -> None:
+        _pwrite(fd, np.frombuffer(self.run.text, np.uint8), at)
+
+
+_COLUMN_TYPES = (np.int64, np.int32, np.int64, np.int32)
+
+
+class _Reader:
+    """Streams one input's columns in key order, a chunk at a time (for a merge); the starts
+    come re-based by ``text_offset`` (where the input's text lands in the merged segment)."""
+
+    def __init__(self, source: _Segment | _InMemory, text_offset: int) -> None:
+        self.source = source
         self.text_offset = text_offset
-        self.pos = 0  # the next pair on disk
+        self.pos = 0  # the next pair not yet buffered
         self.columns: list[np.ndarray] = [np.zeros(0, np.int64)] * 4
 
     @property
@@ -363,15 +376,14 @@ class _Reader:
         return self.columns[0]
 
     @property
-    def on_disk(self) -> bool:
-        return self.pos < self.segment.n
+    def unread(self) -> bool:
+        return self.pos < self.source.n
 
     def refill(self) -> None:
-        s, a = self.segment, self.pos
+        s, a = self.source, self.pos
         b = min(s.n, a + MERGE_CHUNK_PAIRS)
-        starts = s.column(2, np.int64, a, b) + self.text_offset
-        lengths = s.column(3, np.int32, a, b)
-        self.columns = [s.keys(a, b), s.column(1, np.int32, a, b), starts, lengths]
+        self.columns = [s.column(i, t, a, b) for i, t in enumerate(_COLUMN_TYPES)]
+        self.columns[2] = self.columns[2] + self.text_offset
         self.pos = b
 
     def take(self, bound: int | None) -> list[np.ndarray]:
@@ -399,9 +411,7 @@ class SpillingEventIds:
         self.memory_pairs = memory_pairs
         self.spill_dir = None if spill_dir is None else str(spill_dir)
         self.label = label
-        self._recent = SeenEventIds()
-        # the recent pairs packed: (keys, user codes, id lengths in bytes, UTF-8 text) per batch
-        self._pending: list[tuple[np.ndarray, np.ndarray, np.ndarray, bytes]] = []
+        self._recent = SeenEventIds()  # the pairs not spilled yet, keyed by ``pair_keys``
         self._added: set[tuple[int, str]] = set()
         self._segments: list[_Segment] = []
         self._files: _SpillDir | None = None
@@ -415,11 +425,13 @@ class SpillingEventIds:
 
     def __contains__(self, pair: tuple[int, str]) -> bool:
         self._check()
-        if pair in self._added or pair in self._recent:
+        if pair in self._added:
             return True
         user, event_id = pair
         users = np.array([user], np.int64)
         keys = engine_event_ids.pair_keys(users, [event_id])
+        if self._recent.holds_keyed(int(keys[0]), user, event_id):
+            return True
         return len(self._spilled(keys, users, [event_id])) > 0
 
     def add(self, pair: tuple[int, str]) -> None:
@@ -435,28 +447,22 @@ class SpillingEventIds:
         n = len(event_ids)
         if n == 0:
             return np.ones(0, bool)
-        users = np.asarray(users)
-        if int(users.min()) < 0 or int(users.max()) > _INT32_MAX:
-            raise ValueError("user codes must fit in int32")
-        keys = engine_event_ids.pair_keys(users, event_ids)
+        users = user_codes(users)
+        keys = engine_event_ids.pair_keys(users, event_ids)  # once: segments and memory alike
         spilled = self._spilled(keys, users, event_ids)
         if len(spilled) == 0:
-            new = self._recent.insert(users, event_ids)
+            new = self._recent.insert_keyed(keys, users, event_ids)
         else:  # pairs a segment holds are not new, however often the batch repeats them
             new = np.zeros(n, bool)
             rest = np.setdiff1d(np.arange(n), spilled, assume_unique=True)
-            new[rest] = self._recent.insert(users[rest], [event_ids[i] for i in rest.tolist()])
-        kept = np.flatnonzero(new)
-        if len(kept):
-            ids = event_ids if len(kept) == n else [event_ids[i] for i in kept.tolist()]
-            blob, lengths = _packed_text(ids)
-            self._pending.append((keys[kept], users[kept].astype(np.int32), lengths, blob))
-            if len(self._recent) >= self.memory_pairs:
-                try:
-                    self._spill()
-                except BaseException as exc:  # e.g. a full disk: the pairs may be lost
-                    self._failed = exc
-                    raise
+            rest_ids = list(map(event_ids.__getitem__, rest.tolist()))
+            new[rest] = self._recent.insert_keyed(keys[rest], users[rest], rest_ids)
+        if len(self._recent) >= self.memory_pairs:
+            try:
+                self._spill()
+            except BaseException as exc:  # e.g. a full disk: the pairs may be lost
+                self._failed = exc
+                raise
         return new
 
     def _check(self) -> None:
@@ -468,7 +474,7 @@ class SpillingEventIds:
     def close(self) -> None:
         """Drop every pair: the memory, and the segment files and their directory."""
         self._recent = SeenEventIds()
-        self._pending, self._added, self._segments = [], set(), []
+        self._added, self._segments = set(), []
         self.spilled_pairs = 0
         if self._cleanup is not None:
             self._cleanup()
@@ -505,31 +511,22 @@ class SpillingEventIds:
         return np.sort(np.concatenate(found)) if found else np.zeros(0, np.intp)
 
     def _spill(self) -> None:
-        """Write the recent pairs as a segment of tier 0, then merge full tiers."""
-        self._recent = SeenEventIds()  # the same pairs as ``_pending``
-        keys = np.concatenate([p[0] for p in self._pending])
-        users = np.concatenate([p[1] for p in self._pending])
-        lengths = np.concatenate([p[2] for p in self._pending])
-        text = np.frombuffer(b"".join(p[3] for p in self._pending), np.uint8)
-        self._pending = []
+        """Write the recent pairs as a segment of tier 0 — the in-memory runs merged straight
+        into the file, a chunk at a time — then merge full tiers."""
+        runs = [_InMemory(run) for run in self._recent.take_runs()]
+        n = sum(run.n for run in runs)
         if self._files is None:
             self._files = _SpillDir(self.spill_dir)
             self._cleanup = weakref.finalize(self, self._files.cleanup)
             log.info(
                 "day %s: %d event ids held in memory; spilling them to %s",
                 self.label or "?",
-                len(keys),
+                n,
                 self._files.path,
             )
-        order = np.argsort(keys)  # equal keys in any order: each is compared exactly
-        starts = np.cumsum(lengths) - lengths
-        writer = _SegmentWriter(self._files, len(keys), len(text), tier=0)
-        _pwrite(writer.fd, text, writer.text_at)
-        for a in range(0, len(order), MERGE_CHUNK_PAIRS):  # bounded gathered copies
-            o = order[a : a + MERGE_CHUNK_PAIRS]
-            writer.append(keys[o], users[o], starts[o], lengths[o].astype(np.int32))
-        self._segments.append(writer.finish())
-        self.spilled_pairs += len(keys)
+        self._segments.append(self._merge(runs, tier=0))
+        self.spilled_pairs += n
+        del runs  # the pairs are on disk now: their memory goes before any merge of segments
         self._merge_full_tiers()
 
     def _merge_full_tiers(self) -> None:
@@ -540,33 +537,35 @@ class SpillingEventIds:
                 return
             tier = min(full)
             inputs = [s for s in self._segments if s.tier == tier][:MERGE_FANOUT]
+            for s in inputs:  # no look-up runs until the merge ends: the inputs' filters can go
+                s.filter = _Filter(0)
             merged = self._merge(inputs, tier + 1)
             assert self._files is not None
             self._segments = [s for s in self._segments if s not in inputs] + [merged]
             for s in inputs:
                 self._files.remove(s.name)
 
-    def _merge(self, inputs: list[_Segment], tier: int) -> _Segment:
-        """One segment of every pair of ``inputs`` (disjoint sets). The text is copied input
-        after input; the columns are streamed: each round emits the buffered pairs up to the
-        smallest last key among the inputs with more on disk, so memory holds a chunk an input."""
+    def _merge(self, inputs: list[_Segment] | list[_InMemory], tier: int) -> _Segment:
+        """One segment of every pair of ``inputs`` (disjoint sets; segments, or the in-memory
+        runs at a spill). The text is copied input after input; the columns are streamed: each
+        round emits the buffered pairs up to the smallest last key among the inputs with more
+        unread, so memory holds a chunk an input."""
         assert self._files is not None
         writer = _SegmentWriter(
             self._files, sum(s.n for s in inputs), sum(s.text_bytes for s in inputs), tier
         )
         offset = 0
         readers = []
-        for s in inputs:  # no look-up runs until the merge ends: the inputs' filters can go
-            s.filter = _Filter(0)
-            _copy(s.fd, _columns_at(s.n)[3], writer.fd, writer.text_at + offset, s.text_bytes)
+        for s in inputs:
+            s.write_text(writer.fd, writer.text_at + offset)
             readers.append(_Reader(s, offset))
             offset += s.text_bytes
         while True:
             for r in readers:
-                if len(r.keys) == 0 and r.on_disk:
+                if len(r.keys) == 0 and r.unread:
                     r.refill()
-            on_disk = [r for r in readers if r.on_disk]
-            bound = min(int(r.keys[-1]) for r in on_disk) if on_disk else None
+            unread = [r for r in readers if r.unread]
+            bound = min(int(r.keys[-1]) for r in unread) if unread else None
             taken = [r.take(bound) for r in readers if len(r.keys)]
             if not taken:
                 break

@@ -14,6 +14,7 @@ import signal
 import stat
 import subprocess
 import sys
+import tracemalloc
 from collections.abc import Callable
 
 import numpy as np
@@ -36,11 +37,15 @@ Pair = tuple[int, str]
 def make_index(request, monkeypatch, tmp_path) -> Callable[[], EventIdIndex]:
     if request.param == "memory":
         return records.SeenEventIds
+    _small_files(monkeypatch)
+    return lambda: SpillingEventIds(TINY, tmp_path)
+
+
+def _small_files(monkeypatch) -> None:
     monkeypatch.setattr(spilling, "BLOCK_PAIRS", 2)
     monkeypatch.setattr(spilling, "MERGE_FANOUT", 2)
     monkeypatch.setattr(spilling, "MERGE_CHUNK_PAIRS", 3)
     monkeypatch.setattr(spilling, "ADDED_MAX", 2)
-    return lambda: SpillingEventIds(TINY, tmp_path)
 
 
 @pytest.fixture(params=[False, True], ids=["keys", "colliding-keys"])
@@ -121,6 +126,84 @@ def test_many_spills_and_merges_answer_like_a_set(make_index, colliding):
             assert max(s.tier for s in index._segments) >= 2  # merged, and merged again
     finally:
         index.close()
+
+
+def _decoded(
+    keys: np.ndarray, users: np.ndarray, starts: np.ndarray, lengths: np.ndarray, text: bytes
+) -> list[Pair]:
+    """The pairs of packed columns (``records.PairRun``, a segment), checking that the keys
+    are sorted and are the pairs' keys."""
+    pairs = [
+        (u, text[a : a + n].decode("utf-8", "surrogatepass"))
+        for u, a, n in zip(users.tolist(), starts.tolist(), lengths.tolist(), strict=True)
+    ]
+    assert (keys[1:] >= keys[:-1]).all()
+    assert keys.tolist() == event_ids.pair_keys(users, [e for _, e in pairs]).tolist()
+    return pairs
+
+
+def _where_held(index: SpillingEventIds) -> tuple[list[Pair], list[Pair]]:
+    """Every pair the index stores, with repeats: (in memory, in segment files)."""
+    in_memory = list(index._added)
+    for run in index._recent._runs:
+        assert run.users.dtype == np.int32 and run.lengths.dtype == np.int32
+        in_memory += _decoded(run.keys, run.users, run.starts, run.lengths, run.text)
+    on_disk = []
+    for seg in index._segments:
+        columns = [seg.column(i, t, 0, seg.n) for i, t in enumerate(spilling._COLUMN_TYPES)]
+        text = os.pread(seg.fd, seg.text_bytes, spilling._columns_at(seg.n)[3])
+        on_disk += _decoded(*columns, text)
+    return in_memory, on_disk
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(st.lists(st.lists(st.tuples(st.integers(0, 3), ids), max_size=8), max_size=8))
+def test_each_pair_is_stored_once_and_memory_holds_it_packed(
+    monkeypatch, tmp_path, colliding, batches
+):
+    """Memory and the segment files together hold each pair exactly once (not a copy in
+    memory, nor in memory and on disk); memory holds fewer than ``memory_pairs`` pairs after
+    each batch, in 24 bytes a pair plus the id's UTF-8 bytes."""
+    _small_files(monkeypatch)
+    index, model = SpillingEventIds(TINY, tmp_path), set()
+    try:
+        for batch in batches:
+            _insert(index, model, batch)
+            in_memory, on_disk = _where_held(index)
+            assert sorted(in_memory + on_disk) == sorted(model)  # each pair once
+            assert len(in_memory) == len(index._recent) < TINY
+            assert len(on_disk) == index.spilled_pairs
+            id_bytes = sum(len(event_ids.id_bytes(e)) for _, e in in_memory)
+            assert index._recent.nbytes == 24 * len(in_memory) + id_bytes
+    finally:
+        index.close()
+
+
+def test_memory_below_the_bound_is_one_packed_copy_of_the_pairs(tmp_path):
+    """What the spilling index allocates for 200,000 pairs it keeps in memory (traced by
+    ``tracemalloc``, which numpy reports to) is its runs' packed columns and text
+    (``nbytes``) and the filter — no second copy of the pairs, no object per pair."""
+    index = SpillingEventIds(1 << 20, tmp_path)
+    batches = [
+        (np.arange(a, a + 50_000, dtype=np.int32) % 7_000, [f"e{i}" for i in range(a, a + 50_000)])
+        for a in range(0, 200_000, 50_000)
+    ]
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for users, ids in batches:
+            index.insert(users, ids)
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    tier = index._recent
+    assert len(tier) == 200_000 and index.directory is None
+    packed = 24 * 200_000 + sum(len(e) for _, ids in batches for e in ids)
+    assert tier.nbytes == packed
+    assert held <= packed + tier._filter.nbytes + (64 << 10)
+    index.close()
 
 
 def test_an_empty_batch_is_an_empty_answer(make_index):
