@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import itertools
 import operator
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from functools import partial
 from itertools import chain, compress, count, repeat
 from operator import attrgetter
 from typing import Any, Literal, cast
@@ -420,20 +421,14 @@ class DayAccumulator:
     def _coordinate_codes(self, names: list[str]) -> np.ndarray:
         """The code of each numeric feature name (a dict look-up in C; new names are few)."""
         codes = np.fromiter(map(self._coord_code.get, names, repeat(-1)), np.int64, len(names))
-        if (codes < 0).any():
-            for i in np.flatnonzero(codes < 0).tolist():
-                codes[i] = self._coord_code_of(names[i])
-        return codes
+        return _fill_new_codes(codes, names, self._coord_code_of)
 
     def _category_codes(self, name: str, categories: list[str]) -> np.ndarray:
         """The coordinate code of each category ``f"{name}={category}"`` of one feature, looked
         up by the category (no string built per value; one per distinct category of the day)."""
         of_feature = self._cat_code.setdefault(name, {})
         codes = np.fromiter(map(of_feature.get, categories, repeat(-1)), np.int64, len(categories))
-        if (codes < 0).any():
-            for i in np.flatnonzero(codes < 0).tolist():
-                codes[i] = self._cat_code_of(name, categories[i])
-        return codes
+        return _fill_new_codes(codes, categories, partial(self._cat_code_of, name))
 
     def add_many(self, events: Sequence[Event]) -> int:
         """``add`` of each event, in order, as column operations; returns how many were added
@@ -652,6 +647,20 @@ class DayAccumulator:
     def _check_open(self) -> None:
         if self._finished:
             raise RuntimeError(f"day {self.day} is finished: it takes no more events")
+
+
+def _fill_new_codes(
+    codes: np.ndarray, keys: list[str], code_of: Callable[[str], int]
+) -> np.ndarray:
+    """``codes`` with each -1 (a key the day had not coded) replaced by ``code_of(key)``, called
+    once per distinct new key, in order of first appearance (so codes are given as one call per
+    value would give them)."""
+    missing = np.flatnonzero(codes < 0)
+    if len(missing):
+        new_keys = list(map(keys.__getitem__, missing.tolist()))
+        code = {key: code_of(key) for key in dict.fromkeys(new_keys)}
+        codes[missing] = np.fromiter(map(code.__getitem__, new_keys), np.int64, len(new_keys))
+    return codes
 
 
 def _concatenated(parts: list[np.ndarray]) -> np.ndarray:
