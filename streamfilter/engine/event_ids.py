@@ -15,7 +15,7 @@ from typing import Protocol
 
 import numpy as np
 
-__all__ = ["EventIdIndex", "id_bytes", "packed_ids", "pair_keys", "user_codes"]
+__all__ = ["MAX_USER_CODE", "EventIdIndex", "id_bytes", "packed_ids", "pair_keys", "user_codes"]
 
 
 class EventIdIndex(Protocol):
@@ -53,14 +53,15 @@ def pair_keys(users: np.ndarray, event_ids: list[str]) -> np.ndarray:
     return mixed
 
 
-_INT32_MAX = (1 << 31) - 1
+#: the largest user code (codes are int32)
+MAX_USER_CODE = (1 << 31) - 1
 
 
 def user_codes(users: np.ndarray) -> np.ndarray:
     """``users`` as int32 codes (no copy if they are already); a code outside [0, 2**31) is a
     ``ValueError`` (it would not survive the narrowing)."""
     users = np.asarray(users)
-    if len(users) and (int(users.min()) < 0 or int(users.max()) > _INT32_MAX):
+    if len(users) and (int(users.min()) < 0 or int(users.max()) > MAX_USER_CODE):
         raise ValueError("user codes must fit in int32")
     return users.astype(np.int32, copy=False)
 

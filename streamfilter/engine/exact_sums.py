@@ -190,14 +190,10 @@ def _sums(
     return out
 
 
-def exact_sums_by_key(
-    key: np.ndarray, values: np.ndarray, order: np.ndarray | None = None
-) -> tuple[np.ndarray, np.ndarray]:
-    """Each distinct ``key`` (ascending) and the exact sum of its values rounded once.
-    ``order``: a stable ascending order of ``key``, when the caller has one."""
-    if order is None:
-        order = np.argsort(key)
-    ks = key[order]
+def exact_sums_by_key(key: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each distinct ``key`` (ascending) and the exact sum of its values rounded once — a
+    function of the key's multiset of values, so of no arrival or grouping order."""
+    ks, order = sorted_with_order(key)
     starts = np.flatnonzero(np.r_[True, ks[1:] != ks[:-1]])
     if len(starts) >= len(ks):  # no repeated key (or no key): each value as it is
         return ks, values[order] + 0.0
@@ -254,7 +250,7 @@ class CellSums:
         keys = np.concatenate([self._one_keys, *(k for k, _ in self._buffer)])
         values = np.concatenate([self._one_values, *(v for _, v in self._buffer)])
         self._buffer, self.buffered = [], 0
-        keys, order = _sorted_with_order(keys)
+        keys, order = sorted_with_order(keys)
         values = values[order]
         del order
         first = np.r_[True, keys[1:] != keys[:-1]]
@@ -317,14 +313,28 @@ class CellSums:
         return keys, summed
 
 
-def _sorted_with_order(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(keys ascending, the order that sorts them): the keys packed above their positions and
-    sorted in place when they fit in one int64 (much faster than ``argsort``)."""
-    n = len(keys)
+def sorted_with_order(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(``key`` ascending, the stable order that sorts it), by sorting int64 values that pack
+    the key (or, when its range is too wide, its high bits) above the position — much faster
+    than ``argsort``; positions whose high bits tie but whose keys differ are fixed up by a
+    stable argsort of the then nearly sorted keys."""
+    n = len(key)
     bits = max(1, (n - 1).bit_length())
-    if n and int(keys.min()) >= 0 and int(keys.max()).bit_length() + bits <= 63:
-        packed = (keys << bits) | np.arange(n, dtype=np.int64)
-        packed.sort()
-        return packed >> bits, packed & ((1 << bits) - 1)
-    order = np.argsort(keys)
-    return keys[order], order
+    if n == 0 or bits > 40:
+        by_argsort: np.ndarray = np.argsort(key, kind="stable")
+        return key[by_argsort], by_argsort
+    lo, hi = int(key.min()), int(key.max())
+    fits = (hi - lo).bit_length() + bits <= 63  # the whole key fits above the position
+    packed = ((key - lo) << bits) if fits else ((key >> bits) << bits)
+    packed |= np.arange(n, dtype=np.int64)
+    packed.sort()
+    order: np.ndarray = packed & ((1 << bits) - 1)
+    if fits:
+        packed >>= bits
+        packed += lo
+        return packed, order
+    ks = key[order]
+    if not (ks[1:] >= ks[:-1]).all():
+        fix = np.argsort(ks, kind="stable")
+        order, ks = order[fix], ks[fix]
+    return ks, order

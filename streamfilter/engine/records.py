@@ -34,13 +34,14 @@ import numpy as np
 
 from streamfilter.engine.contract import Event
 from streamfilter.engine.event_ids import (
+    MAX_USER_CODE,
     EventIdIndex,
     id_bytes,
     packed_ids,
     pair_keys,
     user_codes,
 )
-from streamfilter.engine.exact_sums import FOLD_MIN, CellSums, exact_sums_by_key
+from streamfilter.engine.exact_sums import FOLD_MIN, CellSums, exact_sums_by_key, sorted_with_order
 from streamfilter.engine.ingest import EventColumns
 from streamfilter.engine.ledger import (
     Hasher,
@@ -67,7 +68,6 @@ _COORD_BITS = 31
 _COORD_MASK = (1 << _COORD_BITS) - 1
 #: codes are int32, and a user's code is the day's count of events at its first arrival; an
 #: exact-sum limb (engine/exact_sums.py) takes this many additions before it could overflow
-_MAX_USER_CODE = (1 << 31) - 1
 
 
 class PairRun:
@@ -298,14 +298,14 @@ class DayAccumulator:
     """Collects one day's events as integer-coded columns (docs/design.md §2 "Record").
 
     Each distinct user id of the day gets an int32 code on first arrival (one ``str`` kept per
-    user, in a dict), each coordinate name a code too; an
-    event's values then become numpy columns with no Python object kept per value, and are
-    folded into per-cell sums as they accumulate, so the open day's memory is bounded by its
-    (user, coordinate) cells, not by its events. A categorical value adds exactly 1.0 to its
-    cell (sums of 1.0 are exact in any order); a numeric coordinate keeps each user's exact sum
-    (``engine.exact_sums.CellSums``: the value itself while there is one, else a fixed-point
-    accumulator): a cell's value is the exact sum of its values rounded once, so the records
-    are identical to summing every value at the end, in any order. A repeated ``event_id`` is remembered per (user code, event id).
+    user, in a dict), each coordinate name a code too; an event's values then become numpy
+    columns with no Python object kept per value, and are folded into per-cell sums as they
+    accumulate, so the open day's memory is bounded by its (user, coordinate) cells, not by its
+    events. A categorical value adds exactly 1.0 to its cell (sums of 1.0 are exact in any
+    order); a numeric coordinate keeps each user's exact sum (``engine.exact_sums.CellSums``:
+    the value itself while there is one, else a fixed-point accumulator): a cell's value is the
+    exact sum of its values rounded once, so the records are identical to summing every value at
+    the end, in any order. A repeated ``event_id`` is remembered per (user code, event id).
 
     ``add`` takes one event (``Monitor``, the audit); ``add_many`` a batch of one day's events and
     ``add_columns`` a batch decoded as columns, without Python bytecode per event (the daemon's
@@ -345,8 +345,8 @@ class DayAccumulator:
     def _user_code_of(self, user_id: str) -> int:
         code = self._user_code.get(user_id)
         if code is None:
-            if self._next_code >= _MAX_USER_CODE:
-                raise OverflowError(f"more than {_MAX_USER_CODE} events in one day")
+            if self._next_code >= MAX_USER_CODE:
+                raise OverflowError(f"more than {MAX_USER_CODE} events in one day")
             code = self._user_code[user_id] = self._next_code
             self._users.append(user_id)
             self._p_user_codes.append(code)
@@ -398,8 +398,8 @@ class DayAccumulator:
         """The code of each id: one C-level ``dict.setdefault`` per event, a new id getting the
         day's count of events at its first arrival."""
         n0 = self._next_code
-        if n0 + len(user_ids) > _MAX_USER_CODE:
-            raise OverflowError(f"more than {_MAX_USER_CODE} events in one day")
+        if n0 + len(user_ids) > MAX_USER_CODE:
+            raise OverflowError(f"more than {MAX_USER_CODE} events in one day")
         code_of = self._user_code
         codes = np.fromiter(
             map(code_of.setdefault, user_ids, count(n0)), np.int64, count=len(user_ids)
@@ -732,8 +732,7 @@ class DayRecords:
             )
         coord, coord_names = _coordinate_codes(coords)
         h = np.asarray(hasher(users), dtype=np.int64)
-        order = _sort_order(h)
-        hs = h[order]
+        hs, order = sorted_with_order(h)
         user_start = np.r_[True, hs[1:] != hs[:-1]]
         user_start = _split_collisions(users, order, hs, user_start)
         if user_start is None:  # ids collided inside the day: canonical order (hash, id)
@@ -746,7 +745,7 @@ class DayRecords:
         k = len(coord_names)
         key = np.empty(n, np.int64)
         key[order] = user_pos * k + coord[order]
-        cell_key, summed = _sum_cells(key, values)
+        cell_key, summed = exact_sums_by_key(key, values)
         return cls(day, users_out, cell_key // k, cell_key % k, summed, coord_names, keys)
 
     @classmethod
@@ -774,8 +773,7 @@ class DayRecords:
             cell_user = (np.cumsum(present) - 1)[cell_user]
             ids = ids[present]
         h = np.asarray(hasher(ids), dtype=np.int64)
-        order = _sort_order(h)
-        hs = h[order]
+        hs, order = sorted_with_order(h)
         if (hs[1:] == hs[:-1]).any():  # distinct ids share a hash: canonical order (hash, id)
             order = _order_by_hash_then_id(ids, h)
             hs = h[order]
@@ -790,7 +788,7 @@ class DayRecords:
         coord_rank[np.flatnonzero(used)[by_name]] = np.arange(len(names))
         coord_names = _objects([names[i] for i in by_name])
         k = len(names)
-        cell_key, summed = _sum_cells(rank[cell_user] * k + coord_rank[cell_coord], values)
+        cell_key, summed = exact_sums_by_key(rank[cell_user] * k + coord_rank[cell_coord], values)
         return cls(day, ids[order], cell_key // k, cell_key % k, summed, coord_names, keys)
 
     @property
@@ -859,34 +857,11 @@ def _coordinate_codes(coords: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return rank[np.searchsorted(firsts, code)], coord_names
 
 
-def _sort_order(key: np.ndarray) -> np.ndarray:
-    """Stable argsort of an int64 key, by sorting packed int64 values (much faster).
-
-    Each value packs the key (or, when the key's range is too wide, its high bits) above the
-    position; positions whose high bits tie but whose keys differ are fixed up by a stable
-    argsort of the (then nearly sorted) keys.
-    """
-    n = len(key)
-    bits = max(1, (n - 1).bit_length())
-    if n == 0 or bits > 40:
-        return np.argsort(key, kind="stable")
-    lo, hi = int(key.min()), int(key.max())
-    fits = (hi - lo).bit_length() + bits <= 63  # the whole key fits above the position
-    packed = ((key - lo) << bits) if fits else ((key >> bits) << bits)
-    packed |= np.arange(n, dtype=np.int64)
-    packed.sort()
-    order: np.ndarray = packed & ((1 << bits) - 1)
-    ks = key[order]
-    if not (ks[1:] >= ks[:-1]).all():
-        order = order[np.argsort(ks, kind="stable")]
-    return order
-
-
 def _users_and_keys(
     users: np.ndarray, first: np.ndarray, hashes: np.ndarray, hasher: Hasher
 ) -> tuple[np.ndarray, UserKeys]:
     """The distinct ids in canonical order and their keys (ids packed in canonical order)."""
-    arrival = _sort_order(first)  # canonical positions by first cell
+    arrival = sorted_with_order(first)[1]  # canonical positions by first cell
     in_arrival = users[first[arrival]]
     out = np.empty(len(first), dtype=object)
     out[arrival] = in_arrival
@@ -906,13 +881,6 @@ def _keys_in_order(
     woff[canonical] = woff_a
     lengths[canonical] = lengths_a
     return UserKeys(hasher, hashes, lengths, woff, words).compacted()
-
-
-def _sum_cells(key: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Each distinct ``key`` (ascending) and the exact sum of its values rounded once
-    (``engine.exact_sums``) — a function of the key's multiset of values, so of no arrival or
-    grouping order."""
-    return exact_sums_by_key(key, values, _sort_order(key))
 
 
 def _split_collisions(
