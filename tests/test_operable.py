@@ -13,6 +13,7 @@ import pytest
 
 from streamfilter.cli.main import build_parser
 from streamfilter.config import load_config
+from streamfilter.engine import ingest
 from streamfilter.errors import ConfigError
 from streamfilter.runtime.app import build_daemon
 from tests.test_cli import CONFIG, cli, write_world
@@ -80,6 +81,7 @@ def test_run_logs_start_up_each_close_and_shutdown_without_secrets(tmp_path):
     err = proc.stderr
     assert "INFO streamfilter.run: starting: source file" in err
     assert "B_norm = 3" in err and "metrics off" in err
+    assert f"; event scanner {ingest.SCANNER}" in err
     assert err.count("INFO streamfilter.daemon: closed day") == 5
     assert "INFO streamfilter.daemon: stopped: 5 days closed, 9 releases published" in err
     assert "hunter2" not in err

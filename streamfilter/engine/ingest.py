@@ -36,9 +36,13 @@ from operator import attrgetter, itemgetter
 from typing import Any
 
 import msgspec
+import numpy as np
 
 from streamfilter.engine.contract import (
+    MAX_ABS_VALUE,
     MAX_EVENT_BYTES,
+    MAX_ID_CHARS,
+    MAX_STRING_VALUE_CHARS,
     Event,
     Reject,
     _Category,
@@ -48,7 +52,17 @@ from streamfilter.engine.contract import (
     parse_event,
 )
 
-__all__ = ["EventColumns", "day_ok", "parse_columns", "parse_events"]
+__all__ = ["SCANNER", "EventColumns", "day_ok", "parse_columns", "parse_events"]
+
+try:  # the native column scanner (engine/_jsonl.c), built by the project's install
+    from streamfilter.engine import _jsonl
+except ImportError:  # a build without a C compiler: the msgspec path takes every batch
+    _jsonl = None  # type: ignore[assignment]
+
+#: which scanner takes the usual batch first: ``native`` (``engine/_jsonl.c``) or ``msgspec``
+#: when the extension is not built (the daemon logs it at start)
+SCANNER = "native" if _jsonl is not None else "msgspec"
+_SCAN_LIMITS = (MAX_EVENT_BYTES, MAX_ID_CHARS, MAX_STRING_VALUE_CHARS, MAX_ABS_VALUE)
 
 _decode = msgspec.json.Decoder(Event).decode
 #: a whole chunk at once: ``[[line1],[line2],...]``, each inner array exactly one Event
@@ -178,14 +192,15 @@ def parse_events(lines: Sequence[bytes]) -> list[Event | Reject]:
 @dataclass(frozen=True)
 class EventColumns:
     """A batch of valid events as columns: every event has the same features (``features``, each
-    all numbers or all categories: ``categorical``), one list per field and one per feature."""
+    all numbers or all categories: ``categorical``), one list per field and one per feature (a
+    numeric feature's may be a float64 array)."""
 
     user_ids: list[str]
     days: list[str]
     event_ids: list[str | None]
     features: tuple[str, ...]
     categorical: tuple[bool, ...]
-    columns: list[list[Any]]
+    columns: list[list[Any] | np.ndarray]
 
     def __len__(self) -> int:
         return len(self.user_ids)
@@ -202,9 +217,8 @@ class EventColumns:
 
     def events(self) -> list[Event]:
         """The same events as ``Event`` objects (per event: only off the hot path)."""
-        values = [
-            dict(zip(self.features, row, strict=True)) for row in zip(*self.columns, strict=True)
-        ]
+        columns = [c.tolist() if isinstance(c, np.ndarray) else c for c in self.columns]
+        values = [dict(zip(self.features, row, strict=True)) for row in zip(*columns, strict=True)]
         if not self.features:
             values = [{} for _ in self.user_ids]
         return [
@@ -268,6 +282,9 @@ def parse_columns(lines: Sequence[bytes]) -> EventColumns | None:
     if first is None or not first.values:
         return None
     schema = tuple((name, isinstance(v, str)) for name, v in first.values.items())
+    scanned = _scan_columns(lines, schema)
+    if scanned is not None:
+        return scanned
     decoder = _typed_decoder(schema)
     decoded = None if decoder is None else _decode_wrapped(decoder, lines)
     if decoded is None:
@@ -284,4 +301,35 @@ def parse_columns(lines: Sequence[bytes]) -> EventColumns | None:
         tuple(name for name, _ in schema),
         tuple(cat for _, cat in schema),
         [list(map(attrgetter(f"f{i}"), values)) for i in range(len(schema))],
+    )
+
+
+def _scan_columns(
+    lines: Sequence[bytes], schema: tuple[tuple[str, bool], ...]
+) -> EventColumns | None:
+    """The batch as columns by the native scanner (``engine/_jsonl.c``), or None when it is not
+    built or does not accept every line (then the msgspec path). The scanner accepts only the
+    plain form of the contract (keys without escapes, each once; ASCII strings without escapes;
+    numbers converted as ``float`` converts them; its header says why each value equals
+    ``parse_event``'s); the days it returns are checked here, like the msgspec path's."""
+    if _jsonl is None:
+        return None
+    names = tuple(name.encode() for name, _ in schema)
+    kinds = bytes(cat for _, cat in schema)
+    scanned = _jsonl.scan_columns(lines, names, kinds, _SCAN_LIMITS)
+    if scanned is None:
+        return None
+    user_ids, days, event_ids, raw = scanned
+    if not all(map(day_ok, set(days))):
+        return None
+    columns: list[list[Any] | np.ndarray] = [
+        col if isinstance(col, list) else np.frombuffer(col, np.float64) for col in raw
+    ]
+    return EventColumns(
+        user_ids,
+        days,
+        event_ids,
+        tuple(name for name, _ in schema),
+        tuple(cat for _, cat in schema),
+        columns,
     )

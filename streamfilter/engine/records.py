@@ -457,7 +457,12 @@ class DayAccumulator:
         for name, categorical, column in zip(
             batch.features, batch.categorical, batch.columns, strict=True
         ):
-            values = column if mask is None else list(compress(column, mask))
+            if mask is None:
+                values = column
+            elif isinstance(column, np.ndarray):
+                values = column[keep]
+            else:
+                values = list(compress(column, mask))
             self._add_column(kept, name, categorical, values)
         self._maybe_fold()
         return added
@@ -500,15 +505,19 @@ class DayAccumulator:
         self._add_mixed_values(codes, value_maps)
 
     def _add_column(
-        self, codes: np.ndarray, name: str, categorical: bool, column: list[Any]
+        self, codes: np.ndarray, name: str, categorical: bool, column: list[Any] | np.ndarray
     ) -> None:
         """One feature's values of a batch, ``column[i]`` the value of user ``codes[i]``: all
         categories (folded into cells later) or all numbers."""
         if categorical:
-            self._cat.append(_cell(codes, self._category_codes(name, column)))
+            self._cat.append(_cell(codes, self._category_codes(name, cast(list[str], column))))
             self._cat_buffered += len(codes)
         else:
-            values = np.fromiter(column, np.float64, len(codes))
+            values = (
+                column
+                if isinstance(column, np.ndarray)
+                else np.fromiter(column, np.float64, len(codes))
+            )
             self._add_numbers(self._coord_code_of(name), codes, values)
 
     def _add_numbers(self, coord: int, codes: np.ndarray, values: np.ndarray) -> None:

@@ -15,6 +15,7 @@ from streamfilter.engine.coverage import CoverageTracker
 from streamfilter.engine.day import SeededPerRelease
 from streamfilter.engine.engine import Engine
 from streamfilter.engine.event_ids import EventIdIndex
+from streamfilter.engine.ingest import SCANNER
 from streamfilter.engine.local import LocalEngine
 from streamfilter.engine.params import PrivacyParams
 from streamfilter.errors import ConfigError, StreamfilterError
@@ -504,5 +505,5 @@ def startup_summary(settings: Settings, parts: Components) -> str:
         f"{parts.daemon.engine.last_closed_day or 'none'}); privacy {g.rho:g}-zCDP per user "
         f"(+ telemetry {settings.telemetry.rho:g}), {params.mechanism} σ = "
         f"{params.sigma_released:.4g}, B_norm = {params.b_norm:g}, exhaustion "
-        f"{params.exhaustion}; metrics {metrics}"
+        f"{params.exhaustion}; metrics {metrics}; event scanner {SCANNER}"
     )

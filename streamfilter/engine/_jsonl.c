@@ -1,0 +1,400 @@
+/* Native column scanner for the daemon's hot path (engine/ingest.py, docs/design.md §8.4).
+ *
+ * scan_columns(lines, names, kinds, limits) -> (user_ids, days, event_ids, columns) | None
+ *
+ * Scans a batch of JSON lines that all carry exactly the schema's features (``names``: UTF-8
+ * bytes of each feature name; ``kinds``: bytes, 1 for a category, 0 for a number) straight into
+ * columns: a ``str`` per user id and event id, one shared ``str`` per distinct day and per
+ * recent category value, and one float64 ``bytearray`` per numeric feature. No Python object is
+ * made per number and none per event beyond its ids.
+ *
+ * The scanner only ever *accepts*. It takes a narrow, plain form of the contract — one JSON
+ * object per line, its keys without escapes and never repeated, every string value ASCII with
+ * no escape, every number within the contract's bound — and returns None for the whole batch on
+ * anything else, so that the msgspec path and then ``parse_event`` decide (and give the reason).
+ * For the lines it accepts, each value is what ``parse_event`` gives:
+ *   - strings: without an escape a JSON string is its bytes; ASCII makes the character count
+ *     the byte count and the text valid UTF-8, so the length limits are checked on bytes;
+ *   - numbers: the RFC 8259 grammar is checked here; an integer literal (``json.loads`` gives an
+ *     ``int``, the contract ``float(int)``) of at most 15 digits is exact in a double, so it is
+ *     converted exactly (``-0`` is +0.0, as ``float(0)``); any other literal is converted by
+ *     ``PyOS_string_to_double``, the correctly rounded conversion ``float(str)`` (and so
+ *     ``json.loads``) uses; a result beyond ``max_abs`` or not finite is not accepted here;
+ *   - the day is returned as is; the caller checks every distinct day (``ingest.day_ok``).
+ * Every read is bounded by the line's end; nothing is written past a buffer sized up front.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <string.h>
+
+#define MAX_FEATURES 256
+#define MAX_DAYS 8
+#define CACHED_CATEGORIES 8
+#define MAX_NUMBER_CHARS 64
+#define MAX_INT_DIGITS 15
+
+typedef struct {
+    const char *p;
+    const char *end;
+} Cursor;
+
+typedef struct {
+    const char *text;
+    Py_ssize_t len;
+    PyObject *str; /* owned */
+} Interned;
+
+typedef struct {
+    Py_ssize_t max_event_bytes;
+    Py_ssize_t max_id_chars;
+    Py_ssize_t max_category_chars;
+    double max_abs;
+} Limits;
+
+static inline int is_ws(unsigned char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+
+static inline int is_digit(unsigned char c) { return c >= '0' && c <= '9'; }
+
+static inline void skip_ws(Cursor *c)
+{
+    while (c->p < c->end && is_ws((unsigned char)*c->p)) c->p++;
+}
+
+static inline int expect(Cursor *c, char ch)
+{
+    skip_ws(c);
+    if (c->p >= c->end || *c->p != ch) return 0;
+    c->p++;
+    return 1;
+}
+
+/* A string without escapes or control characters (and, if ascii_only, only ASCII bytes): its
+ * content's span; the cursor moves past the closing quote. */
+static int plain_string(Cursor *c, const char **text, Py_ssize_t *len, int ascii_only)
+{
+    skip_ws(c);
+    if (c->p >= c->end || *c->p != '"') return 0;
+    const char *start = ++c->p;
+    const char *q = start;
+    while (q < c->end) {
+        unsigned char ch = (unsigned char)*q;
+        if (ch == '"') break;
+        if (ch == '\\' || ch < 0x20 || (ascii_only && ch >= 0x80)) return 0;
+        q++;
+    }
+    if (q >= c->end) return 0;
+    *text = start;
+    *len = q - start;
+    c->p = q + 1;
+    return 1;
+}
+
+/* A JSON number as the contract's float (see the header); 0 if not accepted here. */
+static int number(Cursor *c, double max_abs, double *out)
+{
+    skip_ws(c);
+    const char *s = c->p, *q = s, *end = c->end;
+    int negative = 0, integer = 1;
+    if (q < end && *q == '-') {
+        negative = 1;
+        q++;
+    }
+    const char *digits = q;
+    if (q >= end) return 0;
+    if (*q == '0')
+        q++;
+    else if (*q >= '1' && *q <= '9')
+        while (q < end && is_digit((unsigned char)*q)) q++;
+    else
+        return 0;
+    Py_ssize_t n_digits = q - digits;
+    if (q < end && *q == '.') {
+        integer = 0;
+        q++;
+        if (q >= end || !is_digit((unsigned char)*q)) return 0;
+        while (q < end && is_digit((unsigned char)*q)) q++;
+    }
+    if (q < end && (*q == 'e' || *q == 'E')) {
+        integer = 0;
+        q++;
+        if (q < end && (*q == '+' || *q == '-')) q++;
+        if (q >= end || !is_digit((unsigned char)*q)) return 0;
+        while (q < end && is_digit((unsigned char)*q)) q++;
+    }
+    Py_ssize_t n = q - s;
+    if (n > MAX_NUMBER_CHARS) return 0;
+    double v;
+    if (integer) {
+        if (n_digits > MAX_INT_DIGITS) return 0;
+        long long m = 0;
+        for (const char *d = digits; d < q; d++) m = m * 10 + (*d - '0');
+        v = (double)(negative ? -m : m); /* exact below 2**53; -0 → +0.0 like float(0) */
+    }
+    else {
+        char buf[MAX_NUMBER_CHARS + 1];
+        memcpy(buf, s, (size_t)n);
+        buf[n] = '\0';
+        v = PyOS_string_to_double(buf, NULL, NULL);
+        if (v == -1.0 && PyErr_Occurred()) {
+            PyErr_Clear();
+            return 0;
+        }
+    }
+    if (!isfinite(v) || fabs(v) > max_abs) return 0;
+    *out = v;
+    c->p = q;
+    return 1;
+}
+
+static PyObject *ascii_str(const char *text, Py_ssize_t len)
+{
+    PyObject *s = PyUnicode_New(len, 127);
+    if (s != NULL) memcpy(PyUnicode_1BYTE_DATA(s), text, (size_t)len);
+    return s;
+}
+
+/* A new reference to the str of ``text`` from ``table`` (``*used`` entries), adding it while
+ * the table has room; NULL with an exception on failure. */
+static PyObject *interned(Interned *table, int *used, int size, const char *text, Py_ssize_t len)
+{
+    for (int i = 0; i < *used; i++)
+        if (table[i].len == len && memcmp(table[i].text, text, (size_t)len) == 0) {
+            Py_INCREF(table[i].str);
+            return table[i].str;
+        }
+    PyObject *s = ascii_str(text, len);
+    if (s != NULL && *used < size) {
+        table[*used].text = text;
+        table[*used].len = len;
+        table[*used].str = s;
+        Py_INCREF(s);
+        (*used)++;
+    }
+    return s;
+}
+
+typedef struct {
+    Py_ssize_t k;
+    const char *name[MAX_FEATURES];
+    Py_ssize_t name_len[MAX_FEATURES];
+    char categorical[MAX_FEATURES];
+    PyObject *users, *days, *event_ids, *columns;
+    double *numbers[MAX_FEATURES];
+    PyObject *categories[MAX_FEATURES];
+    Interned day_table[MAX_DAYS];
+    int days_used;
+    Interned cat_table[MAX_FEATURES][CACHED_CATEGORIES];
+    int cats_used[MAX_FEATURES];
+    Limits limits;
+} Scan;
+
+enum { SCANNED = 1, NOT_PLAIN = 0, FAILED = -1 };
+
+/* The index of the feature named ``text``, or -1; the expected position is tried first. */
+static Py_ssize_t feature_index(const Scan *s, const char *text, Py_ssize_t len, Py_ssize_t guess)
+{
+    if (guess < s->k && s->name_len[guess] == len && memcmp(s->name[guess], text, (size_t)len) == 0)
+        return guess;
+    for (Py_ssize_t j = 0; j < s->k; j++)
+        if (s->name_len[j] == len && memcmp(s->name[j], text, (size_t)len) == 0) return j;
+    return -1;
+}
+
+static int scan_values(Scan *s, Cursor *c, Py_ssize_t row)
+{
+    char seen[MAX_FEATURES];
+    memset(seen, 0, (size_t)s->k);
+    Py_ssize_t count = 0;
+    if (!expect(c, '{')) return NOT_PLAIN;
+    skip_ws(c);
+    if (c->p < c->end && *c->p == '}') return NOT_PLAIN; /* a schema has at least one feature */
+    for (;;) {
+        const char *key;
+        Py_ssize_t key_len;
+        if (!plain_string(c, &key, &key_len, 0) || !expect(c, ':')) return NOT_PLAIN;
+        Py_ssize_t j = feature_index(s, key, key_len, count);
+        if (j < 0 || seen[j]) return NOT_PLAIN;
+        seen[j] = 1;
+        count++;
+        if (s->categorical[j]) {
+            const char *text;
+            Py_ssize_t len;
+            if (!plain_string(c, &text, &len, 1) || len > s->limits.max_category_chars)
+                return NOT_PLAIN;
+            PyObject *v = interned(s->cat_table[j], &s->cats_used[j], CACHED_CATEGORIES, text, len);
+            if (v == NULL) return FAILED;
+            PyList_SET_ITEM(s->categories[j], row, v);
+        }
+        else if (!number(c, s->limits.max_abs, &s->numbers[j][row]))
+            return NOT_PLAIN;
+        skip_ws(c);
+        if (c->p < c->end && *c->p == ',') {
+            c->p++;
+            continue;
+        }
+        if (!expect(c, '}')) return NOT_PLAIN;
+        return count == s->k ? SCANNED : NOT_PLAIN;
+    }
+}
+
+static int scan_line(Scan *s, const char *line, Py_ssize_t n, Py_ssize_t row)
+{
+    Cursor c = {line, line + n};
+    int have_user = 0, have_day = 0, have_event_id = 0, have_values = 0;
+    if (!expect(&c, '{')) return NOT_PLAIN;
+    for (;;) {
+        const char *key, *text;
+        Py_ssize_t key_len, len;
+        if (!plain_string(&c, &key, &key_len, 1) || !expect(&c, ':')) return NOT_PLAIN;
+        if (key_len == 7 && memcmp(key, "user_id", 7) == 0) {
+            if (have_user++ || !plain_string(&c, &text, &len, 1) || len < 1 ||
+                len > s->limits.max_id_chars)
+                return NOT_PLAIN;
+            PyObject *v = ascii_str(text, len);
+            if (v == NULL) return FAILED;
+            PyList_SET_ITEM(s->users, row, v);
+        }
+        else if (key_len == 3 && memcmp(key, "day", 3) == 0) {
+            if (have_day++ || !plain_string(&c, &text, &len, 1)) return NOT_PLAIN;
+            PyObject *v = interned(s->day_table, &s->days_used, MAX_DAYS, text, len);
+            if (v == NULL) return FAILED;
+            PyList_SET_ITEM(s->days, row, v);
+            int known = 0;
+            for (int i = 0; i < s->days_used; i++) known |= (v == s->day_table[i].str);
+            if (!known) return NOT_PLAIN; /* more distinct days than the table holds */
+        }
+        else if (key_len == 8 && memcmp(key, "event_id", 8) == 0) {
+            if (have_event_id++) return NOT_PLAIN;
+            skip_ws(&c);
+            if (c.end - c.p >= 4 && memcmp(c.p, "null", 4) == 0) {
+                c.p += 4;
+                Py_INCREF(Py_None);
+                PyList_SET_ITEM(s->event_ids, row, Py_None);
+            }
+            else {
+                if (!plain_string(&c, &text, &len, 1) || len < 1 || len > s->limits.max_id_chars)
+                    return NOT_PLAIN;
+                PyObject *v = ascii_str(text, len);
+                if (v == NULL) return FAILED;
+                PyList_SET_ITEM(s->event_ids, row, v);
+            }
+        }
+        else if (key_len == 6 && memcmp(key, "values", 6) == 0) {
+            if (have_values++) return NOT_PLAIN;
+            int r = scan_values(s, &c, row);
+            if (r != SCANNED) return r;
+        }
+        else
+            return NOT_PLAIN;
+        skip_ws(&c);
+        if (c.p < c.end && *c.p == ',') {
+            c.p++;
+            continue;
+        }
+        if (!expect(&c, '}')) return NOT_PLAIN;
+        skip_ws(&c);
+        if (c.p != c.end || !have_user || !have_day || !have_values) return NOT_PLAIN;
+        if (!have_event_id) {
+            Py_INCREF(Py_None);
+            PyList_SET_ITEM(s->event_ids, row, Py_None);
+        }
+        return SCANNED;
+    }
+}
+
+static void release_tables(Scan *s)
+{
+    for (int i = 0; i < s->days_used; i++) Py_DECREF(s->day_table[i].str);
+    for (Py_ssize_t j = 0; j < s->k; j++)
+        for (int i = 0; i < s->cats_used[j]; i++) Py_DECREF(s->cat_table[j][i].str);
+}
+
+static PyObject *scan_columns(PyObject *Py_UNUSED(module), PyObject *args)
+{
+    PyObject *lines_arg, *names;
+    const char *kinds;
+    Py_ssize_t n_kinds;
+    Scan *s = PyMem_Calloc(1, sizeof(Scan));
+    if (s == NULL) return PyErr_NoMemory();
+    PyObject *result = NULL, *lines = NULL;
+    if (!PyArg_ParseTuple(args, "OO!y#(nnnd):scan_columns", &lines_arg, &PyTuple_Type, &names,
+                          &kinds, &n_kinds, &s->limits.max_event_bytes, &s->limits.max_id_chars,
+                          &s->limits.max_category_chars, &s->limits.max_abs))
+        goto done;
+    Py_ssize_t k = PyTuple_GET_SIZE(names);
+    if (k < 1 || k > MAX_FEATURES || n_kinds != k) {
+        PyErr_SetString(PyExc_ValueError, "scan_columns: 1 to 256 features, one kind each");
+        goto done;
+    }
+    s->k = k;
+    for (Py_ssize_t j = 0; j < s->k; j++) {
+        PyObject *name = PyTuple_GET_ITEM(names, j);
+        if (!PyBytes_Check(name)) {
+            PyErr_SetString(PyExc_TypeError, "scan_columns: feature names must be bytes");
+            goto done;
+        }
+        s->name[j] = PyBytes_AS_STRING(name);
+        s->name_len[j] = PyBytes_GET_SIZE(name);
+        s->categorical[j] = kinds[j] != 0;
+    }
+    lines = PySequence_Fast(lines_arg, "scan_columns: lines must be a sequence");
+    if (lines == NULL) goto done;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(lines);
+    PyObject **items = PySequence_Fast_ITEMS(lines);
+    s->users = PyList_New(n);
+    s->days = PyList_New(n);
+    s->event_ids = PyList_New(n);
+    s->columns = PyList_New(s->k);
+    if (s->users == NULL || s->days == NULL || s->event_ids == NULL || s->columns == NULL)
+        goto done;
+    for (Py_ssize_t j = 0; j < s->k; j++) {
+        PyObject *col = s->categorical[j] ? PyList_New(n) : PyByteArray_FromStringAndSize(NULL, n * 8);
+        if (col == NULL) goto done;
+        PyList_SET_ITEM(s->columns, j, col);
+        if (s->categorical[j])
+            s->categories[j] = col;
+        else
+            s->numbers[j] = (double *)PyByteArray_AS_STRING(col);
+    }
+    int status = SCANNED;
+    for (Py_ssize_t row = 0; row < n && status == SCANNED; row++) {
+        PyObject *line = items[row];
+        if (!PyBytes_Check(line) || PyBytes_GET_SIZE(line) > s->limits.max_event_bytes)
+            status = NOT_PLAIN;
+        else
+            status = scan_line(s, PyBytes_AS_STRING(line), PyBytes_GET_SIZE(line), row);
+    }
+    if (status == FAILED) goto done;
+    if (status == NOT_PLAIN) {
+        result = Py_NewRef(Py_None);
+        goto done;
+    }
+    result = PyTuple_Pack(4, s->users, s->days, s->event_ids, s->columns);
+done:
+    release_tables(s);
+    Py_XDECREF(s->users);
+    Py_XDECREF(s->days);
+    Py_XDECREF(s->event_ids);
+    Py_XDECREF(s->columns);
+    Py_XDECREF(lines);
+    PyMem_Free(s);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"scan_columns", scan_columns, METH_VARARGS,
+     "scan_columns(lines, names, kinds, (max_event_bytes, max_id_chars, max_category_chars, "
+     "max_abs)) -> (user_ids, days, event_ids, columns) or None: see engine/ingest.py"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    .m_base = PyModuleDef_HEAD_INIT,
+    .m_name = "_jsonl",
+    .m_doc = "Native column scanner (engine/ingest.py).",
+    .m_size = -1,
+    .m_methods = methods,
+};
+
+PyMODINIT_FUNC PyInit__jsonl(void) { return PyModule_Create(&module); }
