@@ -406,11 +406,12 @@ class DayAccumulator:
         )
         self._next_code += len(user_ids)
         self._flush_user_codes()
-        new = codes >= n0
-        if new.any():
-            firsts = np.unique(codes[new])
-            self._users += map(user_ids.__getitem__, (firsts - n0).tolist())
-            self._user_codes_seen.append(firsts.astype(np.int32))
+        # an id new to the day took its own position as code at its first arrival, and only
+        # there: no sort needed to find the firsts, ascending
+        firsts = np.flatnonzero(codes == np.arange(n0, n0 + len(user_ids), dtype=np.int64))
+        if len(firsts):
+            self._users += map(user_ids.__getitem__, firsts.tolist())
+            self._user_codes_seen.append((firsts + n0).astype(np.int32))
         return codes.astype(np.int32)
 
     def _flush_user_codes(self) -> None:

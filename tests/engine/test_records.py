@@ -238,6 +238,7 @@ def test_add_columns_is_add_many(items, batch):
         assert columns is not None
         assert cols.add_columns(columns) == many.add_many(parse_events(lines[i : i + batch]))
     assert (cols.events, cols.duplicates) == (many.events, many.duplicates)
+    assert len(cols._users) == len(set(cols._users)) == len({u for u, *_ in items})  # one str each
     _records_equal(cols.finish(), many.finish())
 
 
