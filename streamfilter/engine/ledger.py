@@ -34,6 +34,11 @@ from typing import Any
 
 import numpy as np
 
+try:  # native id packing (engine/_packed_ids.c), built by the project's install
+    from streamfilter.engine import _packed_ids
+except ImportError:  # a build without a C compiler: the numpy path packs every id
+    _packed_ids = None  # type: ignore[assignment]
+
 __all__ = [
     "BudgetLedger",
     "Hasher",
@@ -41,6 +46,7 @@ __all__ = [
     "Located",
     "UserKeys",
     "encode_ids",
+    "keys_in_canonical_order",
     "object_ids",
     "pack_ids",
     "python_hash",
@@ -221,6 +227,29 @@ class UserKeys:
         """The same keys with their words laid out in this order (a sequential read later)."""
         words, woff = _gather_words(self.words, self.woff, self.lengths)
         return UserKeys(self.hasher, self.hashes, self.lengths, woff, words)
+
+
+def keys_in_canonical_order(
+    ids: list[str], canonical: np.ndarray, hashes: np.ndarray, hasher: Hasher
+) -> UserKeys | None:
+    """The keys of ``ids`` laid out in canonical order (``ids[i]`` at ``canonical[i]``, whose
+    hash is ``hashes[canonical[i]]``), packed natively (``engine/_packed_ids.c``): the same
+    arrays as :func:`encode_ids` + :func:`pack_ids` with lengths and offsets permuted, then
+    :meth:`UserKeys.compacted`. None when the extension is not built or an id needs the numpy
+    path (one without UTF-8 form, or too long: that path gives the error)."""
+    if _packed_ids is None:
+        return None
+    packed = _packed_ids.pack_words(ids, np.ascontiguousarray(canonical, np.int64), _MAX_ID_BYTES)
+    if packed is None:
+        return None
+    words, woff, lengths = packed
+    return UserKeys(
+        hasher,
+        hashes,
+        np.frombuffer(lengths, np.int64),
+        np.frombuffer(woff, np.int64),
+        np.frombuffer(words, np.uint64),
+    )
 
 
 @dataclass(frozen=True)

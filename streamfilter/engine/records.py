@@ -47,6 +47,7 @@ from streamfilter.engine.ledger import (
     Hasher,
     UserKeys,
     encode_ids,
+    keys_in_canonical_order,
     object_ids,
     pack_ids,
     python_hash,
@@ -883,7 +884,11 @@ def _keys_in_order(
 ) -> UserKeys:
     """The keys of ``ids`` laid out in canonical order: ``ids[i]`` is at ``canonical[i]``,
     whose hash is ``hashes[canonical[i]]``. The ``str`` objects are read in the order given —
-    the order they sit in memory — then only pointers and packed words are permuted."""
+    the order they sit in memory — then only pointers and packed words are permuted (natively
+    when the extension is built: ``ledger.keys_in_canonical_order``)."""
+    native = keys_in_canonical_order(ids.tolist(), canonical, hashes, hasher)
+    if native is not None:
+        return native
     buffer, starts_a, lengths_a = encode_ids(ids)
     words, woff_a = pack_ids(buffer, starts_a, lengths_a)
     woff = np.empty(len(ids), np.int64)

@@ -1,0 +1,137 @@
+/* Native packing of user ids into words for the ledger's keys (engine/records.py, UserKeys in
+ * engine/ledger.py; docs/design.md §8.4).
+ *
+ * pack_words(ids, canonical) -> (words, woff, lengths) | None
+ *
+ * ``ids``: a list of str; ``canonical``: an int64 buffer, a permutation of range(len(ids)) —
+ * id ``i`` goes to position ``canonical[i]``. Each id's UTF-8 bytes, zero-padded to whole
+ * little-endian uint64 words, are laid out one after the other in canonical order: ``words``
+ * (uint64), ``woff`` (int64, each id's first word) and ``lengths`` (int64, bytes), all in
+ * canonical order — exactly what ``ledger.encode_ids`` + ``ledger.pack_ids`` and then
+ * ``UserKeys.compacted`` give, without a Python step or a numpy index array per word. The ids
+ * are read in the order given (their order in memory), twice: lengths, then bytes.
+ *
+ * None — the caller then takes the numpy path, which gives the reason — for an id that is not a
+ * str, has no UTF-8 form (a lone surrogate; the numpy path encodes it with surrogatepass) or
+ * exceeds ``max_bytes``. A ``canonical`` that is not a permutation is a ValueError (it could
+ * otherwise write out of bounds).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+/* The UTF-8 bytes of ``id`` (a borrowed pointer, or one into ``*tmp`` which the caller frees);
+ * 0 when it has none (error cleared). */
+static int utf8_of(PyObject *id, const char **data, Py_ssize_t *len, PyObject **tmp)
+{
+    *tmp = NULL;
+    if (!PyUnicode_Check(id) || PyUnicode_READY(id) < 0) {
+        PyErr_Clear();
+        return 0;
+    }
+    if (PyUnicode_IS_ASCII(id)) {
+        *data = (const char *)PyUnicode_1BYTE_DATA(id);
+        *len = PyUnicode_GET_LENGTH(id);
+        return 1;
+    }
+    *tmp = PyUnicode_AsUTF8String(id); /* a temporary: nothing cached on the id */
+    if (*tmp == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    *data = PyBytes_AS_STRING(*tmp);
+    *len = PyBytes_GET_SIZE(*tmp);
+    return 1;
+}
+
+static PyObject *pack_words(PyObject *Py_UNUSED(module), PyObject *args)
+{
+    PyObject *ids;
+    Py_buffer canonical_buf;
+    Py_ssize_t max_bytes;
+    if (!PyArg_ParseTuple(args, "O!y*n:pack_words", &PyList_Type, &ids, &canonical_buf, &max_bytes))
+        return NULL;
+    PyObject *result = NULL, *words = NULL, *woff = NULL, *lengths = NULL;
+    char *taken = NULL;
+    Py_ssize_t n = PyList_GET_SIZE(ids);
+    const int64_t *canonical = canonical_buf.buf;
+    if (canonical_buf.len != n * (Py_ssize_t)sizeof(int64_t)) {
+        PyErr_SetString(PyExc_ValueError, "pack_words: one int64 position per id");
+        goto done;
+    }
+    taken = PyMem_Calloc((size_t)n + 1, 1);
+    lengths = PyByteArray_FromStringAndSize(NULL, n * 8);
+    woff = PyByteArray_FromStringAndSize(NULL, n * 8);
+    if (taken == NULL || lengths == NULL || woff == NULL) {
+        if (taken == NULL) PyErr_NoMemory();
+        goto done;
+    }
+    int64_t *len_at = (int64_t *)PyByteArray_AS_STRING(lengths);
+    int64_t *woff_at = (int64_t *)PyByteArray_AS_STRING(woff);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int64_t p = canonical[i];
+        if (p < 0 || p >= n || taken[p]) {
+            PyErr_SetString(PyExc_ValueError, "pack_words: canonical is not a permutation");
+            goto done;
+        }
+        taken[p] = 1;
+        const char *data;
+        Py_ssize_t len;
+        PyObject *tmp;
+        if (!utf8_of(PyList_GET_ITEM(ids, i), &data, &len, &tmp) || len > max_bytes) {
+            Py_XDECREF(tmp);
+            result = Py_NewRef(Py_None);
+            goto done;
+        }
+        Py_XDECREF(tmp);
+        len_at[p] = len;
+    }
+    int64_t total = 0;
+    for (Py_ssize_t p = 0; p < n; p++) {
+        woff_at[p] = total;
+        total += (len_at[p] + 7) / 8;
+    }
+    words = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)total * 8);
+    if (words == NULL) goto done;
+    char *out = PyByteArray_AS_STRING(words);
+    memset(out, 0, (size_t)total * 8);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const char *data;
+        Py_ssize_t len;
+        PyObject *tmp;
+        int64_t p = canonical[i];
+        if (!utf8_of(PyList_GET_ITEM(ids, i), &data, &len, &tmp) || len != len_at[p]) {
+            Py_XDECREF(tmp); /* str is immutable and the GIL is held: not expected */
+            PyErr_SetString(PyExc_RuntimeError, "pack_words: an id changed while packing");
+            goto done;
+        }
+        memcpy(out + 8 * woff_at[p], data, (size_t)len);
+        Py_XDECREF(tmp);
+    }
+    result = PyTuple_Pack(3, words, woff, lengths);
+done:
+    PyBuffer_Release(&canonical_buf);
+    PyMem_Free(taken);
+    Py_XDECREF(words);
+    Py_XDECREF(woff);
+    Py_XDECREF(lengths);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"pack_words", pack_words, METH_VARARGS,
+     "pack_words(ids, canonical, max_bytes) -> (words, woff, lengths) or None: see "
+     "engine/records.py"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    .m_base = PyModuleDef_HEAD_INIT,
+    .m_name = "_packed_ids",
+    .m_doc = "Native packing of user ids into words (engine/records.py).",
+    .m_size = -1,
+    .m_methods = methods,
+};
+
+PyMODINIT_FUNC PyInit__packed_ids(void) { return PyModule_Create(&module); }
