@@ -15,6 +15,12 @@
  * str, has no UTF-8 form (a lone surrogate; the numpy path encodes it with surrogatepass) or
  * exceeds ``max_bytes``. A ``canonical`` that is not a permutation is a ValueError (it could
  * otherwise write out of bounds).
+ *
+ * concat_utf8(ids) -> (text, lengths) | None
+ *
+ * The event-id index's packing (engine/event_ids.py ``packed_ids``): the ids' UTF-8 bytes back
+ * to back and each one's length in bytes (int32), or None for an id without UTF-8 form or
+ * longer than 2**31 - 1 bytes (the Python path encodes it with surrogatepass).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -119,17 +125,70 @@ done:
     return result;
 }
 
+static PyObject *concat_utf8(PyObject *Py_UNUSED(module), PyObject *ids)
+{
+    if (!PyList_Check(ids)) {
+        PyErr_SetString(PyExc_TypeError, "concat_utf8: ids must be a list");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(ids), total = 0;
+    PyObject *lengths = PyByteArray_FromStringAndSize(NULL, n * 4);
+    if (lengths == NULL) return NULL;
+    int32_t *len_at = (int32_t *)PyByteArray_AS_STRING(lengths);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const char *data;
+        Py_ssize_t len;
+        PyObject *tmp;
+        if (!utf8_of(PyList_GET_ITEM(ids, i), &data, &len, &tmp) || len > INT32_MAX ||
+            total > PY_SSIZE_T_MAX - len) {
+            Py_XDECREF(tmp);
+            Py_DECREF(lengths);
+            Py_RETURN_NONE;
+        }
+        Py_XDECREF(tmp);
+        len_at[i] = (int32_t)len;
+        total += len;
+    }
+    PyObject *text = PyBytes_FromStringAndSize(NULL, total);
+    if (text == NULL) {
+        Py_DECREF(lengths);
+        return NULL;
+    }
+    char *out = PyBytes_AS_STRING(text);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const char *data;
+        Py_ssize_t len;
+        PyObject *tmp;
+        if (!utf8_of(PyList_GET_ITEM(ids, i), &data, &len, &tmp) || len != len_at[i]) {
+            Py_XDECREF(tmp); /* str is immutable and the GIL is held: not expected */
+            Py_DECREF(text);
+            Py_DECREF(lengths);
+            PyErr_SetString(PyExc_RuntimeError, "concat_utf8: an id changed while packing");
+            return NULL;
+        }
+        memcpy(out, data, (size_t)len);
+        out += len;
+        Py_XDECREF(tmp);
+    }
+    PyObject *result = PyTuple_Pack(2, text, lengths);
+    Py_DECREF(text);
+    Py_DECREF(lengths);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"pack_words", pack_words, METH_VARARGS,
      "pack_words(ids, canonical, max_bytes) -> (words, woff, lengths) or None: see "
      "engine/records.py"},
+    {"concat_utf8", concat_utf8, METH_O,
+     "concat_utf8(ids) -> (text, int32 lengths) or None: see engine/event_ids.py"},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {
     .m_base = PyModuleDef_HEAD_INIT,
     .m_name = "_packed_ids",
-    .m_doc = "Native packing of user ids into words (engine/records.py).",
+    .m_doc = "Native packing of ids (engine/records.py, engine/event_ids.py).",
     .m_size = -1,
     .m_methods = methods,
 };

@@ -15,6 +15,11 @@ from typing import Protocol
 
 import numpy as np
 
+try:  # native id packing (engine/_packed_ids.c), built by the project's install
+    from streamfilter.engine import _packed_ids
+except ImportError:  # a build without a C compiler: the Python path packs every id
+    _packed_ids = None  # type: ignore[assignment]
+
 __all__ = ["MAX_USER_CODE", "EventIdIndex", "id_bytes", "packed_ids", "pair_keys", "user_codes"]
 
 
@@ -73,7 +78,13 @@ def id_bytes(event_id: str) -> bytes:
 
 
 def packed_ids(event_ids: list[str]) -> tuple[bytes, np.ndarray]:
-    """The ids' bytes (``id_bytes``) back to back, and each id's length in bytes (int32)."""
+    """The ids' bytes (``id_bytes``) back to back, and each id's length in bytes (int32):
+    natively in one pass when the extension is built (``engine/_packed_ids.c``; an id without
+    UTF-8 form takes the Python path, which keeps lone surrogates)."""
+    if _packed_ids is not None and type(event_ids) is list:
+        native = _packed_ids.concat_utf8(event_ids)
+        if native is not None:
+            return native[0], np.frombuffer(native[1], np.int32)
     blob = id_bytes("".join(event_ids))
     lengths = np.fromiter(map(len, event_ids), np.int32, count=len(event_ids))
     if len(blob) != int(lengths.sum(dtype=np.int64)):  # not all ASCII: count bytes, not chars

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamfilter.engine import ledger, records
+from streamfilter.engine import event_ids, ledger, records
 from streamfilter.engine.ledger import python_hash
 
 native = pytest.mark.skipif(
@@ -94,3 +94,24 @@ def test_ids_the_native_path_cannot_pack_go_the_numpy_way():
 def test_a_canonical_order_that_is_not_a_permutation_is_refused(canonical):
     with pytest.raises(ValueError, match=r"permutation|one int64"):
         ledger._packed_ids.pack_words(["a", "b"], np.array(canonical, np.int64), 100)
+
+
+@native
+@settings(max_examples=300, deadline=None)
+@given(ids_strategy)
+def test_event_id_packing_is_the_python_path(ids):
+    """``event_ids.packed_ids`` (the event-id index's runs) gives the same text and lengths
+    natively as ``id_bytes`` of the joined ids does (lone surrogates go the Python way)."""
+    text, lengths = event_ids.packed_ids(ids)
+    assert text == "".join(ids).encode("utf-8", "surrogatepass")
+    assert lengths.dtype == np.int32
+    assert lengths.tolist() == [len(i.encode("utf-8", "surrogatepass")) for i in ids]
+    saved = event_ids._packed_ids
+    try:
+        event_ids._packed_ids = None
+        python_text, python_lengths = event_ids.packed_ids(ids)
+    finally:
+        event_ids._packed_ids = saved
+    assert (text, lengths.tolist()) == (python_text, python_lengths.tolist())
+    native_result = ledger._packed_ids.concat_utf8(ids)
+    assert (native_result is None) == any(0xD800 <= ord(c) <= 0xDFFF for c in "".join(ids))
