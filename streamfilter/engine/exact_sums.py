@@ -190,9 +190,38 @@ def _sums(
     return out
 
 
-def exact_sums_by_key(key: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+#: ``exact_sums_by_key`` tries a table of ``key_bound`` slots (no sort) when it is at most this
+#: many slots per key
+DENSE_SLOTS_PER_KEY = 8
+
+
+def _distinct_in_slots(key: np.ndarray, key_bound: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """(``key`` ascending, the order that sorts it) read off a table of ``key_bound`` slots —
+    linear, no sort — when no key repeats; None when one does (or a key is out of range)."""
+    if len(key) and (int(key.min()) < 0 or int(key.max()) >= key_bound):
+        return None
+    slot = np.full(key_bound, -1, np.int64)
+    slot[key] = np.arange(len(key), dtype=np.int64)
+    ks = np.flatnonzero(slot >= 0)
+    if len(ks) != len(key):  # a repeated key kept one slot
+        return None
+    return ks, slot[ks]
+
+
+def exact_sums_by_key(
+    key: np.ndarray, values: np.ndarray, key_bound: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """Each distinct ``key`` (ascending) and the exact sum of its values rounded once — a
-    function of the key's multiset of values, so of no arrival or grouping order."""
+    function of the key's multiset of values, so of no arrival or grouping order.
+
+    ``key_bound``: every key is in ``[0, key_bound)``, which lets distinct keys (the day's
+    cells, once folded) be ordered through a table instead of a sort when the bound is small
+    (``DENSE_SLOTS_PER_KEY``); the result is the same."""
+    if key_bound is not None and key_bound <= DENSE_SLOTS_PER_KEY * len(key):
+        distinct = _distinct_in_slots(key, key_bound)
+        if distinct is not None:
+            ks, order = distinct
+            return ks, values[order] + 0.0
     ks, order = sorted_with_order(key)
     starts = np.flatnonzero(np.r_[True, ks[1:] != ks[:-1]])
     if len(starts) >= len(ks):  # no repeated key (or no key): each value as it is

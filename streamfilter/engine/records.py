@@ -756,7 +756,7 @@ class DayRecords:
         k = len(coord_names)
         key = np.empty(n, np.int64)
         key[order] = user_pos * k + coord[order]
-        cell_key, summed = exact_sums_by_key(key, values)
+        cell_key, summed = exact_sums_by_key(key, values, len(users_out) * k)
         return cls(day, users_out, cell_key // k, cell_key % k, summed, coord_names, keys)
 
     @classmethod
@@ -799,7 +799,9 @@ class DayRecords:
         coord_rank[np.flatnonzero(used)[by_name]] = np.arange(len(names))
         coord_names = _objects([names[i] for i in by_name])
         k = len(names)
-        cell_key, summed = exact_sums_by_key(rank[cell_user] * k + coord_rank[cell_coord], values)
+        cell_key, summed = exact_sums_by_key(
+            rank[cell_user] * k + coord_rank[cell_coord], values, len(ids) * k
+        )
         return cls(day, ids[order], cell_key // k, cell_key % k, summed, coord_names, keys)
 
     @property

@@ -47,7 +47,11 @@ floats = st.one_of(
     st.floats(-1e-6, 1e-6, allow_nan=False, allow_infinity=False),
     st.integers(-10_000, 10_000).map(lambda c: c / 100),
 )
-cells = st.lists(st.tuples(st.integers(0, 6), floats), min_size=0, max_size=60)
+cells = st.one_of(
+    st.lists(st.tuples(st.integers(0, 6), floats), min_size=0, max_size=60),
+    # distinct keys, as a day's folded cells are
+    st.lists(st.tuples(st.integers(0, 6), floats), max_size=7, unique_by=lambda p: p[0]),
+)
 
 
 def reference(pairs: list[tuple[int, float]]) -> tuple[list[int], list[float]]:
@@ -67,10 +71,12 @@ def same_bits(a: np.ndarray, b: list[float]) -> bool:
 def test_sums_by_key_are_fsum_of_each_keys_values(pairs):
     keys = np.array([k for k, _ in pairs], np.int64)
     values = np.array([v for _, v in pairs], np.float64)
-    got_keys, got = exact_sums_by_key(keys, values)
     want_keys, want = reference(pairs)
-    assert got_keys.tolist() == want_keys
-    assert same_bits(got, want)
+    # sorted, or through a table of slots (the bound tight, or loose) when no key repeats
+    for bound in (None, 7, 7 * exact_sums.DENSE_SLOTS_PER_KEY):
+        got_keys, got = exact_sums_by_key(keys, values, bound)
+        assert got_keys.tolist() == want_keys
+        assert same_bits(got, want)
 
 
 @settings(max_examples=300, deadline=None)
