@@ -20,7 +20,15 @@ try:  # native id packing (engine/_packed_ids.c), built by the project's install
 except ImportError:  # a build without a C compiler: the Python path packs every id
     _packed_ids = None  # type: ignore[assignment]
 
-__all__ = ["MAX_USER_CODE", "EventIdIndex", "id_bytes", "packed_ids", "pair_keys", "user_codes"]
+__all__ = [
+    "MAX_USER_CODE",
+    "EventIdIndex",
+    "id_bytes",
+    "packed_ids",
+    "pair_key",
+    "pair_keys",
+    "user_codes",
+]
 
 
 class EventIdIndex(Protocol):
@@ -56,6 +64,16 @@ def pair_keys(users: np.ndarray, event_ids: list[str]) -> np.ndarray:
     h = np.fromiter(map(hash, event_ids), np.int64, count=len(event_ids))
     mixed: np.ndarray = h ^ (np.asarray(users).astype(np.uint64) * _USER_MIX).view(np.int64)
     return mixed
+
+
+_MASK64 = (1 << 64) - 1
+_USER_MIX_INT = int(_USER_MIX)
+
+
+def pair_key(user: int, event_id: str) -> int:
+    """``pair_keys`` of one pair, in Python ints (the per-event path: no numpy call)."""
+    mixed = (hash(event_id) & _MASK64) ^ ((user * _USER_MIX_INT) & _MASK64)
+    return mixed - (1 << 64) if mixed >> 63 else mixed
 
 
 #: the largest user code (codes are int32)

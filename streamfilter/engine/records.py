@@ -38,6 +38,7 @@ from streamfilter.engine.event_ids import (
     EventIdIndex,
     id_bytes,
     packed_ids,
+    pair_key,
     pair_keys,
     user_codes,
 )
@@ -137,6 +138,8 @@ class PairRun:
 
 #: the pairs' 64-bit keys (``engine.event_ids.pair_keys``; a module name tests can narrow)
 _pair_keys = pair_keys
+_pair_key = pair_key  # one pair's (the same key)
+_MASK64 = (1 << 64) - 1
 
 
 class SeenEventIds:
@@ -207,11 +210,18 @@ class SeenEventIds:
         return sum(run.nbytes for run in self._runs)
 
     def __contains__(self, key: tuple[int, str]) -> bool:
+        """One pair (the per-event path, ``Monitor``): its key and filter bit in Python ints."""
         if key in self._pending:
             return True
+        if not self._runs:
+            return False
         user, event_id = key
-        keys = _pair_keys(np.array([user], np.int64), [event_id])
-        return self.holds_keyed(int(keys[0]), user, event_id)
+        k = _pair_key(user, event_id)
+        top = (k & _MASK64) >> self._filter_shift
+        if not (int(self._filter[top >> 3]) >> (top & 7)) & 1:
+            return False
+        encoded = id_bytes(event_id)
+        return any(run.holds(k, user, encoded) for run in self._runs)
 
     def holds_keyed(self, key: int, user: int, event_id: str) -> bool:
         """The runs hold the pair whose key is ``key`` (``add``'s buffer is not asked)."""

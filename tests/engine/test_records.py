@@ -149,8 +149,10 @@ def test_seen_event_ids_is_a_set(batches, colliding, pending_max):
     """Batches (``insert``) and single pairs (``add``) alike: membership is exactly a Python
     set's, including when every key collides with others (keys cut to 2 bits)."""
     saved_keys, saved_max = records._pair_keys, records.SeenEventIds.PENDING_MAX
+    saved_key = records._pair_key
     if colliding:
         records._pair_keys = lambda users, ids: saved_keys(users, ids) & 3
+        records._pair_key = lambda user, event_id: saved_key(user, event_id) & 3
     records.SeenEventIds.PENDING_MAX = pending_max
     try:
         seen, model = records.SeenEventIds(), set()
@@ -173,6 +175,7 @@ def test_seen_event_ids_is_a_set(batches, colliding, pending_max):
         assert [k in seen for k in probe] == [k in model for k in probe]
     finally:
         records._pair_keys, records.SeenEventIds.PENDING_MAX = saved_keys, saved_max
+        records._pair_key = saved_key
 
 
 @settings(max_examples=80, deadline=None)
@@ -251,3 +254,12 @@ def test_a_finished_day_gives_the_same_records_again_and_takes_no_more_events():
         acc.add(ev("c", {"x": 1.0}))
     with pytest.raises(RuntimeError, match="finished"):
         acc.add_many([ev("c", {"x": 1.0})])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, 2**31 - 1), st.text(max_size=12))
+def test_one_pairs_key_is_the_batch_key(user, event_id):
+    """The per-event look-up keys a pair in Python ints exactly as the batch path does."""
+    from streamfilter.engine.event_ids import pair_key, pair_keys
+
+    assert pair_key(user, event_id) == int(pair_keys(np.array([user], np.int32), [event_id])[0])

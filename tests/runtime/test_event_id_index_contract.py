@@ -53,7 +53,9 @@ def colliding(request, monkeypatch) -> bool:
     """Keys cut to 2 bits in both implementations: every key is shared by many pairs."""
     if request.param:
         memory_keys, spill_keys = records._pair_keys, event_ids.pair_keys
+        memory_key = records._pair_key
         monkeypatch.setattr(records, "_pair_keys", lambda u, ids: memory_keys(u, ids) & 3)
+        monkeypatch.setattr(records, "_pair_key", lambda u, i: memory_key(u, i) & 3)
         monkeypatch.setattr(event_ids, "pair_keys", lambda u, ids: spill_keys(u, ids) & 3)
     return bool(request.param)
 
