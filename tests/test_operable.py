@@ -7,6 +7,8 @@ subcommand; the release and state gauges are restored from the state at start-up
 
 import json
 import socket
+import subprocess
+import sys
 import urllib.request
 
 import pytest
@@ -123,3 +125,30 @@ def test_every_cli_option_has_help_text():
         for action in p._actions:
             if action.option_strings:
                 assert action.help, f"{p.prog} {action.option_strings} has no help text"
+
+
+def test_a_run_without_the_native_helpers_warns_and_releases_the_same(tmp_path):
+    """With the C helpers unimportable (as on a machine without a compiler) the daemon says so
+    at start, names them, and releases exactly what the native run releases."""
+    releases = {}
+    for native in (True, False):
+        run_dir = tmp_path / ("native" if native else "python")
+        run_dir.mkdir()
+        write_world(run_dir)
+        _with(run_dir, "[metrics]\nenabled = false\n")
+        hide = "" if native else "sys.modules.update(dict.fromkeys(NATIVE, None))\n"
+        code = (
+            "import sys\n"
+            "NATIVE = [f'streamfilter.engine.{m}' for m in ('_jsonl', '_packed_ids', '_user_codes')]\n"
+            f"{hide}from streamfilter.cli.main import main\n"
+            "sys.exit(main(['run', '--config', 'streamfilter.toml', '--until-end', '--testing']))\n"
+        )
+        proc = subprocess.run(
+            [sys.executable, "-c", code], cwd=run_dir, capture_output=True, text=True, timeout=120
+        )
+        assert proc.returncode == 0, proc.stderr
+        warned = "WARNING streamfilter.run: native helpers not built (engine/_jsonl.c, "
+        assert (warned in proc.stderr) is not native
+        assert ("event scanner msgspec" in proc.stderr) is not native
+        releases[native] = (run_dir / "out" / "releases.jsonl").read_text()
+    assert releases[True] == releases[False] and releases[True]

@@ -27,12 +27,20 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_term)
+    from streamfilter.engine import native
     from streamfilter.runtime.app import build_daemon, kafka_errors_explained, startup_summary
 
     settings = load_config(args.config)
     with kafka_errors_explained(settings):
         parts = build_daemon(settings, follow=not args.until_end, allow_test_seed=args.testing)
         logging.getLogger("streamfilter.run").info("%s", startup_summary(settings, parts))
+        not_built = native.missing()
+        if not_built:
+            logging.getLogger("streamfilter.run").warning(
+                "native helpers not built (%s): the pure-Python paths run, with the same results "
+                "and slower; install a C compiler and reinstall (pip install -e .)",
+                ", ".join(not_built),
+            )
         daemon_ref.append(parts.daemon)
         if stop_requested.is_set():
             parts.daemon.stop()

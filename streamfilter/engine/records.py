@@ -54,7 +54,12 @@ from streamfilter.engine.ledger import (
     python_hash,
 )
 
-__all__ = ["DayAccumulator", "DayRecords", "PairRun", "SeenEventIds"]
+__all__ = ["DayAccumulator", "DayRecords", "DictUserCodes", "PairRun", "SeenEventIds"]
+
+try:  # native user coding (engine/_user_codes.c), built by the project's install
+    from streamfilter.engine import _user_codes
+except ImportError:  # a build without a C compiler: a dict codes the users
+    _user_codes = None  # type: ignore[assignment]
 
 
 _USER = attrgetter("user_id")
@@ -305,6 +310,53 @@ class SeenEventIds:
         self._filter, self._filter_shift = np.zeros(1, np.uint8), 61
 
 
+class DictUserCodes:
+    """The open day's user codes in a dict — what ``engine/_user_codes.c``'s ``UserCodes`` does
+    natively, with the same results (``tests/engine/test_user_codes.py``): ``codes(ids,
+    first)`` is ``dict.setdefault`` mapped over ``zip(ids, count(first))``, ``code_of(id,
+    code)`` one ``setdefault``."""
+
+    def __init__(self) -> None:
+        self._code: dict[str, int] = {}
+
+    def codes(self, ids: list[str], first: int) -> np.ndarray:
+        return np.fromiter(map(self._code.setdefault, ids, count(first)), np.int64, len(ids))
+
+    def code_of(self, user_id: str, code: int) -> int:
+        return self._code.setdefault(user_id, code)
+
+    def clear(self) -> None:
+        self._code = {}
+
+    def __len__(self) -> int:
+        return len(self._code)
+
+
+class _NativeUserCodes:
+    """``engine/_user_codes.c``'s ``UserCodes`` with ``codes`` as an int64 array."""
+
+    def __init__(self) -> None:
+        assert _user_codes is not None
+        self._table = _user_codes.UserCodes()
+
+    def codes(self, ids: list[str], first: int) -> np.ndarray:
+        return np.frombuffer(self._table.codes(ids, first), np.int64)
+
+    def code_of(self, user_id: str, code: int) -> int:
+        return self._table.code_of(user_id, code)
+
+    def clear(self) -> None:
+        self._table.clear()
+
+    def __len__(self) -> int:
+        return len(self._table)
+
+
+def new_user_codes() -> DictUserCodes | _NativeUserCodes:
+    """The open day's id → code table: native when the extension is built, else a dict."""
+    return _NativeUserCodes() if _user_codes is not None else DictUserCodes()
+
+
 class DayAccumulator:
     """Collects one day's events as integer-coded columns (docs/design.md §2 "Record").
 
@@ -332,7 +384,7 @@ class DayAccumulator:
         self._seen_event_ids: EventIdIndex = seen if seen is not None else SeenEventIds()
         # user id → code: the day's count of events when the id first arrived (unique, never
         # renumbered; made dense at the close); ``_users[i]`` has the i-th smallest code
-        self._user_code: dict[str, int] = {}
+        self._user_code = new_user_codes()
         self._users: list[str] = []
         self._user_codes_seen: list[np.ndarray] = []  # the codes of ``_users``, ascending
         self._next_code = 0
@@ -354,11 +406,10 @@ class DayAccumulator:
         self._folded: tuple[np.ndarray, np.ndarray] = (np.zeros(0, np.int64), np.zeros(0))
 
     def _user_code_of(self, user_id: str) -> int:
-        code = self._user_code.get(user_id)
-        if code is None:
-            if self._next_code >= MAX_USER_CODE:
-                raise OverflowError(f"more than {MAX_USER_CODE} events in one day")
-            code = self._user_code[user_id] = self._next_code
+        if self._next_code >= MAX_USER_CODE:
+            raise OverflowError(f"more than {MAX_USER_CODE} events in one day")
+        code = self._user_code.code_of(user_id, self._next_code)
+        if code == self._next_code:  # new: every id held has a smaller code
             self._users.append(user_id)
             self._p_user_codes.append(code)
         self._next_code += 1
@@ -406,15 +457,12 @@ class DayAccumulator:
         return True
 
     def _user_codes(self, user_ids: list[str]) -> np.ndarray:
-        """The code of each id: one C-level ``dict.setdefault`` per event, a new id getting the
-        day's count of events at its first arrival."""
+        """The code of each id (``UserCodes.codes``), a new id getting the day's count of
+        events at its first arrival."""
         n0 = self._next_code
         if n0 + len(user_ids) > MAX_USER_CODE:
             raise OverflowError(f"more than {MAX_USER_CODE} events in one day")
-        code_of = self._user_code
-        codes = np.fromiter(
-            map(code_of.setdefault, user_ids, count(n0)), np.int64, count=len(user_ids)
-        )
+        codes = self._user_code.codes(user_ids, n0)
         self._next_code += len(user_ids)
         self._flush_user_codes()
         # an id new to the day took its own position as code at its first arrival, and only
@@ -635,7 +683,7 @@ class DayAccumulator:
             return self._records
         self._finished = True
         self._seen_event_ids.close()
-        self._user_code = {}
+        self._user_code.clear()
         self._flush_pending()
         self._fold()
         self._flush_user_codes()

@@ -1,0 +1,205 @@
+/* Native user coding for the open day (engine/records.py, DayAccumulator; docs/design.md §8.4).
+ *
+ * UserCodes() is a str -> int64 map with exactly the semantics the day's dict had:
+ *   codes(ids, first) -> bytearray of int64: for each id in order, its code, an id not held
+ *       yet getting ``first + i`` (i its position in ``ids``) — ``dict.setdefault`` mapped over
+ *       ``zip(ids, count(first))``;
+ *   code_of(id, code) -> int: ``dict.setdefault(id, code)``;
+ *   len(), clear().
+ * Keys are compared as Python compares str (same hash, then equal text), so the codes are those
+ * the dict gave. An open-addressing table of (hash, code, id) with linear probing, at most half
+ * full: no Python int per code, no Python call per id. The table holds a reference to each id
+ * (a str references nothing, so no cycle can go through it).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+typedef struct {
+    Py_hash_t hash;
+    int64_t code;
+    PyObject *id; /* NULL: an empty slot */
+} Slot;
+
+typedef struct {
+    PyObject_HEAD
+    Slot *slots;
+    Py_ssize_t mask; /* capacity - 1; capacity a power of two */
+    Py_ssize_t used;
+} UserCodes;
+
+#define MIN_CAPACITY 1024
+
+static int resize(UserCodes *self, Py_ssize_t capacity)
+{
+    Slot *slots = PyMem_Calloc((size_t)capacity, sizeof(Slot));
+    if (slots == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    Py_ssize_t mask = capacity - 1;
+    if (self->slots != NULL) {
+        for (Py_ssize_t i = 0; i <= self->mask; i++) {
+            Slot *s = &self->slots[i];
+            if (s->id == NULL) continue;
+            Py_ssize_t j = (Py_ssize_t)((size_t)s->hash & (size_t)mask);
+            while (slots[j].id != NULL) j = (j + 1) & mask;
+            slots[j] = *s;
+        }
+        PyMem_Free(self->slots);
+    }
+    self->slots = slots;
+    self->mask = mask;
+    return 0;
+}
+
+/* The code of ``id`` (inserting ``code`` if it is not held); -1 with an exception on error. */
+static int lookup(UserCodes *self, PyObject *id, int64_t code, int64_t *out)
+{
+    if (!PyUnicode_Check(id)) {
+        PyErr_SetString(PyExc_TypeError, "UserCodes: ids must be str");
+        return -1;
+    }
+    Py_hash_t hash = PyObject_Hash(id);
+    if (hash == -1) return -1;
+    if (2 * (self->used + 1) > self->mask + 1 && resize(self, 2 * (self->mask + 1)) < 0) return -1;
+    Py_ssize_t j = (Py_ssize_t)((size_t)hash & (size_t)self->mask);
+    for (;;) {
+        Slot *s = &self->slots[j];
+        if (s->id == NULL) {
+            Py_INCREF(id);
+            s->id = id;
+            s->hash = hash;
+            s->code = code;
+            self->used++;
+            *out = code;
+            return 0;
+        }
+        if (s->hash == hash) {
+            if (s->id == id) {
+                *out = s->code;
+                return 0;
+            }
+            int eq = PyUnicode_Compare(s->id, id);
+            if (eq == -1 && PyErr_Occurred()) return -1;
+            if (eq == 0) {
+                *out = s->code;
+                return 0;
+            }
+        }
+        j = (j + 1) & self->mask;
+    }
+}
+
+static void release(UserCodes *self)
+{
+    if (self->slots != NULL) {
+        for (Py_ssize_t i = 0; i <= self->mask; i++) Py_XDECREF(self->slots[i].id);
+        PyMem_Free(self->slots);
+    }
+    self->slots = NULL;
+    self->mask = -1;
+    self->used = 0;
+}
+
+static int UserCodes_init(UserCodes *self, PyObject *args, PyObject *kwargs)
+{
+    if (!PyArg_ParseTuple(args, ":UserCodes") || (kwargs != NULL && PyDict_Size(kwargs) > 0)) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "UserCodes() takes no arguments");
+        return -1;
+    }
+    release(self);
+    return resize(self, MIN_CAPACITY);
+}
+
+static void UserCodes_dealloc(UserCodes *self)
+{
+    release(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *UserCodes_codes(UserCodes *self, PyObject *args)
+{
+    PyObject *ids;
+    long long first;
+    if (!PyArg_ParseTuple(args, "O!L:codes", &PyList_Type, &ids, &first)) return NULL;
+    if (self->slots == NULL && resize(self, MIN_CAPACITY) < 0) return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(ids);
+    PyObject *out = PyByteArray_FromStringAndSize(NULL, n * 8);
+    if (out == NULL) return NULL;
+    int64_t *codes = (int64_t *)PyByteArray_AS_STRING(out);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (lookup(self, PyList_GET_ITEM(ids, i), (int64_t)first + i, &codes[i]) < 0) {
+            Py_DECREF(out);
+            return NULL;
+        }
+    }
+    return out;
+}
+
+static PyObject *UserCodes_code_of(UserCodes *self, PyObject *args)
+{
+    PyObject *id;
+    long long code;
+    int64_t out;
+    if (!PyArg_ParseTuple(args, "OL:code_of", &id, &code)) return NULL;
+    if (self->slots == NULL && resize(self, MIN_CAPACITY) < 0) return NULL;
+    if (lookup(self, id, (int64_t)code, &out) < 0) return NULL;
+    return PyLong_FromLongLong(out);
+}
+
+static PyObject *UserCodes_clear(UserCodes *self, PyObject *Py_UNUSED(ignored))
+{
+    release(self);
+    Py_RETURN_NONE;
+}
+
+static Py_ssize_t UserCodes_len(UserCodes *self) { return self->used; }
+
+static PyMethodDef UserCodes_methods[] = {
+    {"codes", (PyCFunction)UserCodes_codes, METH_VARARGS,
+     "codes(ids, first) -> bytearray of int64 codes (a new id gets first + its position)"},
+    {"code_of", (PyCFunction)UserCodes_code_of, METH_VARARGS,
+     "code_of(id, code) -> the id's code (code if it was not held: then it is held)"},
+    {"clear", (PyCFunction)UserCodes_clear, METH_NOARGS, "Drop every id (frees the table)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PySequenceMethods UserCodes_as_sequence = {
+    .sq_length = (lenfunc)UserCodes_len,
+};
+
+static PyTypeObject UserCodesType = {
+    .ob_base = PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "streamfilter.engine._user_codes.UserCodes",
+    .tp_basicsize = sizeof(UserCodes),
+    .tp_dealloc = (destructor)UserCodes_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "str -> int64 codes with dict.setdefault's semantics (engine/records.py).",
+    .tp_methods = UserCodes_methods,
+    .tp_as_sequence = &UserCodes_as_sequence,
+    .tp_init = (initproc)UserCodes_init,
+    .tp_new = PyType_GenericNew,
+};
+
+static struct PyModuleDef module = {
+    .m_base = PyModuleDef_HEAD_INIT,
+    .m_name = "_user_codes",
+    .m_doc = "Native user coding for the open day (engine/records.py).",
+    .m_size = -1,
+};
+
+PyMODINIT_FUNC PyInit__user_codes(void)
+{
+    if (PyType_Ready(&UserCodesType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL) return NULL;
+    Py_INCREF(&UserCodesType);
+    if (PyModule_AddObject(m, "UserCodes", (PyObject *)&UserCodesType) < 0) {
+        Py_DECREF(&UserCodesType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -1,0 +1,83 @@
+"""The open day's user-code table: the native ``UserCodes`` (``engine/_user_codes.c``) gives
+exactly the codes of the dict it replaces (``records.DictUserCodes``: ``dict.setdefault``),
+for batches and single ids, equal ids from different objects, any text, and growth from an
+empty table through many resizes. In CI a missing build is a failure."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from streamfilter.engine import records
+from streamfilter.engine.records import DictUserCodes
+
+native = pytest.mark.skipif(
+    records._user_codes is None, reason="engine/_user_codes.c is not built (pip install -e .)"
+)
+
+
+def test_the_native_user_codes_are_built_in_ci():
+    if records._user_codes is None and not os.environ.get("CI"):
+        pytest.skip("engine/_user_codes.c is not built here (pip install -e .)")
+    assert isinstance(records.new_user_codes(), records._NativeUserCodes)
+
+
+ids = st.one_of(
+    st.sampled_from(["u1", "u2", "é", "😀", "", "u" * 300]),
+    st.text(max_size=8),  # any code point, lone surrogates included
+    st.integers(0, 3000).map(lambda i: f"user-{i}"),
+)
+ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("batch"), st.lists(ids, max_size=40)),
+        st.tuples(st.just("one"), ids),
+        st.tuples(st.just("clear"), st.none()),
+    ),
+    max_size=30,
+)
+
+
+@native
+@settings(max_examples=300, deadline=None)
+@given(ops)
+def test_native_codes_are_the_dicts(sequence):
+    table, reference = records._NativeUserCodes(), DictUserCodes()
+    next_code = 0
+    for op, arg in sequence:
+        if op == "batch":
+            # fresh str objects: equal text from another object must find the same code
+            batch = [("".join(list(i)) if i else i) for i in arg]
+            got, want = table.codes(batch, next_code), reference.codes(arg, next_code)
+            assert got.dtype == np.int64 and got.tolist() == want.tolist()
+            next_code += len(arg)
+        elif op == "one":
+            assert table.code_of(arg, next_code) == reference.code_of(arg, next_code)
+            next_code += 1
+        else:
+            table.clear()
+            reference.clear()
+        assert len(table) == len(reference)
+
+
+@native
+def test_a_table_grown_through_many_resizes_keeps_every_code():
+    table = records._NativeUserCodes()
+    n = 200_000
+    users = [f"u{i}" for i in range(n)]
+    first = table.codes(users, 10)
+    assert first.tolist() == list(range(10, 10 + n))
+    again = table.codes([f"u{i}" for i in reversed(range(n))], 10 + n)  # other objects
+    assert again.tolist() == list(reversed(range(10, 10 + n)))
+    assert len(table) == n
+    assert table.code_of("new", 7) == 7 and table.code_of("u5", 99) == 15
+
+
+@native
+def test_ids_must_be_str():
+    table = records._NativeUserCodes()
+    with pytest.raises(TypeError, match="str"):
+        table.codes(["a", 5], 0)  # type: ignore[list-item]
