@@ -7,7 +7,8 @@ daemon's path: batches of 50,000 lines decoded as columns by ``engine.ingest.par
 added with ``DayAccumulator.add_columns`` (a batch of several schemas: ``parse_events`` and
 ``add_many``) with the daemon's spilling event-id index (``--in-memory``: ``SeenEventIds``);
 then the day's records are built (``finish``). Each size runs in its own process (``--child``),
-which reports its peak RSS (``VmHWM``) and the seconds spent.
+which first sets the daemon's memory policy (``runtime.memory``, as ``streamfilter run`` does)
+and reports its peak RSS (``VmHWM``) and the seconds spent.
 
 value = peak RSS at ``10·n`` events, baseline = at ``n`` events; ratio = value ÷ baseline (target,
 issue #17: ≤ 1.2, i.e.
@@ -78,6 +79,9 @@ def _child(n_users: int, k: int, numeric: bool, spill: bool = False) -> None:
     from streamfilter.engine.ingest import parse_columns, parse_events
     from streamfilter.engine.records import DayAccumulator
     from streamfilter.runtime.event_ids import SpillingEventIds
+    from streamfilter.runtime.memory import map_large_allocations_apart
+
+    map_large_allocations_apart()  # what `streamfilter run` does first
 
     # ``--spill``: the daemon's event-id index (spilling to disk), else the in-memory one
     index = SpillingEventIds(label="2026-03-01") if spill else None

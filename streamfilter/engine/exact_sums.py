@@ -295,36 +295,46 @@ class CellSums:
             self._accumulate(keys[more], values[more])
 
     def _accumulate(self, keys: np.ndarray, values: np.ndarray) -> None:
-        """Add sorted (key, value) pairs into the accumulators."""
+        """Add sorted (key, value) pairs into the accumulators, whole keys at a time, about
+        ``FOLD_STEP`` values per step: each step's limbs are summed and merged into the rows of
+        the keys already held, so the temporaries are a step's, not the fold's; the new keys'
+        accumulators are inserted once at the end (their places are in the table as it was)."""
         starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
-        limbs = np.empty((len(starts), LIMBS), np.int64)
+        new_at: list[np.ndarray] = []
+        new_keys: list[np.ndarray] = []
+        new_low: list[np.ndarray] = []
+        new_top: list[np.ndarray] = []
         g = 0
-        while g < len(starts):  # whole keys at a time, about FOLD_STEP values: small temporaries
+        while g < len(starts):
             g_end = max(g + 1, int(np.searchsorted(starts, starts[g] + FOLD_STEP)))
             a, b = starts[g], starts[g_end] if g_end < len(starts) else len(keys)
             part, fits = fixed_point_limbs(values[a:b])
             if not fits.all():
                 self._side.append((keys[a:b][~fits], values[a:b][~fits]))
-            limbs[g:g_end] = np.add.reduceat(part, starts[g:g_end] - a, axis=0)
+            limbs = np.add.reduceat(part, starts[g:g_end] - a, axis=0)
+            del part
+            step_keys = keys[starts[g:g_end]]
+            at = np.searchsorted(self._keys, step_keys)
+            found = at < len(self._keys)
+            found[found] = self._keys[at[found]] == step_keys[found]
+            if found.any():
+                rows = at[found]
+                held = _loaded(self._low[rows], self._top[rows])
+                held += limbs[found]
+                self._low[rows], self._top[rows] = _stored(held)
+            if not found.all():
+                new = ~found
+                low, top = _stored(limbs[new])
+                new_at.append(at[new])
+                new_keys.append(step_keys[new])
+                new_low.append(low)
+                new_top.append(top)
             g = g_end
-        keys = keys[starts]
-        if len(self._keys) == 0:
-            self._keys, (self._low, self._top) = keys, _stored(limbs)
-            return
-        at = np.searchsorted(self._keys, keys)
-        found = at < len(self._keys)
-        found[found] = self._keys[at[found]] == keys[found]
-        if found.any():
-            rows = at[found]
-            held = _loaded(self._low[rows], self._top[rows])
-            held += limbs[found]
-            self._low[rows], self._top[rows] = _stored(held)
-        if not found.all():
-            new = ~found
-            low, top = _stored(limbs[new])
-            self._keys = np.insert(self._keys, at[new], keys[new])
-            self._low = np.insert(self._low, at[new], low, axis=0)
-            self._top = np.insert(self._top, at[new], top)
+        if new_at:
+            at = np.concatenate(new_at)
+            self._keys = np.insert(self._keys, at, np.concatenate(new_keys))
+            self._low = np.insert(self._low, at, np.concatenate(new_low), axis=0)
+            self._top = np.insert(self._top, at, np.concatenate(new_top))
 
     def sums(self) -> tuple[np.ndarray, np.ndarray]:
         """(keys ascending, each key's exact sum rounded once)."""

@@ -665,15 +665,25 @@ class DayAccumulator:
         self._maybe_fold_numbers()
 
     def _fold(self) -> None:
-        """Fold every buffered category hit into its (user, coordinate) cell's count."""
-        f_cells, f_counts = self._folded
+        """Fold every buffered category hit into its (user, coordinate) cell's count: the
+        buffer is counted alone (its temporaries are the buffer's, not the day's), then added
+        to the cells held and its new cells inserted (counts of 1.0s: exact in float64)."""
         if not self._cat:
             return
-        cells = np.concatenate([f_cells, *self._cat])
-        counts = np.concatenate([f_counts, np.ones(self._cat_buffered)])
+        cells = np.concatenate(self._cat)
         self._cat, self._cat_buffered = [], 0
-        unique, inverse = np.unique(cells, return_inverse=True)
-        self._folded = (unique, np.bincount(inverse, weights=counts, minlength=len(unique)))
+        unique, counts = np.unique(cells, return_counts=True)
+        del cells
+        f_cells, f_counts = self._folded
+        at = np.searchsorted(f_cells, unique)
+        found = at < len(f_cells)
+        found[found] = f_cells[at[found]] == unique[found]
+        f_counts[at[found]] += counts[found]
+        if not found.all():
+            new = ~found
+            f_cells = np.insert(f_cells, at[new], unique[new])
+            f_counts = np.insert(f_counts, at[new], counts[new].astype(np.float64))
+        self._folded = (f_cells, f_counts)
 
     def finish(self) -> DayRecords:
         """The day's records (the same on every call). The day takes no more events afterwards:
