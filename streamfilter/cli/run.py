@@ -31,16 +31,17 @@ def cmd_run(args: argparse.Namespace) -> int:
     from streamfilter.runtime.app import build_daemon, kafka_errors_explained, startup_summary
     from streamfilter.runtime.memory import MMAP_THRESHOLD_BYTES, map_large_allocations_apart
 
-    if map_large_allocations_apart():
-        logging.getLogger("streamfilter.run").info(
-            "memory: allocations of %d MiB or more are mapped apart and returned to the system "
-            "when freed (glibc mmap threshold)",
-            MMAP_THRESHOLD_BYTES >> 20,
-        )
+    mapped_apart = map_large_allocations_apart()  # before the run allocates its arrays
     settings = load_config(args.config)
     with kafka_errors_explained(settings):
         parts = build_daemon(settings, follow=not args.until_end, allow_test_seed=args.testing)
         logging.getLogger("streamfilter.run").info("%s", startup_summary(settings, parts))
+        if mapped_apart:
+            logging.getLogger("streamfilter.run").info(
+                "memory: allocations of %d MiB or more are mapped apart and returned to the "
+                "system when freed (glibc mmap threshold)",
+                MMAP_THRESHOLD_BYTES >> 20,
+            )
         not_built = native.missing()
         if not_built:
             logging.getLogger("streamfilter.run").warning(

@@ -31,7 +31,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import compress
-from operator import attrgetter, ne
+from operator import attrgetter, ne, not_
 from typing import Any
 
 from streamfilter.engine.affordability import DEFAULT_MIN_DAYS, affordability_warning, query_cost
@@ -460,11 +460,44 @@ class Daemon:
         add_many = getattr(acc, "add_many", None)
         return int(add_many(run) if add_many else sum(map(acc.add, run)))
 
+    def _open_runs(self, days: list[str], horizon: str | None) -> list[tuple[int, int]] | None:
+        """The runs of consecutive events of one day (one run but at a day's boundary), when
+        every run's day is open and within the horizon; else None (then record by record)."""
+        if days.count(days[0]) == len(days):
+            cuts = [0]
+        else:
+            cuts = [0, *compress(range(1, len(days)), map(ne, days, days[1:]))]
+        runs = list(zip(cuts, [*cuts[1:], len(days)], strict=True))
+        if all(
+            not self.engine.is_closed(days[a]) and (horizon is None or days[a] <= horizon)
+            for a, _ in runs
+        ):
+            return runs
+        return None
+
+    def _add_runs(
+        self,
+        partition: str,
+        offsets: Sequence[int],
+        days: list[str],
+        runs: list[tuple[int, int]],
+        columns: EventColumns | None,
+        parsed: Sequence[Any],
+    ) -> None:
+        """Add each run of valid events (``_open_runs``) to its open day's input at once."""
+        for a, b in runs:
+            acc = self._day_input(days[a], partition, offsets[a])
+            accepted = self._add_run(acc, columns, parsed, a, b, len(runs) > 1)
+            self.summary.events_accepted += accepted
+            self.summary.events_duplicate += b - a - accepted
+
     def _ingest_batch(self, batch: RecordBatch) -> None:
         """Validate one partition's batch at once (``engine.parse_records``), then add it to its
-        open day in one pass per run of one day's records when every record is valid and of an
-        open day (the usual batch: one run; two at a day's boundary); otherwise per record: reject it (with its reason, or ``late``; silently when replayed)
-        or add it to its open day (looked up when the day changes from one record to the next).
+        open day in one pass per run of one day's records when every valid record is of an open
+        day (the usual batch: one run; two at a day's boundary), each invalid one rejected on
+        its own (with its reason; silently when replayed); otherwise per record: reject it (with
+        its reason, or ``late``) or add it to its open day (looked up when the day changes from
+        one record to the next).
         An event dated after the horizon (today + ``future_slack_s``) is rejected as ``future``
         before it touches any day: it moves no watermark and no resume position.
         """
@@ -498,21 +531,20 @@ class Daemon:
         horizon = self._horizon()
         if columns is not None or not any(issubclass(t, Reject) for t in set(map(type, parsed))):
             days = columns.days if columns is not None else list(map(_DAY, parsed))
-            # runs of consecutive events of one day (one run but at a day's boundary)
-            if days.count(days[0]) == len(days):
-                cuts = [0]
-            else:
-                cuts = [0, *compress(range(1, len(days)), map(ne, days, days[1:]))]
-            runs = list(zip(cuts, [*cuts[1:], len(days)], strict=True))
-            if all(
-                not self.engine.is_closed(days[a]) and (horizon is None or days[a] <= horizon)
-                for a, _ in runs
-            ):
-                for a, b in runs:
-                    acc = self._day_input(days[a], partition, offsets[a])
-                    accepted = self._add_run(acc, columns, parsed, a, b, len(runs) > 1)
-                    self.summary.events_accepted += accepted
-                    self.summary.events_duplicate += b - a - accepted
+            runs = self._open_runs(days, horizon)
+            if runs is not None:
+                self._add_runs(partition, offsets, days, runs, columns, parsed)
+                return
+        else:  # the valid events in runs as above, each reject on its own (they touch no day)
+            keep = [not isinstance(item, Reject) for item in parsed]
+            valid = list(compress(parsed, keep))
+            days = list(map(_DAY, valid))
+            runs = self._open_runs(days, horizon) if valid else None
+            if runs is not None:
+                for i in compress(range(len(parsed)), map(not_, keep)):
+                    rej = parsed[i]
+                    self._reject_record(partition, offsets[i], values[i], rej.reason, rej.detail)
+                self._add_runs(partition, list(compress(offsets, keep)), days, runs, None, valid)
                 return
         if columns is not None:  # an event of a closed or future day: record by record
             parsed = columns.events()
