@@ -5,10 +5,14 @@ Not collected by pytest and not a dependency: ``pip install atheris`` first, the
     .venv/bin/python tests/fuzz_atheris.py event -max_total_time=60
     .venv/bin/python tests/fuzz_atheris.py query -runs=100000
     .venv/bin/python tests/fuzz_atheris.py config -max_total_time=60
+    .venv/bin/python tests/fuzz_atheris.py scan -max_total_time=60
 
 Targets: ``event`` (``parse_event`` on raw bytes; an accepted event must satisfy the contract and
 be storable as UTF-8), ``query`` (``parse_query``; an accepted query must survive a day close),
-``config`` (``load_config`` on the bytes written to a file: only ``ConfigError`` may escape).
+``config`` (``load_config`` on the bytes written to a file: only ``ConfigError`` may escape),
+``scan`` (the native column scanner, ``engine/_jsonl.c``, on one to three lines: whatever it
+accepts, ``parse_event`` accepts with the same values; build it with ``CFLAGS=-fsanitize=address``
+to catch memory errors too).
 Any other exception is a finding; libFuzzer writes the input to ``crash-*``. The first input byte
 picks raw bytes or a fuzzer-built JSON object, so coverage guidance reaches the validators behind
 the C JSON parser. Known defects (the ``xfail`` tests of ``tests/test_fuzz.py``) are skipped unless
@@ -37,7 +41,8 @@ import scipy.stats  # noqa: F401
 with atheris.instrument_imports(include=["streamfilter"]):
     from streamfilter import Monitor
     from streamfilter.config import load_config
-    from streamfilter.engine.contract import Reject, parse_event, parse_query
+    from streamfilter.engine import ingest
+    from streamfilter.engine.contract import Event, Reject, parse_event, parse_query
     from streamfilter.errors import ConfigError
 
 
@@ -118,6 +123,36 @@ def fuzz_query(data: bytes) -> None:
     m.close_day(day, [{"user_id": "u", "day": day, "values": {c: 1.0 for c in q.coordinates()}}])
 
 
+_SCAN_SCHEMAS = [(("active", False), ("plan", True)), (("a", False),), (("plan", True),)]
+
+
+def fuzz_scan(data: bytes) -> None:
+    fdp = atheris.FuzzedDataProvider(data)
+    fallback = _SCAN_SCHEMAS[fdp.ConsumeIntInRange(0, len(_SCAN_SCHEMAS) - 1)]
+    lines = [
+        fdp.ConsumeBytes(fdp.ConsumeIntInRange(0, 300)) for _ in range(fdp.ConsumeIntInRange(1, 3))
+    ]
+    try:
+        first: Event | None = parse_event(lines[0])
+    except Reject:
+        first = None
+    schema = (
+        tuple((n, isinstance(v, str)) for n, v in first.values.items())
+        if first is not None and first.values
+        else fallback
+    )
+    columns = ingest._scan_columns(lines, schema)
+    if columns is None:
+        return
+    for got, line in zip(columns.events(), lines, strict=True):
+        want = parse_event(line)  # a Reject here is a finding
+        assert (got.user_id, got.day, got.event_id) == (want.user_id, want.day, want.event_id)
+        assert list(map(repr, map(got.values.get, want.values))) == list(
+            map(repr, want.values.values())
+        )
+        assert set(got.values) == set(want.values)
+
+
 _TMP = Path(tempfile.mkdtemp(prefix="sf-atheris-"))
 
 
@@ -135,7 +170,7 @@ def fuzz_config(data: bytes) -> None:
 
 #: STREAMFILTER_FUZZ_STRICT=1 also reports the known defects pinned in tests/test_fuzz.py
 STRICT = os.environ.get("STREAMFILTER_FUZZ_STRICT") == "1"
-TARGETS = {"event": fuzz_event, "query": fuzz_query, "config": fuzz_config}
+TARGETS = {"event": fuzz_event, "query": fuzz_query, "config": fuzz_config, "scan": fuzz_scan}
 
 
 SEEDS = {
@@ -150,6 +185,11 @@ SEEDS = {
         b'"pro"], "clip": 1.0, "from_day": "2026-01-10", "until_day": "2026-01-20"}',
         b'{"query_id": "mix", "kind": "linear", "weights": {"active": [1, 0], "minutes": [0, 0.01]}'
         b', "clip": 2.0, "from_day": "2026-01-10", "labels": ["a", "b"]}',
+    ],
+    "scan": [
+        b"\x00\x01\x60"
+        + b'{"user_id": "u-17", "day": "2026-01-05", "values": {"active": 1, "plan": "pro"}, '
+        b'"event_id": "e-991"}',
     ],
     "config": [
         b'[privacy]\nb_norm = 4.0\nrho = 0.5\ngranularity = 0.0009765625\nexhaustion = "skip"\n'
@@ -169,7 +209,7 @@ def main() -> None:
         corpus = _TMP / f"corpus-{name}"
         corpus.mkdir(exist_ok=True)
         for i, seed in enumerate(SEEDS[name]):
-            prefix = b"" if name == "config" else b"\x00"  # first byte < 128: raw mode
+            prefix = b"" if name in ("config", "scan") else b"\x00"  # first byte < 128: raw mode
             (corpus / f"seed-{i}").write_bytes(prefix + seed)
         args.append(str(corpus))
     atheris.Setup([sys.argv[0], *args], TARGETS[name])
