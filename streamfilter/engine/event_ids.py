@@ -15,10 +15,7 @@ from typing import Protocol
 
 import numpy as np
 
-try:  # native id packing (engine/_packed_ids.c), built by the project's install
-    from streamfilter.engine import _packed_ids
-except ImportError:  # a build without a C compiler: the Python path packs every id
-    _packed_ids = None  # type: ignore[assignment]
+from streamfilter.engine.native import packed_ids as _packed_ids  # None: the Python path
 
 __all__ = [
     "MAX_USER_CODE",

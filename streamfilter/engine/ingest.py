@@ -51,13 +51,9 @@ from streamfilter.engine.contract import (
     _parse_day,
     parse_event,
 )
+from streamfilter.engine.native import jsonl as _jsonl  # None: msgspec takes every batch
 
 __all__ = ["SCANNER", "EventColumns", "day_ok", "parse_columns", "parse_events"]
-
-try:  # the native column scanner (engine/_jsonl.c), built by the project's install
-    from streamfilter.engine import _jsonl
-except ImportError:  # a build without a C compiler: the msgspec path takes every batch
-    _jsonl = None  # type: ignore[assignment]
 
 #: which scanner takes the usual batch first: ``native`` (``engine/_jsonl.c``) or ``msgspec``
 #: when the extension is not built (the daemon logs it at start)

@@ -34,10 +34,7 @@ from typing import Any
 
 import numpy as np
 
-try:  # native id packing (engine/_packed_ids.c), built by the project's install
-    from streamfilter.engine import _packed_ids
-except ImportError:  # a build without a C compiler: the numpy path packs every id
-    _packed_ids = None  # type: ignore[assignment]
+from streamfilter.engine.native import packed_ids as _packed_ids  # None: the numpy path
 
 __all__ = [
     "BudgetLedger",

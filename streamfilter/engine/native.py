@@ -1,21 +1,33 @@
-"""Which native helpers the install built (``streamfilter/engine/*.c``, docs/design.md §8.4).
+"""The native helpers the install built (``streamfilter/engine/*.c``, docs/design.md §8.4).
 
-Each is optional: without it the engine takes its pure-Python path, with the same results and
-slower. ``missing`` names the ones not built, so the daemon can say so at start.
+Each is optional: a module here is None when its extension could not be imported, and the
+engine then takes its pure-Python path, with the same results and slower. ``missing`` names the
+ones not built, so the daemon can say so at start.
 """
 
 from __future__ import annotations
 
-__all__ = ["missing"]
+__all__ = ["jsonl", "missing", "packed_ids", "user_codes"]
+
+try:  # the column scanner (engine/_jsonl.c): engine/ingest.py
+    from streamfilter.engine import _jsonl as jsonl
+except ImportError:
+    jsonl = None  # type: ignore[assignment]
+try:  # id packing (engine/_packed_ids.c): engine/ledger.py, engine/event_ids.py
+    from streamfilter.engine import _packed_ids as packed_ids
+except ImportError:
+    packed_ids = None  # type: ignore[assignment]
+try:  # the open day's user-code table (engine/_user_codes.c): engine/records.py
+    from streamfilter.engine import _user_codes as user_codes
+except ImportError:
+    user_codes = None  # type: ignore[assignment]
 
 
 def missing() -> list[str]:
     """The source files of the helpers that could not be imported."""
-    from streamfilter.engine import event_ids, ingest, records
-
     modules = {
-        "engine/_jsonl.c": ingest._jsonl,
-        "engine/_packed_ids.c": event_ids._packed_ids,
-        "engine/_user_codes.c": records._user_codes,
+        "engine/_jsonl.c": jsonl,
+        "engine/_packed_ids.c": packed_ids,
+        "engine/_user_codes.c": user_codes,
     }
     return [source for source, module in modules.items() if module is None]

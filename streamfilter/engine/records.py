@@ -53,14 +53,9 @@ from streamfilter.engine.ledger import (
     pack_ids,
     python_hash,
 )
+from streamfilter.engine.native import user_codes as _user_codes  # None: a dict codes them
 
 __all__ = ["DayAccumulator", "DayRecords", "DictUserCodes", "PairRun", "SeenEventIds"]
-
-try:  # native user coding (engine/_user_codes.c), built by the project's install
-    from streamfilter.engine import _user_codes
-except ImportError:  # a build without a C compiler: a dict codes the users
-    _user_codes = None  # type: ignore[assignment]
-
 
 _USER = attrgetter("user_id")
 _EVENT_ID = attrgetter("event_id")
