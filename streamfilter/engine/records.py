@@ -139,7 +139,6 @@ class PairRun:
 #: the pairs' 64-bit keys (``engine.event_ids.pair_keys``; a module name tests can narrow)
 _pair_keys = pair_keys
 _pair_key = pair_key  # one pair's (the same key)
-_MASK64 = (1 << 64) - 1
 
 
 class SeenEventIds:
@@ -175,6 +174,11 @@ class SeenEventIds:
         top = np.ascontiguousarray(keys, np.int64).view(np.uint64) >> np.uint64(self._filter_shift)
         byte = (top >> np.uint64(3)).astype(np.intp)
         return byte, np.left_shift(np.uint8(1), (top & np.uint64(7)).astype(np.uint8))
+
+    def _may_hold_one(self, key: int) -> bool:
+        """``_may_hold`` of one key, in Python ints (the per-event path: no numpy call)."""
+        top = (key % (1 << 64)) >> self._filter_shift  # its top bits, read as unsigned
+        return bool((int(self._filter[top >> 3]) >> (top & 7)) & 1)
 
     def _may_hold(self, keys: np.ndarray) -> np.ndarray:
         """False where no run holds the key (no false negatives)."""
@@ -217,8 +221,7 @@ class SeenEventIds:
             return False
         user, event_id = key
         k = _pair_key(user, event_id)
-        top = (k & _MASK64) >> self._filter_shift
-        if not (int(self._filter[top >> 3]) >> (top & 7)) & 1:
+        if not self._may_hold_one(k):
             return False
         encoded = id_bytes(event_id)
         return any(run.holds(k, user, encoded) for run in self._runs)
