@@ -152,3 +152,32 @@ def test_a_run_without_the_native_helpers_warns_and_releases_the_same(tmp_path):
         assert ("event scanner msgspec" in proc.stderr) is not native
         releases[native] = (run_dir / "out" / "releases.jsonl").read_text()
     assert releases[True] == releases[False] and releases[True]
+
+
+@pytest.mark.parametrize("mechanism", ["gaussian", "discrete_gaussian"])
+def test_the_start_path_imports_no_scipy(tmp_path, mechanism):
+    """#17 point 6: a run whose input has nothing to close starts, logs its start-up line,
+    and ends without importing scipy (~0.4 s of imports: the released error bars use
+    ``privacy.normal``, the start-up line states ρ without the (ε, δ) root finder); the first
+    day's close then imports what its coverage intervals need, and no more than that."""
+    write_world(tmp_path)
+    (tmp_path / "events.jsonl").write_text("")
+    _with(tmp_path, "[metrics]\nenabled = false\n")
+    config = (tmp_path / "streamfilter.toml").read_text()
+    (tmp_path / "streamfilter.toml").write_text(
+        config.replace('exhaustion = "skip"', f'exhaustion = "skip"\nmechanism = "{mechanism}"')
+    )
+    code = (
+        "import atexit, json, sys\n"
+        "atexit.register(lambda: print(json.dumps(sorted(m for m in sys.modules"
+        " if m.split('.')[0] == 'scipy'))))\n"
+        "from streamfilter.cli.main import main\n"
+        "sys.exit(main(['run', '--config', 'streamfilter.toml', '--until-end', '--testing']))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "INFO streamfilter.run: starting:" in proc.stderr
+    assert f"{mechanism} σ = " in proc.stderr
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == []

@@ -16,6 +16,7 @@ from streamfilter.privacy.accounting import (
     Mechanism,
     calibrate_rho,
     guarantee,
+    rho_stated,
     sigma_for_rho,
 )
 from streamfilter.privacy.accuracy import gaussian_halfwidth, linf_bound_for_variance
@@ -155,6 +156,12 @@ class PrivacyParams:
         """Corollary 4.7: every coordinate of a d-dimensional release is within this of the
         active set's exact (lattice-rounded) sum, except with probability ``beta``."""
         return linf_bound_for_variance(self.noise_scale2, d, beta, mechanism=self.mechanism)
+
+    @property
+    def rho_stated(self) -> float:
+        """The ρ the guarantee states (``accounting.rho_stated``), without its (ε, δ)
+        conversions (a root finder each: what the start-up line needs is ρ alone)."""
+        return rho_stated(self.b_norm, self.rho, self.sigma_released)
 
     def guarantee(self) -> Guarantee:
         return guarantee(

@@ -76,6 +76,7 @@ __all__ = [
     "rho_from_epsilon_delta_cks",
     "rho_from_epsilon_delta_gdp",
     "rho_from_epsilon_delta_thm49",
+    "rho_stated",
     "sigma_for_rho",
     "tightest_method",
 ]
@@ -649,6 +650,25 @@ class Guarantee:
         }
 
 
+def rho_stated(b_norm: float, rho: float, sigma: float) -> float:
+    """The ρ to state for a run with budget ``b_norm``, claimed ρ and noise σ: the claim, or the
+    ρ that σ implies, ``B_norm/(2σ²)`` (Corollary 4.7), when that is larger by at most a relative
+    1e-9 (float slack from a lattice round trip) — never the smaller one. A σ that implies more
+    is a ``ValueError``; a σ larger than needed is fine (the claim is then conservative)."""
+    b = _check_positive("b_norm", b_norm)
+    r = _check_positive("rho", rho)
+    s = _check_positive("sigma", sigma)
+    implied = rho_for_sigma(b, s)
+    if implied > r:
+        if implied > r * (1.0 + _SIGMA_CONSISTENCY_SLACK):
+            raise ValueError(
+                f"sigma={sigma!r} is too small for rho={rho!r} with b_norm={b_norm!r}: it gives "
+                f"rho={implied!r}; use sigma_for_rho(b_norm, rho)"
+            )
+        return implied
+    return r
+
+
 def guarantee(
     b_norm: float, rho: float, sigma: float, mechanism: Mechanism, delta: float
 ) -> Guarantee:
@@ -659,19 +679,11 @@ def guarantee(
     ``ValueError``. If it exceeds it by less, the implied (larger) ρ is reported — never the
     smaller one. A σ larger than needed is fine (the claim is then conservative).
     """
-    b = _check_positive("b_norm", b_norm)
-    r = _check_positive("rho", rho)
+    r = rho_stated(b_norm, rho, sigma)
     s = _check_positive("sigma", sigma)
+    b = _check_positive("b_norm", b_norm)
     m = _check_mechanism(mechanism)
     d = _check_delta(delta)
-    implied = rho_for_sigma(b, s)
-    if implied > r:
-        if implied > r * (1.0 + _SIGMA_CONSISTENCY_SLACK):
-            raise ValueError(
-                f"sigma={sigma!r} is too small for rho={rho!r} with b_norm={b_norm!r}: it gives "
-                f"rho={implied!r}; use sigma_for_rho(b_norm, rho)"
-            )
-        r = implied
     by_method = _epsilons(r, d, m)
     method = tightest_method(m)
     return Guarantee(

@@ -15,6 +15,7 @@ import math
 import numbers
 
 from streamfilter.privacy.accounting import MECHANISMS, Mechanism
+from streamfilter.privacy.normal import normal_quantile
 
 __all__ = ["gaussian_halfwidth", "linf_bound", "linf_bound_for_variance"]
 
@@ -104,7 +105,4 @@ def gaussian_halfwidth(sigma: float, coverage: float = 0.95) -> float:
     c = _real("coverage", coverage)
     if not 0.0 < c < 1.0:
         raise ValueError(f"coverage must be in (0, 1), got coverage={coverage!r}")
-    import scipy.special  # lazy (start-up time)
-
-    quantile = float(scipy.special.ndtri((1.0 + c) / 2.0))
-    return quantile * s
+    return normal_quantile((1.0 + c) / 2.0) * s

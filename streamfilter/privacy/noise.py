@@ -21,11 +21,12 @@ import functools
 import math
 import os
 from fractions import Fraction
-from statistics import NormalDist
 from typing import Final, Protocol
 
 import numpy as np
 from numpy.typing import NDArray
+
+from streamfilter.privacy.normal import normal_quantile
 
 __all__ = [
     "RandomBits",
@@ -838,7 +839,7 @@ def _halfwidth_cached(s2: int, coverage: float) -> int:
         head = 2.0 * (gauss * math.erf(k / root2s) + (1.0 + fk) / 2.0 + d1 / 12.0 - d3 / 720.0)
         return head - 1.0 >= target
 
-    z = NormalDist().inv_cdf(0.5 + coverage / 2.0)
+    z = normal_quantile(0.5 + coverage / 2.0)  # the search's start only
     k = max(0, int(z * sigma) - 2)
     while not ok(k):
         k += 1

@@ -477,7 +477,6 @@ def startup_summary(settings: Settings, parts: Components) -> str:
     """One line for the start-up log: where input, queries and output are, the privacy level and
     the state — never a secret (Kafka credentials are not named) nor a data-dependent count."""
     params = settings.privacy_params()
-    g = params.guarantee()
     q = settings.queries
 
     def where(kind: str, path: Path | None, topic: str | None) -> str:
@@ -502,7 +501,7 @@ def startup_summary(settings: Settings, parts: Components) -> str:
         f"starting: source {src}; queries {queries}; "
         f"releases {where(settings.sink.kind, settings.sink.path, settings.sink.topic)}; "
         f"state {settings.state.describe()} (last closed day "
-        f"{parts.daemon.engine.last_closed_day or 'none'}); privacy {g.rho:g}-zCDP per user "
+        f"{parts.daemon.engine.last_closed_day or 'none'}); privacy {params.rho_stated:g}-zCDP per user "
         f"(+ telemetry {settings.telemetry.rho:g}), {params.mechanism} σ = "
         f"{params.sigma_released:.4g}, B_norm = {params.b_norm:g}, exhaustion "
         f"{params.exhaustion}; metrics {metrics}; event scanner {SCANNER}"

@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from streamfilter.privacy import noise
+from streamfilter.privacy import noise, normal
 from streamfilter.privacy.noise import (
     SeededRandomBits,
     SystemRandomBits,
@@ -174,17 +174,29 @@ class ScriptedBits:
 # --- the module boundary ----------------------------------------------------------------------
 
 
-def test_module_is_pure_numpy_and_stdlib():
-    tree = ast.parse(Path(noise.__file__).read_text())
+def _imports(path: str) -> set[str]:
+    """The modules a file imports: top-level names, or the full name of a streamfilter one."""
     imported = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            imported |= {a.name.split(".")[0] for a in node.names}
-        elif isinstance(node, ast.ImportFrom):
-            imported.add((node.module or "").split(".")[0])
+    for node in ast.walk(ast.parse(Path(path).read_text())):
+        names = (
+            [a.name for a in node.names]
+            if isinstance(node, ast.Import)
+            else [node.module or ""]
+            if isinstance(node, ast.ImportFrom)
+            else []
+        )
+        imported |= {n if n.startswith("streamfilter.") else n.split(".")[0] for n in names}
+    return imported
+
+
+def test_module_is_pure_numpy_and_stdlib():
+    """The sampler needs numpy and the standard library, and from the project only the normal
+    quantile (itself standard library only)."""
     stdlib = {"__future__", "functools", "math", "os", "fractions", "statistics", "typing"}
-    assert imported <= stdlib | {"numpy"}
-    assert not imported & {"sqlite3", "kafka", "prometheus_client"}
+    imported = _imports(noise.__file__)
+    assert imported <= stdlib | {"numpy", "streamfilter.privacy.normal"}
+    assert not imported & {"sqlite3", "kafka", "prometheus_client", "scipy"}
+    assert _imports(normal.__file__) <= {"__future__", "math"}
 
 
 # --- random bit sources -------------------------------------------------------------------------
