@@ -139,7 +139,7 @@ def test_a_run_without_the_native_helpers_warns_and_releases_the_same(tmp_path):
         hide = "" if native else "sys.modules.update(dict.fromkeys(NATIVE, None))\n"
         code = (
             "import sys\n"
-            "NATIVE = [f'streamfilter.engine.{m}' for m in ('_jsonl', '_packed_ids', '_user_codes')]\n"
+            "NATIVE = [f'streamfilter.engine.{m}' for m in ('_jsonl', '_packed_ids', '_user_codes', '_pair_set')]\n"
             f"{hide}from streamfilter.cli.main import main\n"
             "sys.exit(main(['run', '--config', 'streamfilter.toml', '--until-end', '--testing']))\n"
         )

@@ -7,7 +7,7 @@ ones not built, so the daemon can say so at start.
 
 from __future__ import annotations
 
-__all__ = ["jsonl", "missing", "packed_ids", "user_codes"]
+__all__ = ["jsonl", "missing", "packed_ids", "pair_set", "user_codes"]
 
 try:  # the column scanner (engine/_jsonl.c): engine/ingest.py
     from streamfilter.engine import _jsonl as jsonl
@@ -21,6 +21,10 @@ try:  # the open day's user-code table (engine/_user_codes.c): engine/records.py
     from streamfilter.engine import _user_codes as user_codes
 except ImportError:
     user_codes = None  # type: ignore[assignment]
+try:  # the open day's event-id set (engine/_pair_set.c): engine/records.py
+    from streamfilter.engine import _pair_set as pair_set
+except ImportError:
+    pair_set = None  # type: ignore[assignment]
 
 
 def missing() -> list[str]:
@@ -29,5 +33,6 @@ def missing() -> list[str]:
         "engine/_jsonl.c": jsonl,
         "engine/_packed_ids.c": packed_ids,
         "engine/_user_codes.c": user_codes,
+        "engine/_pair_set.c": pair_set,
     }
     return [source for source, module in modules.items() if module is None]

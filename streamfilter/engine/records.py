@@ -53,9 +53,17 @@ from streamfilter.engine.ledger import (
     pack_ids,
     python_hash,
 )
+from streamfilter.engine.native import pair_set as _pair_set  # None: SeenEventIds' runs
 from streamfilter.engine.native import user_codes as _user_codes  # None: a dict codes them
 
-__all__ = ["DayAccumulator", "DayRecords", "DictUserCodes", "PairRun", "SeenEventIds"]
+__all__ = [
+    "DayAccumulator",
+    "DayRecords",
+    "DictUserCodes",
+    "PairRun",
+    "SeenEventIds",
+    "new_seen_event_ids",
+]
 
 _USER = attrgetter("user_id")
 _EVENT_ID = attrgetter("event_id")
@@ -308,6 +316,75 @@ class SeenEventIds:
         self._filter, self._filter_shift = np.zeros(1, np.uint8), 61
 
 
+class _NativeSeenEventIds:
+    """:class:`SeenEventIds`' answers from ``engine/_pair_set.c``'s ``PairSet``: an open-addressing
+    set of the same packed pairs (keys, int32 user codes, the ids' UTF-8 bytes in one arena), one
+    probe a pair instead of a sort, a filter and a search per run
+    (``tests/engine/test_pair_set.py`` checks it against a ``set``; ``tests/engine/test_records.py``
+    runs the index contract on both). ``take_runs`` sorts the pairs by key into one
+    :class:`PairRun`, the columns a spill writes."""
+
+    def __init__(self) -> None:
+        assert _pair_set is not None
+        self._set = _pair_set.PairSet()
+
+    def __len__(self) -> int:
+        return len(self._set)
+
+    @property
+    def nbytes(self) -> int:
+        """The memory the pairs take (their columns, text and slot table, as allocated)."""
+        return self._set.nbytes
+
+    def __contains__(self, key: tuple[int, str]) -> bool:
+        user, event_id = key
+        return self._set.contains(user, event_id)
+
+    def holds_keyed(self, key: int, user: int, event_id: str) -> bool:
+        return self._set.contains_keyed(key, user, event_id)
+
+    def add(self, key: tuple[int, str]) -> None:
+        self._set.add(*key)
+
+    def insert(self, users: np.ndarray, event_ids: list[str]) -> np.ndarray:
+        """Add each pair not already held; True where the pair is new — neither held before
+        nor earlier in the batch."""
+        new = self._set.insert(user_codes(users), event_ids)
+        return np.frombuffer(new, np.bool_).copy()
+
+    def insert_keyed(self, keys: np.ndarray, users: np.ndarray, event_ids: list[str]) -> np.ndarray:
+        """``insert``, the pairs' keys given (``pair_keys``: the set keeps them as given)."""
+        keys = np.ascontiguousarray(keys, np.int64)
+        new = self._set.insert_keyed(keys, user_codes(users), event_ids)
+        return np.frombuffer(new, np.bool_).copy()
+
+    def take_runs(self) -> list[PairRun]:
+        """Every pair held, as one run sorted by key; the index is empty after."""
+        if len(self._set) == 0:
+            return []
+        keys, users, starts, lengths, text = self._set.export()
+        self._set.clear()
+        key = np.frombuffer(keys, np.int64)
+        order = np.argsort(key, kind="stable")
+        return [
+            PairRun(
+                key[order],
+                np.frombuffer(users, np.int32)[order],
+                np.frombuffer(starts, np.int64)[order],
+                np.frombuffer(lengths, np.int32)[order],
+                text,
+            )
+        ]
+
+    def close(self) -> None:
+        self._set.clear()
+
+
+def new_seen_event_ids() -> SeenEventIds | _NativeSeenEventIds:
+    """An empty in-memory event-id index: native when the extension is built."""
+    return _NativeSeenEventIds() if _pair_set is not None else SeenEventIds()
+
+
 class DictUserCodes:
     """The open day's user codes in a dict — what ``engine/_user_codes.c``'s ``UserCodes`` does
     natively, with the same results (``tests/engine/test_user_codes.py``): ``codes(ids,
@@ -379,7 +456,7 @@ class DayAccumulator:
         self.duplicates = 0
         self._finished = False
         #: repeated events: in memory unless the runtime passes an index (it may spill to disk)
-        self._seen_event_ids: EventIdIndex = seen if seen is not None else SeenEventIds()
+        self._seen_event_ids: EventIdIndex = seen if seen is not None else new_seen_event_ids()
         # user id → code: the day's count of events when the id first arrived (unique, never
         # renumbered; made dense at the close); ``_users[i]`` has the i-th smallest code
         self._user_code = new_user_codes()

@@ -38,7 +38,7 @@ import numpy as np
 
 from streamfilter.engine import event_ids as engine_event_ids
 from streamfilter.engine.event_ids import id_bytes, user_codes
-from streamfilter.engine.records import PairRun, SeenEventIds
+from streamfilter.engine.records import PairRun, new_seen_event_ids
 
 __all__ = ["DEFAULT_MEMORY_PAIRS", "SpillingEventIds"]
 
@@ -411,7 +411,7 @@ class SpillingEventIds:
         self.memory_pairs = memory_pairs
         self.spill_dir = None if spill_dir is None else str(spill_dir)
         self.label = label
-        self._recent = SeenEventIds()  # the pairs not spilled yet, keyed by ``pair_keys``
+        self._recent = new_seen_event_ids()  # the pairs not spilled yet, keyed by ``pair_keys``
         self._added: set[tuple[int, str]] = set()
         self._segments: list[_Segment] = []
         self._files: _SpillDir | None = None
@@ -448,6 +448,10 @@ class SpillingEventIds:
         if n == 0:
             return np.ones(0, bool)
         users = user_codes(users)
+        if not self._segments:  # nothing on disk: memory alone answers, and keys what it adds
+            new = self._recent.insert(users, event_ids)
+            self._spill_if_full()
+            return new
         keys = engine_event_ids.pair_keys(users, event_ids)  # once: segments and memory alike
         spilled = self._spilled(keys, users, event_ids)
         if len(spilled) == 0:
@@ -457,13 +461,16 @@ class SpillingEventIds:
             rest = np.setdiff1d(np.arange(n), spilled, assume_unique=True)
             rest_ids = list(map(event_ids.__getitem__, rest.tolist()))
             new[rest] = self._recent.insert_keyed(keys[rest], users[rest], rest_ids)
+        self._spill_if_full()
+        return new
+
+    def _spill_if_full(self) -> None:
         if len(self._recent) >= self.memory_pairs:
             try:
                 self._spill()
             except BaseException as exc:  # e.g. a full disk: the pairs may be lost
                 self._failed = exc
                 raise
-        return new
 
     def _check(self) -> None:
         if self._failed is not None:
@@ -473,7 +480,7 @@ class SpillingEventIds:
 
     def close(self) -> None:
         """Drop every pair: the memory, and the segment files and their directory."""
-        self._recent = SeenEventIds()
+        self._recent = new_seen_event_ids()
         self._added, self._segments = set(), []
         self.spilled_pairs = 0
         if self._cleanup is not None:

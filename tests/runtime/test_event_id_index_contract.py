@@ -1,9 +1,11 @@
 """Contract suite for EventIdIndex (streamfilter/engine/event_ids.py): every implementation runs
-these tests — the in-memory ``records.SeenEventIds`` and the spilling
-``runtime.event_ids.SpillingEventIds``, the latter with a bound of a few pairs, blocks of 2 keys,
-merges of 2 segments and chunks of 3 pairs, so that spills, multi-block key runs and streamed
-merges all happen on small inputs. The answers must be exactly a Python ``set``'s, also when
-every key collides (keys cut to 2 bits: then only the exact comparison tells pairs apart)."""
+these tests — the in-memory ``records.SeenEventIds`` (sorted runs, numpy) and its native
+counterpart on ``engine/_pair_set.c`` (``records.new_seen_event_ids`` picks it when built), and
+the spilling ``runtime.event_ids.SpillingEventIds`` over either as its in-memory tier, with a
+bound of a few pairs, blocks of 2 keys, merges of 2 segments and chunks of 3 pairs, so that
+spills, multi-block key runs and streamed merges all happen on small inputs. The answers must be
+exactly a Python ``set``'s, also when every key collides (keys cut to 2 bits: then only the
+exact comparison tells pairs apart; the native set is then given the cut keys)."""
 
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from streamfilter.engine import event_ids, records
+from streamfilter.engine import event_ids, native, records
 from streamfilter.engine.event_ids import EventIdIndex
 from streamfilter.runtime import event_ids as spilling
 from streamfilter.runtime.event_ids import SpillingEventIds
@@ -33,12 +35,32 @@ TINY = 3
 Pair = tuple[int, str]
 
 
-@pytest.fixture(params=["memory", "spill"])
+def _native_built() -> None:
+    """Skip a native variant where the extension is not built — except in CI."""
+    if native.pair_set is None:
+        if os.environ.get("CI"):
+            pytest.fail("engine/_pair_set.c is not built")
+        pytest.skip("engine/_pair_set.c is not built here (pip install -e .)")
+
+
+@pytest.fixture(params=["memory", "memory-native", "spill-python", "spill-native"])
 def make_index(request, monkeypatch, tmp_path) -> Callable[[], EventIdIndex]:
-    if request.param == "memory":
-        return records.SeenEventIds
+    kind, tier = request.param.split("-") if "-" in request.param else (request.param, "python")
+    if tier == "native":
+        _native_built()
+    else:
+        monkeypatch.setattr(spilling, "new_seen_event_ids", records.SeenEventIds)
+    if kind == "memory":
+        return records.new_seen_event_ids if tier == "native" else records.SeenEventIds
     _small_files(monkeypatch)
     return lambda: SpillingEventIds(TINY, tmp_path)
+
+
+@pytest.fixture
+def python_tier(monkeypatch) -> None:
+    """The spilling index's in-memory tier is ``records.SeenEventIds`` (whose runs the tests
+    below inspect), whether or not the native set is built."""
+    monkeypatch.setattr(spilling, "new_seen_event_ids", records.SeenEventIds)
 
 
 def _small_files(monkeypatch) -> None:
@@ -57,7 +79,25 @@ def colliding(request, monkeypatch) -> bool:
         monkeypatch.setattr(records, "_pair_keys", lambda u, ids: memory_keys(u, ids) & 3)
         monkeypatch.setattr(records, "_pair_key", lambda u, i: memory_key(u, i) & 3)
         monkeypatch.setattr(event_ids, "pair_keys", lambda u, ids: spill_keys(u, ids) & 3)
+        native_set = records._NativeSeenEventIds  # keys its pairs in C: give it the cut keys
+        monkeypatch.setattr(native_set, "insert", _insert_cut)
+        monkeypatch.setattr(native_set, "__contains__", _contains_cut)
+        monkeypatch.setattr(native_set, "add", _add_cut)
     return bool(request.param)
+
+
+def _insert_cut(self, users: np.ndarray, ids: list[str]) -> np.ndarray:
+    return self.insert_keyed(records._pair_keys(users, ids), users, ids)
+
+
+def _contains_cut(self, pair: Pair) -> bool:
+    return self.holds_keyed(records._pair_key(*pair), *pair)
+
+
+def _add_cut(self, pair: Pair) -> None:
+    user, event_id = pair
+    key = np.array([records._pair_key(user, event_id)], np.int64)
+    self.insert_keyed(key, np.array([user], np.int32), [event_id])
 
 
 def _insert(index: EventIdIndex, model: set[Pair], batch: list[Pair]) -> None:
@@ -147,7 +187,18 @@ def _decoded(
 def _where_held(index: SpillingEventIds) -> tuple[list[Pair], list[Pair]]:
     """Every pair the index stores, with repeats: (in memory, in segment files)."""
     in_memory = list(index._added)
-    for run in index._recent._runs:
+    tier = index._recent
+    if isinstance(tier, records.SeenEventIds):
+        runs = tier._runs
+    else:  # the native set's pairs, in insertion order: sorted by key as a spill would
+        keys, users, starts, lengths, text = tier._set.export()
+        order = np.argsort(np.frombuffer(keys, np.int64), kind="stable")
+        columns = [
+            np.frombuffer(c, t)[order]
+            for c, t in zip((keys, users, starts, lengths), spilling._COLUMN_TYPES, strict=True)
+        ]
+        runs = [records.PairRun(*columns, text)]
+    for run in runs:
         assert run.users.dtype == np.int32 and run.lengths.dtype == np.int32
         in_memory += _decoded(run.keys, run.users, run.starts, run.lengths, run.text)
     on_disk = []
@@ -161,13 +212,19 @@ def _where_held(index: SpillingEventIds) -> tuple[list[Pair], list[Pair]]:
 @settings(
     max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
+@pytest.mark.parametrize("tier", ["python", "native"])
 @given(st.lists(st.lists(st.tuples(st.integers(0, 3), ids), max_size=8), max_size=8))
 def test_each_pair_is_stored_once_and_memory_holds_it_packed(
-    monkeypatch, tmp_path, colliding, batches
+    monkeypatch, tmp_path, colliding, tier, batches
 ):
     """Memory and the segment files together hold each pair exactly once (not a copy in
     memory, nor in memory and on disk); memory holds fewer than ``memory_pairs`` pairs after
-    each batch, in 24 bytes a pair plus the id's UTF-8 bytes."""
+    each batch, in 24 bytes a pair plus the id's UTF-8 bytes (the native set: at least that,
+    as allocated)."""
+    if tier == "native":
+        _native_built()
+    else:
+        monkeypatch.setattr(spilling, "new_seen_event_ids", records.SeenEventIds)
     _small_files(monkeypatch)
     index, model = SpillingEventIds(TINY, tmp_path), set()
     try:
@@ -178,12 +235,16 @@ def test_each_pair_is_stored_once_and_memory_holds_it_packed(
             assert len(in_memory) == len(index._recent) < TINY
             assert len(on_disk) == index.spilled_pairs
             id_bytes = sum(len(event_ids.id_bytes(e)) for _, e in in_memory)
-            assert index._recent.nbytes == 24 * len(in_memory) + id_bytes
+            packed = 24 * len(in_memory) + id_bytes
+            if isinstance(index._recent, records.SeenEventIds):
+                assert index._recent.nbytes == packed
+            else:
+                assert index._recent.nbytes >= packed
     finally:
         index.close()
 
 
-def test_memory_below_the_bound_is_one_packed_copy_of_the_pairs(tmp_path):
+def test_memory_below_the_bound_is_one_packed_copy_of_the_pairs(tmp_path, python_tier):
     """What the spilling index allocates for 200,000 pairs it keeps in memory (traced by
     ``tracemalloc``, which numpy reports to) is its runs' packed columns and text
     (``nbytes``) and the filter — no second copy of the pairs, no object per pair."""
@@ -205,6 +266,33 @@ def test_memory_below_the_bound_is_one_packed_copy_of_the_pairs(tmp_path):
     packed = 24 * 200_000 + sum(len(e) for _, ids in batches for e in ids)
     assert tier.nbytes == packed
     assert held <= packed + tier._filter.nbytes + (64 << 10)
+    index.close()
+
+
+def test_the_native_tier_holds_the_pairs_packed_within_twice_their_size(tmp_path):
+    """The native set's allocations (``PyMem``, traced by ``tracemalloc``) for 200,000 pairs are
+    its ``nbytes``: the packed columns and text, at most doubled by growth, and a slot table of
+    at most 4 slots (16 B) a pair — no object per pair."""
+    _native_built()
+    index = SpillingEventIds(1 << 20, tmp_path)
+    batches = [
+        (np.arange(a, a + 50_000, dtype=np.int32) % 7_000, [f"e{i}" for i in range(a, a + 50_000)])
+        for a in range(0, 200_000, 50_000)
+    ]
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for users, ids in batches:
+            index.insert(users, ids)
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    tier = index._recent
+    assert isinstance(tier, records._NativeSeenEventIds)
+    assert len(tier) == 200_000 and index.directory is None
+    packed = 24 * 200_000 + sum(len(e) for _, ids in batches for e in ids)
+    assert packed <= tier.nbytes <= 2 * packed + 16 * 200_000
+    assert held <= tier.nbytes + (64 << 10)
     index.close()
 
 
