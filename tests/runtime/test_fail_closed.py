@@ -371,6 +371,29 @@ def test_state_written_before_row_checksums_is_upgraded_then_protected(tmp_path)
         store.close()
 
 
+def test_a_new_state_has_large_pages_and_an_old_one_keeps_its_own(tmp_path):
+    """A new state file gets ``PAGE_BYTES`` pages (a day's packed debits in fewer pages and
+    writes); a state written with SQLite's default 4 KiB pages opens, commits and stays so."""
+    from streamfilter.runtime.store.sqlite import PAGE_BYTES
+
+    new = SQLiteStateStore(tmp_path / "new.db")
+    new.close()
+    old_path = tmp_path / "old.db"
+    con = sqlite3.connect(old_path)
+    con.execute("CREATE TABLE t(x)")
+    con.close()
+    old = SQLiteStateStore(old_path)
+    try:
+        assert old.load().seq == 0
+    finally:
+        old.close()
+    for path, size in ((tmp_path / "new.db", PAGE_BYTES), (old_path, 4096)):
+        con = sqlite3.connect(path)
+        assert con.execute("PRAGMA page_size").fetchone()[0] == size, path
+        assert con.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        con.close()
+
+
 def _reference_row_crc(*values: object) -> int:
     """The row checksum as first defined (states on disk carry it): per value a type tag, an
     8-byte little-endian length, then the raw bytes (blobs) or the UTF-8 ``repr`` (the rest)."""

@@ -71,6 +71,8 @@ from streamfilter.runtime.store.schema import (
 BUDGET_LOG_MAX_ROWS = 1_000_000
 #: the most log entries one ``compact`` transaction folds (under a second at 1M users)
 FOLD_STEP_ENTRIES = 100_000
+#: SQLite page size of a new state file (the largest SQLite allows)
+PAGE_BYTES = 65536
 
 
 class SQLiteStateStore(StateStore):
@@ -92,6 +94,9 @@ class SQLiteStateStore(StateStore):
             self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
             self._check_integrity()
             self._identity = self._file_identity()
+            # a new file only (an existing one keeps its page size): a day's commit writes
+            # megabytes of packed debits, in 16 times fewer pages and system calls than 4 KiB
+            self._db.execute(f"PRAGMA page_size={PAGE_BYTES}")
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=FULL")
             self._db.execute("PRAGMA foreign_keys=ON")
