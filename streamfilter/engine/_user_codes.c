@@ -30,6 +30,7 @@ typedef struct {
 } UserCodes;
 
 #define MIN_CAPACITY 1024
+#define PREFETCH_AHEAD 16 /* look-ups between a slot's prefetch and its use */
 
 static int resize(UserCodes *self, Py_ssize_t capacity)
 {
@@ -54,16 +55,42 @@ static int resize(UserCodes *self, Py_ssize_t capacity)
     return 0;
 }
 
-/* The code of ``id`` (inserting ``code`` if it is not held); -1 with an exception on error. */
-static int lookup(UserCodes *self, PyObject *id, int64_t code, int64_t *out)
+/* ``id``'s hash; -1 with an exception (TypeError for an id that is not a str). */
+static Py_hash_t id_hash(PyObject *id)
 {
     if (!PyUnicode_Check(id)) {
         PyErr_SetString(PyExc_TypeError, "UserCodes: ids must be str");
         return -1;
     }
-    Py_hash_t hash = PyObject_Hash(id);
-    if (hash == -1) return -1;
-    if (2 * (self->used + 1) > self->mask + 1 && resize(self, 2 * (self->mask + 1)) < 0) return -1;
+    return PyObject_Hash(id);
+}
+
+/* Room for ``more`` ids beyond those held, the table staying at most half full. */
+static int reserve(UserCodes *self, Py_ssize_t more)
+{
+    Py_ssize_t capacity = self->mask + 1;
+    while (2 * (self->used + more) > capacity) capacity *= 2;
+    return capacity == self->mask + 1 ? 0 : resize(self, capacity);
+}
+
+/* Fetch the cache line of a hash's first slot ahead of its look-up (a hint: no effect on the
+ * result). A batch's look-ups land in random slots of a table larger than the caches, so each
+ * would otherwise wait for memory in turn. */
+static inline void prefetch_slot(const UserCodes *self, Py_hash_t hash)
+{
+#if defined(__GNUC__)
+    __builtin_prefetch(&self->slots[(size_t)hash & (size_t)self->mask]);
+#else
+    (void)self;
+    (void)hash;
+#endif
+}
+
+/* The code of ``id`` whose hash is ``hash`` (inserting ``code`` if it is not held), room for
+ * one more id reserved; -1 with an exception on error. */
+static int lookup_hashed(UserCodes *self, PyObject *id, Py_hash_t hash, int64_t code,
+                         int64_t *out)
+{
     Py_ssize_t j = (Py_ssize_t)((size_t)hash & (size_t)self->mask);
     for (;;) {
         Slot *s = &self->slots[j];
@@ -90,6 +117,14 @@ static int lookup(UserCodes *self, PyObject *id, int64_t code, int64_t *out)
         }
         j = (j + 1) & self->mask;
     }
+}
+
+/* The code of ``id`` (inserting ``code`` if it is not held); -1 with an exception on error. */
+static int lookup(UserCodes *self, PyObject *id, int64_t code, int64_t *out)
+{
+    Py_hash_t hash = id_hash(id);
+    if (hash == -1 || reserve(self, 1) < 0) return -1;
+    return lookup_hashed(self, id, hash, code, out);
 }
 
 static void release(UserCodes *self)
@@ -129,13 +164,34 @@ static PyObject *UserCodes_codes(UserCodes *self, PyObject *args)
     PyObject *out = PyByteArray_FromStringAndSize(NULL, n * 8);
     if (out == NULL) return NULL;
     int64_t *codes = (int64_t *)PyByteArray_AS_STRING(out);
-    for (Py_ssize_t i = 0; i < n; i++) {
-        if (lookup(self, PyList_GET_ITEM(ids, i), (int64_t)first + i, &codes[i]) < 0) {
-            Py_DECREF(out);
-            return NULL;
-        }
+    /* the hashes first and room for every id; then the look-ups in order, each slot fetched
+     * PREFETCH_AHEAD ids early. The ids are read from a copy of the list: a str subclass's
+     * __hash__ is Python code, which could change the list meanwhile. */
+    PyObject *items = PyList_GetSlice(ids, 0, n);
+    Py_hash_t *hashes = PyMem_Malloc(n > 0 ? (size_t)n * sizeof(Py_hash_t) : 1);
+    if (items == NULL || hashes == NULL) {
+        if (hashes == NULL) PyErr_NoMemory();
+        goto fail;
     }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        hashes[i] = id_hash(PyList_GET_ITEM(items, i));
+        if (hashes[i] == -1) goto fail;
+    }
+    if (reserve(self, n) < 0) goto fail;
+    for (Py_ssize_t i = 0; i < n && i < PREFETCH_AHEAD; i++) prefetch_slot(self, hashes[i]);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (i + PREFETCH_AHEAD < n) prefetch_slot(self, hashes[i + PREFETCH_AHEAD]);
+        PyObject *id = PyList_GET_ITEM(items, i);
+        if (lookup_hashed(self, id, hashes[i], (int64_t)first + i, &codes[i]) < 0) goto fail;
+    }
+    PyMem_Free(hashes);
+    Py_DECREF(items);
     return out;
+fail:
+    PyMem_Free(hashes);
+    Py_XDECREF(items);
+    Py_DECREF(out);
+    return NULL;
 }
 
 static PyObject *UserCodes_code_of(UserCodes *self, PyObject *args)

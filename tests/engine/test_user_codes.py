@@ -81,3 +81,21 @@ def test_ids_must_be_str():
     table = records._NativeUserCodes()
     with pytest.raises(TypeError, match="str"):
         table.codes(["a", 5], 0)  # type: ignore[list-item]
+    assert len(table) == 0  # checked before any id is coded
+
+
+@native
+def test_a_hash_that_changes_the_list_does_not_change_the_batch():
+    """A str subclass's ``__hash__`` is Python code: one that empties the list mid-batch
+    neither crashes the table nor changes the batch it codes (it reads a copy)."""
+    ids: list[str] = []
+
+    class Emptying(str):
+        def __hash__(self) -> int:
+            ids.clear()
+            return str.__hash__(self)
+
+    ids.extend([Emptying("a"), "b", "c", "a"])
+    table = records._NativeUserCodes()
+    assert table.codes(ids, 0).tolist() == [0, 1, 2, 0]
+    assert len(table) == 3 and ids == []
