@@ -29,18 +29,26 @@ def cmd_run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, on_term)
     from streamfilter.engine import native
     from streamfilter.runtime.app import build_daemon, kafka_errors_explained, startup_summary
-    from streamfilter.runtime.memory import MMAP_THRESHOLD_BYTES, map_large_allocations_apart
+    from streamfilter.runtime.daemon import TRIM_EVERY_RECORDS
+    from streamfilter.runtime.memory import (
+        MMAP_THRESHOLD_BYTES,
+        map_large_allocations_apart,
+        return_free_heap,
+    )
 
     mapped_apart = map_large_allocations_apart()  # before the run allocates its arrays
     settings = load_config(args.config)
     with kafka_errors_explained(settings):
         parts = build_daemon(settings, follow=not args.until_end, allow_test_seed=args.testing)
         logging.getLogger("streamfilter.run").info("%s", startup_summary(settings, parts))
+        parts.daemon.return_free_heap = return_free_heap()
         if mapped_apart:
             logging.getLogger("streamfilter.run").info(
                 "memory: allocations of %d MiB or more are mapped apart and returned to the "
-                "system when freed (glibc mmap threshold)",
+                "system when freed (glibc mmap threshold); freed heap pages are handed back "
+                "every %d input records",
                 MMAP_THRESHOLD_BYTES >> 20,
+                TRIM_EVERY_RECORDS,
             )
         not_built = native.missing()
         if not_built:

@@ -14,6 +14,8 @@
  *   export() -> (keys, users, starts, lengths, text): the pairs in insertion order as packed
  *       columns (int64, int32, int64, int32 and the ids' bytes back to back), the columns of a
  *       records.PairRun once sorted by key;
+ *   take() -> export()'s tuple, the set emptied as it is built: the slot table freed first,
+ *       then each column once copied (a spill holds the pairs about once, not twice);
  *   clear(): drop every pair and free the memory.
  *
  * A pair's key is event_ids.pair_keys's, bit for bit: (uint64)hash(id) xor (uint64)user times
@@ -22,9 +24,10 @@
  * the id's bytes, so the answers are exact whatever the keys.
  *
  * Layout: dense columns appended in insertion order (keys, users, starts, lengths) and one text
- * arena, all grown by doubling; a slot table of uint32 (0: empty, else the pair's index + 1), a
- * power of two at most half full, probed linearly from the key's mixed top bits and rebuilt from
- * the dense keys when it grows. A batch is checked (types, lengths) and encoded first, then room
+ * arena, each grown to what a batch needs and by an eighth at least (so at most ~12.5% unused);
+ * a slot table of uint32 (0: empty, else the pair's index + 1), a power of two at most half
+ * full, probed linearly from the key's mixed top bits and rebuilt from the dense keys when it
+ * grows. A batch is checked (types, lengths) and encoded first, then room
  * is reserved for all its pairs and bytes, and only then is anything changed: an error leaves the
  * set as it was. At most 2**31 - 2 pairs (OverflowError beyond).
  */
@@ -174,7 +177,10 @@ static int reserve(PairSet *self, Py_ssize_t pairs, Py_ssize_t text)
     Py_ssize_t need = self->count + pairs;
     if (need > self->capacity) {
         Py_ssize_t capacity = self->capacity < MIN_CAPACITY ? MIN_CAPACITY : self->capacity;
-        while (capacity < need) capacity = capacity > MAX_PAIRS / 2 ? MAX_PAIRS : 2 * capacity;
+        /* an eighth more at least (amortised O(1) copies; large columns are mapped apart, so
+         * realloc moves their pages without copying): at most 12.5% unused, not half */
+        Py_ssize_t grown = capacity > MAX_PAIRS - capacity / 8 ? MAX_PAIRS : capacity + capacity / 8;
+        capacity = need > grown ? need : grown;
         /* a column grown before another fails is only bigger than ``capacity`` says: harmless */
         if (grow((void **)&self->keys, capacity, sizeof(int64_t)) < 0 ||
             grow((void **)&self->users, capacity, sizeof(int32_t)) < 0 ||
@@ -190,8 +196,9 @@ static int reserve(PairSet *self, Py_ssize_t pairs, Py_ssize_t text)
     Py_ssize_t need_text = self->text_len + text;
     if (need_text > self->text_capacity) {
         Py_ssize_t capacity = self->text_capacity < MIN_TEXT ? MIN_TEXT : self->text_capacity;
-        while (capacity < need_text)
-            capacity = capacity > PY_SSIZE_T_MAX / 2 ? PY_SSIZE_T_MAX : 2 * capacity;
+        Py_ssize_t grown = capacity > PY_SSIZE_T_MAX - capacity / 8 ? PY_SSIZE_T_MAX
+                                                                     : capacity + capacity / 8;
+        capacity = need_text > grown ? need_text : grown;
         if (grow((void **)&self->text, capacity, 1) < 0) return -1;
         self->text_capacity = capacity;
     }
@@ -426,6 +433,38 @@ static PyObject *PairSet_export(PairSet *self, PyObject *Py_UNUSED(ignored))
     return result;
 }
 
+/* A column's first ``size`` bytes as bytes, the column then freed (NULL on error: the column
+ * is freed all the same). */
+static PyObject *take_column(void **column, Py_ssize_t size)
+{
+    PyObject *out = PyBytes_FromStringAndSize(*column != NULL ? (const char *)*column : "", size);
+    PyMem_Free(*column);
+    *column = NULL;
+    return out;
+}
+
+static PyObject *PairSet_take(PairSet *self, PyObject *Py_UNUSED(ignored))
+{
+    Py_ssize_t n = self->count, text_len = self->text_len;
+    PyMem_Free(self->slots); /* the slot table first: the columns' copies take its place */
+    self->slots = NULL;
+    PyObject *keys = take_column((void **)&self->keys, n * 8);
+    PyObject *users = take_column((void **)&self->users, n * 4);
+    PyObject *starts = take_column((void **)&self->starts, n * 8);
+    PyObject *lengths = take_column((void **)&self->lengths, n * 4);
+    PyObject *text = take_column((void **)&self->text, text_len);
+    release(self); /* the set is empty now, whatever happened */
+    PyObject *result = NULL;
+    if (keys != NULL && users != NULL && starts != NULL && lengths != NULL && text != NULL)
+        result = PyTuple_Pack(5, keys, users, starts, lengths, text);
+    Py_XDECREF(keys);
+    Py_XDECREF(users);
+    Py_XDECREF(starts);
+    Py_XDECREF(lengths);
+    Py_XDECREF(text);
+    return result;
+}
+
 static PyObject *PairSet_clear(PairSet *self, PyObject *Py_UNUSED(ignored))
 {
     release(self);
@@ -470,6 +509,9 @@ static PyMethodDef PairSet_methods[] = {
      "add(user, event_id) -> True if the pair was new (it is held now)"},
     {"export", (PyCFunction)PairSet_export, METH_NOARGS,
      "export() -> (keys, users, starts, lengths, text): the pairs in insertion order"},
+    {"take", (PyCFunction)PairSet_take, METH_NOARGS,
+     "take() -> export()'s tuple, the set emptied as it is built (each column freed once copied: "
+     "the memory of the pairs is held about once, not twice)"},
     {"clear", (PyCFunction)PairSet_clear, METH_NOARGS, "Drop every pair (frees the memory)."},
     {NULL, NULL, 0, NULL},
 };

@@ -164,9 +164,9 @@ static PyObject *UserCodes_codes(UserCodes *self, PyObject *args)
     PyObject *out = PyByteArray_FromStringAndSize(NULL, n * 8);
     if (out == NULL) return NULL;
     int64_t *codes = (int64_t *)PyByteArray_AS_STRING(out);
-    /* the hashes first and room for every id; then the look-ups in order, each slot fetched
-     * PREFETCH_AHEAD ids early. The ids are read from a copy of the list: a str subclass's
-     * __hash__ is Python code, which could change the list meanwhile. */
+    /* the hashes first; then the look-ups in order, each slot fetched PREFETCH_AHEAD ids
+     * early. The ids are read from a copy of the list: a str subclass's __hash__ is Python
+     * code, which could change the list meanwhile. */
     PyObject *items = PyList_GetSlice(ids, 0, n);
     Py_hash_t *hashes = PyMem_Malloc(n > 0 ? (size_t)n * sizeof(Py_hash_t) : 1);
     if (items == NULL || hashes == NULL) {
@@ -177,10 +177,13 @@ static PyObject *UserCodes_codes(UserCodes *self, PyObject *args)
         hashes[i] = id_hash(PyList_GET_ITEM(items, i));
         if (hashes[i] == -1) goto fail;
     }
-    if (reserve(self, n) < 0) goto fail;
     for (Py_ssize_t i = 0; i < n && i < PREFETCH_AHEAD; i++) prefetch_slot(self, hashes[i]);
     for (Py_ssize_t i = 0; i < n; i++) {
         if (i + PREFETCH_AHEAD < n) prefetch_slot(self, hashes[i + PREFETCH_AHEAD]);
+        /* room for one more id, grown as ids are added (not for the whole batch: most of a
+         * batch may be ids already held, and a table sized for them all would be twice as
+         * large); a resize only makes the pending prefetches useless, never wrong */
+        if (reserve(self, 1) < 0) goto fail;
         PyObject *id = PyList_GET_ITEM(items, i);
         if (lookup_hashed(self, id, hashes[i], (int64_t)first + i, &codes[i]) < 0) goto fail;
     }

@@ -362,19 +362,16 @@ class _NativeSeenEventIds:
         """Every pair held, as one run sorted by key; the index is empty after."""
         if len(self._set) == 0:
             return []
-        keys, users, starts, lengths, text = self._set.export()
-        self._set.clear()
-        key = np.frombuffer(keys, np.int64)
-        order = np.argsort(key, kind="stable")
-        return [
-            PairRun(
-                key[order],
-                np.frombuffer(users, np.int32)[order],
-                np.frombuffer(starts, np.int64)[order],
-                np.frombuffer(lengths, np.int32)[order],
-                text,
-            )
-        ]
+        # the set hands its columns over as it frees them, and each is replaced by its sorted
+        # copy in turn: the pairs are held about once at any time, not twice
+        packed: list[bytes | np.ndarray] = list(self._set.take())
+        text = packed.pop()
+        assert isinstance(text, bytes)
+        order = np.argsort(np.frombuffer(packed[0], np.int64), kind="stable")
+        for i, dtype in enumerate((np.int64, np.int32, np.int64, np.int32)):
+            packed[i] = np.frombuffer(packed[i], dtype)[order]
+        keys, users, starts, lengths = cast(list[np.ndarray], packed)
+        return [PairRun(keys, users, starts, lengths, text)]
 
     def close(self) -> None:
         self._set.clear()

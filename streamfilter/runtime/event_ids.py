@@ -1,14 +1,16 @@
 """A day's event-id index that spills to disk, so an open day's memory does not grow with events.
 
 :class:`SpillingEventIds` implements ``engine.event_ids.EventIdIndex`` with the same exact
-answers as the in-memory ``records.SeenEventIds``. Recent pairs are held once, in a
-``SeenEventIds`` (sorted runs of packed columns, ``records.PairRun``: 24 B a pair plus the id's
-UTF-8 bytes); once a batch brings them to ``memory_pairs`` its runs are merged, as they are,
-into one immutable *segment* file sorted by the pairs' 64-bit keys, and memory starts empty
-again. A segment is four columns sorted by key — keys (int64), user codes (int32), each id's
-start (int64) and length (int32) in the text — then the ids' UTF-8 text, input after input.
-Each batch is keyed once (``engine.event_ids.pair_keys``); the keys serve the segments and the
-in-memory runs alike. The files have no name (0600, in a private 0700 directory: event ids are
+answers as the in-memory index. Recent pairs are held once, in memory, packed: in the native
+hash set (``engine/_pair_set.c``) when built, else a ``records.SeenEventIds`` (sorted runs,
+``records.PairRun``) — 24 B a pair plus the id's UTF-8 bytes either way
+(``records.new_seen_event_ids``); once a batch brings them to ``memory_pairs`` they are taken
+as runs sorted by key and merged, as they are, into one immutable *segment* file sorted by the
+pairs' 64-bit keys, and memory starts empty again. A segment is four columns sorted by key —
+keys (int64), user codes (int32), each id's start (int64) and length (int32) in the text — then
+the ids' UTF-8 text, input after input. Once segments exist, each batch is keyed once
+(``engine.event_ids.pair_keys``); the keys serve the segments and memory alike (before that,
+memory keys what it adds itself, the same keys). The files have no name (0600, in a private 0700 directory: event ids are
 user data), so they vanish with their descriptors however the process ends;
 :meth:`SpillingEventIds.close` (the day's close) closes them and removes the directory, as does
 collecting an index left unclosed.
@@ -448,6 +450,8 @@ class SpillingEventIds:
         if n == 0:
             return np.ones(0, bool)
         users = user_codes(users)
+        if len(self._recent) and len(self._recent) + n > self.memory_pairs:
+            self._spill_checked()  # before: memory never holds more than the bound, even briefly
         if not self._segments:  # nothing on disk: memory alone answers, and keys what it adds
             new = self._recent.insert(users, event_ids)
             self._spill_if_full()
@@ -466,11 +470,14 @@ class SpillingEventIds:
 
     def _spill_if_full(self) -> None:
         if len(self._recent) >= self.memory_pairs:
-            try:
-                self._spill()
-            except BaseException as exc:  # e.g. a full disk: the pairs may be lost
-                self._failed = exc
-                raise
+            self._spill_checked()
+
+    def _spill_checked(self) -> None:
+        try:
+            self._spill()
+        except BaseException as exc:  # e.g. a full disk: the pairs may be lost
+            self._failed = exc
+            raise
 
     def _check(self) -> None:
         if self._failed is not None:

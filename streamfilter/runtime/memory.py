@@ -11,9 +11,11 @@ events for no live data. Fixing the threshold keeps every array of at least
 from __future__ import annotations
 
 import ctypes
+import functools
 import sys
+from collections.abc import Callable
 
-__all__ = ["MMAP_THRESHOLD_BYTES", "map_large_allocations_apart"]
+__all__ = ["MMAP_THRESHOLD_BYTES", "map_large_allocations_apart", "return_free_heap"]
 
 #: glibc's ``mallopt`` parameter number for the mmap threshold (``malloc.h``)
 _M_MMAP_THRESHOLD = -3
@@ -25,14 +27,36 @@ _M_MMAP_THRESHOLD = -3
 MMAP_THRESHOLD_BYTES = 16 << 20
 
 
+def _libc() -> ctypes.CDLL | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL("libc.so.6")
+    except OSError:
+        return None
+
+
 def map_large_allocations_apart() -> bool:
     """Fix glibc's mmap threshold at ``MMAP_THRESHOLD_BYTES``; False where there is no glibc
     (the call is then a no-op)."""
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        mallopt = ctypes.CDLL("libc.so.6").mallopt
-    except (OSError, AttributeError):
+    libc = _libc()
+    mallopt = getattr(libc, "mallopt", None)
+    if mallopt is None:
         return False
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     return bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES))
+
+
+def return_free_heap() -> Callable[[], object] | None:
+    """A call that hands the heap's free pages back to the system (glibc's ``malloc_trim(0)``,
+    ~1 ms), for the daemon to make after each input batch; None where there is no glibc.
+
+    Arrays below the mmap threshold come from the heap, and the blocks a batch frees (its
+    columns, a fold's buffers, a growing table's old copy) stay resident while anything above
+    them lives: without it an open day of 10 events a user peaked ~25 MiB higher on the
+    ``open_day_memory`` benchmark, for no live data."""
+    trim = getattr(_libc(), "malloc_trim", None)
+    if trim is None:
+        return None
+    trim.argtypes = [ctypes.c_size_t]
+    return functools.partial(trim, 0)

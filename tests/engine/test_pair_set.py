@@ -250,6 +250,24 @@ def test_growth_through_many_resizes_and_clear():
 
 
 @built
+def test_take_hands_over_what_export_shows_and_empties_the_set():
+    """``take`` (a spill) returns ``export``'s columns and leaves the set empty, its memory
+    freed, and usable again; the columns are grown to at most ~12.5% beyond the pairs."""
+    pairs = new_set()
+    users = np.arange(100_000, dtype=np.int32) % 977
+    ids = [f"id-{i}" for i in range(100_000)]
+    pairs.insert(users, ids)
+    text_bytes = sum(map(len, ids))
+    assert pairs.nbytes <= 1.2 * (24 * 100_000 + text_bytes) + 4 * 4 * 100_000
+    shown = pairs.export()
+    assert pairs.take() == shown
+    assert len(pairs) == 0 and pairs.nbytes == 0 and pairs.take() == (b"",) * 5
+    assert not pairs.contains(0, "id-0")
+    assert all(pairs.insert(users[:5], ids[:5]))
+    assert exported(pairs)[1] == list(zip(users[:5].tolist(), ids[:5], strict=True))
+
+
+@built
 def test_a_bad_batch_changes_nothing():
     pairs = new_set()
     pairs.insert(np.array([1, 2, 3], np.int32), ["a", "é", "\ud800"])

@@ -3,12 +3,14 @@
 import datetime as dt
 import itertools
 import json
+from functools import partial
 
 import pytest
 
 from streamfilter.engine.engine import Engine
 from streamfilter.engine.params import PrivacyParams
 from streamfilter.privacy.noise import SeededRandomBits
+from streamfilter.runtime import daemon as daemon_module
 from streamfilter.runtime.daemon import Daemon
 from streamfilter.runtime.io.base import QueryFeed
 from streamfilter.runtime.store import SQLiteStateStore
@@ -418,3 +420,39 @@ def test_the_upkeep_between_back_to_back_closes_is_bounded(tmp_path, monkeypatch
         finally:
             store.close()
     assert budgets[0] == budgets[1] and len(budgets[0]) == 4 * 23
+
+
+def _note_records_read(calls: list[int], daemon: Daemon) -> None:
+    calls.append(daemon.summary.records_read)
+
+
+def test_freed_heap_is_handed_back_every_trim_records(tmp_path, monkeypatch):
+    """The daemon makes ``return_free_heap``'s call once at least ``TRIM_EVERY_RECORDS`` input
+    records have been ingested since the last one — after a poll's batches, not per batch —
+    and releases the same with it as without it."""
+    monkeypatch.setattr(daemon_module, "TRIM_EVERY_RECORDS", 25)
+    records = [event(f"u{i}", "2026-01-01") for i in range(60)] + [
+        event(f"u{i}", "2026-01-02") for i in range(40)
+    ]
+    payloads = []
+    for trim in (True, False):
+        store = SQLiteStateStore(tmp_path / f"state-{trim}.db")
+        sink, calls = MemorySink(), []
+        daemon = Daemon(
+            Engine(PARAMS, SeededRandomBits(3)),
+            store,
+            MemorySource({"p0": list(records)}),
+            ListFeed((Q,)),
+            sink,
+            MemorySink(),
+            poll_interval_s=0,
+            batch_size=10,
+        )
+        if trim:
+            daemon.return_free_heap = partial(_note_records_read, calls, daemon)
+        daemon.run(until_end=True)
+        store.close()
+        payloads.append(sink.payloads)
+        if trim:  # polls of 10 records: a call at 30, 60, 90 (25 or more since the last)
+            assert calls == [30, 60, 90]
+    assert payloads[0] == payloads[1] and payloads[0]
