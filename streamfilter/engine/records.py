@@ -73,6 +73,8 @@ _PENDING_MAX = 1 << 16
 #: category counts are folded into cells once this many are buffered (and the buffer is at least
 #: the folded cells' size, so folding costs O(1) amortised per value)
 _FOLD_MIN = 1 << 20
+#: a batch of at most this many schemas (features' names in order) is added one schema at a time
+_SCHEMAS_MAX = 8
 #: a packed category cell: the user's code above the coordinate's code (codes < 2**31 each)
 _COORD_BITS = 31
 _COORD_MASK = (1 << _COORD_BITS) - 1
@@ -634,7 +636,25 @@ class DayAccumulator:
                 for name, column, kind in zip(features, columns, kinds, strict=True):
                     self._add_column(codes, name, kind == {str}, column)
                 return
+        if n and self._add_by_schema(codes, value_maps):
+            return
         self._add_mixed_values(codes, value_maps)
+
+    def _add_by_schema(self, codes: np.ndarray, value_maps: list[dict[str, float | str]]) -> bool:
+        """A batch of a few schemas (the features' names in order): each schema's events as one
+        batch of their own (a cell's sum is exact and a count is a count, so the order in which
+        a cell's values arrive changes nothing). False (nothing added) when the features are the
+        same throughout or there are more than ``_SCHEMAS_MAX`` schemas."""
+        schema_of: dict[tuple[str, ...], int] = {}
+        first = np.fromiter(
+            map(schema_of.setdefault, map(tuple, value_maps), count()), np.int64, len(value_maps)
+        )
+        if not 1 < len(schema_of) <= _SCHEMAS_MAX:
+            return False
+        for at in schema_of.values():
+            rows = np.flatnonzero(first == at)
+            self._add_values(codes[rows], list(map(value_maps.__getitem__, rows.tolist())))
+        return True
 
     def _add_column(
         self, codes: np.ndarray, name: str, categorical: bool, column: list[Any] | np.ndarray

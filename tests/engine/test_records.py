@@ -81,16 +81,20 @@ def _records_equal(a, b):
     ),
     st.integers(1, 7),
     st.booleans(),
+    st.booleans(),
 )
-def test_add_many_and_folding_are_add_one_by_one(items, batch, fold_often):
-    """Batches (``add_many``), per-event ``add`` and category folding at any point give the
-    same records, bit for bit, and the same counts of events and duplicates."""
+def test_add_many_and_folding_are_add_one_by_one(items, batch, fold_often, by_schema):
+    """Batches (``add_many``: a batch of a few schemas one schema at a time, or every value on
+    its own), per-event ``add`` and category folding at any point give the same records, bit
+    for bit, and the same counts of events and duplicates."""
     events = [ev(u, vals, eid) for u, vals, eid in items]
     one = DayAccumulator("2026-01-05")
     added_one = [one.add(e) for e in events]
     saved, records._FOLD_MIN = records._FOLD_MIN, (1 if fold_often else 1 << 20)
     saved_ids = records.SeenEventIds.PENDING_MAX
+    saved_schemas = records._SCHEMAS_MAX
     records.SeenEventIds.PENDING_MAX = 1 if fold_often else 1 << 12
+    records._SCHEMAS_MAX = saved_schemas if by_schema else 1
     try:
         many = DayAccumulator("2026-01-05")
         steps = range(0, len(events), batch)
@@ -98,6 +102,7 @@ def test_add_many_and_folding_are_add_one_by_one(items, batch, fold_often):
     finally:
         records._FOLD_MIN = saved
         records.SeenEventIds.PENDING_MAX = saved_ids
+        records._SCHEMAS_MAX = saved_schemas
     assert added_many == sum(added_one)
     assert (many.events, many.duplicates) == (one.events, one.duplicates)
     _records_equal(many.finish(), one.finish())
