@@ -414,14 +414,11 @@ static PyObject *PairSet_add(PairSet *self, PyObject *args)
     return held < 0 ? NULL : PyBool_FromLong(!held);
 }
 
-static PyObject *PairSet_export(PairSet *self, PyObject *Py_UNUSED(ignored))
+/* The tuple (keys, users, starts, lengths, text) of new references, which it takes over
+ * (NULL with an exception if any is NULL). */
+static PyObject *columns_tuple(PyObject *keys, PyObject *users, PyObject *starts,
+                               PyObject *lengths, PyObject *text)
 {
-    Py_ssize_t n = self->count;
-    PyObject *keys = PyBytes_FromStringAndSize((const char *)self->keys, n * 8);
-    PyObject *users = PyBytes_FromStringAndSize((const char *)self->users, n * 4);
-    PyObject *starts = PyBytes_FromStringAndSize((const char *)self->starts, n * 8);
-    PyObject *lengths = PyBytes_FromStringAndSize((const char *)self->lengths, n * 4);
-    PyObject *text = PyBytes_FromStringAndSize(self->text, self->text_len);
     PyObject *result = NULL;
     if (keys != NULL && users != NULL && starts != NULL && lengths != NULL && text != NULL)
         result = PyTuple_Pack(5, keys, users, starts, lengths, text);
@@ -431,6 +428,16 @@ static PyObject *PairSet_export(PairSet *self, PyObject *Py_UNUSED(ignored))
     Py_XDECREF(lengths);
     Py_XDECREF(text);
     return result;
+}
+
+static PyObject *PairSet_export(PairSet *self, PyObject *Py_UNUSED(ignored))
+{
+    Py_ssize_t n = self->count;
+    return columns_tuple(PyBytes_FromStringAndSize((const char *)self->keys, n * 8),
+                         PyBytes_FromStringAndSize((const char *)self->users, n * 4),
+                         PyBytes_FromStringAndSize((const char *)self->starts, n * 8),
+                         PyBytes_FromStringAndSize((const char *)self->lengths, n * 4),
+                         PyBytes_FromStringAndSize(self->text, self->text_len));
 }
 
 /* A column's first ``size`` bytes as bytes, the column then freed (NULL on error: the column
@@ -454,15 +461,7 @@ static PyObject *PairSet_take(PairSet *self, PyObject *Py_UNUSED(ignored))
     PyObject *lengths = take_column((void **)&self->lengths, n * 4);
     PyObject *text = take_column((void **)&self->text, text_len);
     release(self); /* the set is empty now, whatever happened */
-    PyObject *result = NULL;
-    if (keys != NULL && users != NULL && starts != NULL && lengths != NULL && text != NULL)
-        result = PyTuple_Pack(5, keys, users, starts, lengths, text);
-    Py_XDECREF(keys);
-    Py_XDECREF(users);
-    Py_XDECREF(starts);
-    Py_XDECREF(lengths);
-    Py_XDECREF(text);
-    return result;
+    return columns_tuple(keys, users, starts, lengths, text);
 }
 
 static PyObject *PairSet_clear(PairSet *self, PyObject *Py_UNUSED(ignored))

@@ -352,9 +352,9 @@ class RecordingStore(SQLiteStateStore):
         return left
 
 
-def run_until_end(store, records, sink, *, batch_size):
-    """A daemon over ``records`` (one partition) with the test seed, run to the input's end."""
-    Daemon(
+def daemon_over(store, records, sink, *, batch_size):
+    """A daemon over ``records`` (one partition) with the test seed."""
+    return Daemon(
         Engine(PARAMS, SeededRandomBits(3)),
         store,
         MemorySource({"p0": list(records)}),
@@ -363,7 +363,12 @@ def run_until_end(store, records, sink, *, batch_size):
         MemorySink(),
         poll_interval_s=0,
         batch_size=batch_size,
-    ).run(until_end=True)
+    )
+
+
+def run_until_end(store, records, sink, *, batch_size):
+    """A daemon over ``records`` (one partition) with the test seed, run to the input's end."""
+    daemon_over(store, records, sink, batch_size=batch_size).run(until_end=True)
 
 
 def test_the_budget_log_is_folded_between_batches_and_never_inside_a_close(tmp_path):
@@ -438,16 +443,7 @@ def test_freed_heap_is_handed_back_every_trim_records(tmp_path, monkeypatch):
     for trim in (True, False):
         store = SQLiteStateStore(tmp_path / f"state-{trim}.db")
         sink, calls = MemorySink(), []
-        daemon = Daemon(
-            Engine(PARAMS, SeededRandomBits(3)),
-            store,
-            MemorySource({"p0": list(records)}),
-            ListFeed((Q,)),
-            sink,
-            MemorySink(),
-            poll_interval_s=0,
-            batch_size=10,
-        )
+        daemon = daemon_over(store, records, sink, batch_size=10)
         if trim:
             daemon.return_free_heap = partial(_note_records_read, calls, daemon)
         daemon.run(until_end=True)

@@ -244,11 +244,10 @@ def test_each_pair_is_stored_once_and_memory_holds_it_packed(
         index.close()
 
 
-def test_memory_below_the_bound_is_one_packed_copy_of_the_pairs(tmp_path, python_tier):
-    """What the spilling index allocates for 200,000 pairs it keeps in memory (traced by
-    ``tracemalloc``, which numpy reports to) is its runs' packed columns and text
-    (``nbytes``) and the filter — no second copy of the pairs, no object per pair."""
-    index = SpillingEventIds(1 << 20, tmp_path)
+def _traced_inserts(index: SpillingEventIds) -> tuple[int, int]:
+    """Insert 200,000 distinct pairs in batches of 50,000 (below the index's bound); return
+    what ``tracemalloc`` saw allocated meanwhile and the pairs' packed size (24 B a pair plus
+    the id)."""
     batches = [
         (np.arange(a, a + 50_000, dtype=np.int32) % 7_000, [f"e{i}" for i in range(a, a + 50_000)])
         for a in range(0, 200_000, 50_000)
@@ -261,9 +260,17 @@ def test_memory_below_the_bound_is_one_packed_copy_of_the_pairs(tmp_path, python
         held = tracemalloc.get_traced_memory()[0] - before
     finally:
         tracemalloc.stop()
+    return held, 24 * 200_000 + sum(len(e) for _, ids in batches for e in ids)
+
+
+def test_memory_below_the_bound_is_one_packed_copy_of_the_pairs(tmp_path, python_tier):
+    """What the spilling index allocates for 200,000 pairs it keeps in memory (traced by
+    ``tracemalloc``, which numpy reports to) is its runs' packed columns and text
+    (``nbytes``) and the filter — no second copy of the pairs, no object per pair."""
+    index = SpillingEventIds(1 << 20, tmp_path)
+    held, packed = _traced_inserts(index)
     tier = index._recent
     assert len(tier) == 200_000 and index.directory is None
-    packed = 24 * 200_000 + sum(len(e) for _, ids in batches for e in ids)
     assert tier.nbytes == packed
     assert held <= packed + tier._filter.nbytes + (64 << 10)
     index.close()
@@ -275,22 +282,10 @@ def test_the_native_tier_holds_the_pairs_packed_within_twice_their_size(tmp_path
     at most 4 slots (16 B) a pair — no object per pair."""
     _native_built()
     index = SpillingEventIds(1 << 20, tmp_path)
-    batches = [
-        (np.arange(a, a + 50_000, dtype=np.int32) % 7_000, [f"e{i}" for i in range(a, a + 50_000)])
-        for a in range(0, 200_000, 50_000)
-    ]
-    tracemalloc.start()
-    try:
-        before = tracemalloc.get_traced_memory()[0]
-        for users, ids in batches:
-            index.insert(users, ids)
-        held = tracemalloc.get_traced_memory()[0] - before
-    finally:
-        tracemalloc.stop()
+    held, packed = _traced_inserts(index)
     tier = index._recent
     assert isinstance(tier, records._NativeSeenEventIds)
     assert len(tier) == 200_000 and index.directory is None
-    packed = 24 * 200_000 + sum(len(e) for _, ids in batches for e in ids)
     assert packed <= tier.nbytes <= 2 * packed + 16 * 200_000
     assert held <= tier.nbytes + (64 << 10)
     index.close()
