@@ -10,8 +10,9 @@ pairs' 64-bit keys, and memory starts empty again. A segment is four columns sor
 keys (int64), user codes (int32), each id's start (int64) and length (int32) in the text — then
 the ids' UTF-8 text, input after input. Once segments exist, each batch is keyed once
 (``engine.event_ids.pair_keys``); the keys serve the segments and memory alike (before that,
-memory keys what it adds itself, the same keys). The files have no name (0600, in a private 0700 directory: event ids are
-user data), so they vanish with their descriptors however the process ends;
+memory keys what it adds itself, the same keys). The files have no name (0600, in a private
+0700 directory: event ids are user data), so they vanish with their descriptors however the
+process ends;
 :meth:`SpillingEventIds.close` (the day's close) closes them and removes the directory, as does
 collecting an index left unclosed.
 
