@@ -679,9 +679,8 @@ def guarantee(
     ``ValueError``. If it exceeds it by less, the implied (larger) ρ is reported — never the
     smaller one. A σ larger than needed is fine (the claim is then conservative).
     """
-    r = rho_stated(b_norm, rho, sigma)
-    s = _check_positive("sigma", sigma)
-    b = _check_positive("b_norm", b_norm)
+    r = rho_stated(b_norm, rho, sigma)  # checks b_norm, rho and sigma
+    b, s = float(b_norm), float(sigma)
     m = _check_mechanism(mechanism)
     d = _check_delta(delta)
     by_method = _epsilons(r, d, m)
