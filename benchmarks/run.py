@@ -110,6 +110,10 @@ def table(entries: list[dict[str, Any]], where: dict[str, Any], quick: bool) -> 
     return f"{note}{lines}\n\n{machine_line}\n\n{details}\n"
 
 
+#: how much of a failed module's last stderr line its entry keeps
+FAILED_REASON_CHARS = 400
+
+
 def _run_module(name: str, quick: bool) -> list[dict[str, Any]]:
     """One module in its own interpreter: a fresh heap for each benchmark, and a module that
     dies (e.g. killed for memory) becomes a failed entry instead of ending the suite."""
@@ -120,13 +124,24 @@ def _run_module(name: str, quick: bool) -> list[dict[str, Any]]:
         if quick:  # a smoke on 2 cores: one BLAS thread, no oversubscription (learn: 7 s -> 3 s)
             for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
                 env.setdefault(var, "1")
-        proc = subprocess.run([*args, *(["--quick"] if quick else [])], check=False, env=env)
+        proc = subprocess.run(
+            [*args, *(["--quick"] if quick else [])],
+            check=False,
+            env=env,
+            stderr=subprocess.PIPE,
+            text=True,
+            errors="replace",
+        )
+        sys.stderr.write(proc.stderr)
         if proc.returncode == 0 and out.exists():
             entries: list[dict[str, Any]] = json.loads(out.read_text())
             return entries
     reason = f"failed: exit status {proc.returncode}" + (
         " (killed: out of memory?)" if proc.returncode == -9 else ""
     )
+    last = [line for line in proc.stderr.splitlines() if line.strip()][-1:]
+    if last:  # the exception's own line, so a failed entry says why without the whole log
+        reason += f": {last[0].strip()[:FAILED_REASON_CHARS]}"
     short = name.rsplit(".", 1)[-1]
     return [{**skipped(short, "", "", reason), "failed": True}]
 

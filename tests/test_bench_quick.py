@@ -83,3 +83,21 @@ def test_bench_quick_finishes_within_a_minute_with_well_formed_results(kafka_boo
     assert all(f"`{e['name']}`" in table for e in entries)
 
     assert wall < QUICK_BUDGET_S, f"bench-quick took {wall:.1f} s:\n{timings}"
+
+
+def test_a_failed_module_says_why_in_its_entry(tmp_path, monkeypatch):
+    """A module that raises becomes a failed entry whose reason ends with the exception's own
+    line, not only an exit status buried under the other modules' logs (CI failed that way)."""
+    from benchmarks.run import _run_module
+
+    (tmp_path / "bench_broken_probe.py").write_text(
+        "import sys\n"
+        "def run(quick=False):\n"
+        "    print('noise from the module', file=sys.stderr)\n"
+        "    raise RuntimeError('the day was released before the kill')\n"
+    )
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    [entry] = _run_module("bench_broken_probe", quick=True)
+    assert entry["failed"] is True and entry["name"] == "bench_broken_probe"
+    assert entry["skipped"].startswith("failed: exit status 1: ")
+    assert entry["skipped"].endswith("RuntimeError: the day was released before the kill")
