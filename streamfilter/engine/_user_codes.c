@@ -1,9 +1,10 @@
 /* Native user coding for the open day (engine/records.py, DayAccumulator; docs/design.md §8.4).
  *
  * UserCodes() is a str -> int64 map with exactly the semantics the day's dict had:
- *   codes(ids, first) -> bytearray of int64: for each id in order, its code, an id not held
- *       yet getting ``first + i`` (i its position in ``ids``) — ``dict.setdefault`` mapped over
- *       ``zip(ids, count(first))``;
+ *   codes(ids, first) -> bytearray of int64: for each id in order, its code, the ids not held
+ *       yet getting ``first``, ``first + 1``, ... in order of first arrival (dense codes when
+ *       ``first`` is len()) — ``dict.setdefault(id, next(counter))`` for each id not held, the
+ *       counter starting at ``first``;
  *   code_of(id, code) -> int: ``dict.setdefault(id, code)``;
  *   len(), clear().
  * Keys are compared as Python compares str (same hash, then equal text), so the codes are those
@@ -185,7 +186,9 @@ static PyObject *UserCodes_codes(UserCodes *self, PyObject *args)
          * large); a resize only makes the pending prefetches useless, never wrong */
         if (reserve(self, 1) < 0) goto fail;
         PyObject *id = PyList_GET_ITEM(items, i);
-        if (lookup_hashed(self, id, hashes[i], (int64_t)first + i, &codes[i]) < 0) goto fail;
+        Py_ssize_t held = self->used;
+        if (lookup_hashed(self, id, hashes[i], (int64_t)first, &codes[i]) < 0) goto fail;
+        first += self->used > held; /* the id was new: it took ``first`` */
     }
     PyMem_Free(hashes);
     Py_DECREF(items);
@@ -218,7 +221,7 @@ static Py_ssize_t UserCodes_len(UserCodes *self) { return self->used; }
 
 static PyMethodDef UserCodes_methods[] = {
     {"codes", (PyCFunction)UserCodes_codes, METH_VARARGS,
-     "codes(ids, first) -> bytearray of int64 codes (a new id gets first + its position)"},
+     "codes(ids, first) -> bytearray of int64 codes (new ids get first, first + 1, ... in order)"},
     {"code_of", (PyCFunction)UserCodes_code_of, METH_VARARGS,
      "code_of(id, code) -> the id's code (code if it was not held: then it is held)"},
     {"clear", (PyCFunction)UserCodes_clear, METH_NOARGS, "Drop every id (frees the table)."},

@@ -7,7 +7,7 @@ ones not built, so the daemon can say so at start.
 
 from __future__ import annotations
 
-__all__ = ["jsonl", "missing", "packed_ids", "pair_set", "user_codes"]
+__all__ = ["cell_table", "jsonl", "missing", "packed_ids", "pair_set", "user_codes"]
 
 try:  # the column scanner (engine/_jsonl.c): engine/ingest.py
     from streamfilter.engine import _jsonl as jsonl
@@ -25,6 +25,10 @@ try:  # the open day's event-id set (engine/_pair_set.c): engine/records.py
     from streamfilter.engine import _pair_set as pair_set
 except ImportError:
     pair_set = None  # type: ignore[assignment]
+try:  # the open day's cells and their exact sums (engine/_cell_table.c): engine/records.py
+    from streamfilter.engine import _cell_table as cell_table
+except ImportError:
+    cell_table = None  # type: ignore[assignment]
 
 
 def missing() -> list[str]:
@@ -34,5 +38,6 @@ def missing() -> list[str]:
         "engine/_packed_ids.c": packed_ids,
         "engine/_user_codes.c": user_codes,
         "engine/_pair_set.c": pair_set,
+        "engine/_cell_table.c": cell_table,
     }
     return [source for source, module in modules.items() if module is None]

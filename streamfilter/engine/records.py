@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from functools import partial
 from itertools import chain, compress, count, repeat
 from operator import attrgetter
-from typing import Any, Literal, cast
+from typing import Any, Literal, Protocol, cast
 
 import numpy as np
 
@@ -53,6 +53,7 @@ from streamfilter.engine.ledger import (
     pack_ids,
     python_hash,
 )
+from streamfilter.engine.native import cell_table as _cell_table  # None: NumpyCells
 from streamfilter.engine.native import pair_set as _pair_set  # None: SeenEventIds' runs
 from streamfilter.engine.native import user_codes as _user_codes  # None: a dict codes them
 
@@ -60,8 +61,10 @@ __all__ = [
     "DayAccumulator",
     "DayRecords",
     "DictUserCodes",
+    "NumpyCells",
     "PairRun",
     "SeenEventIds",
+    "new_cells",
     "new_seen_event_ids",
 ]
 
@@ -387,14 +390,20 @@ def new_seen_event_ids() -> SeenEventIds | _NativeSeenEventIds:
 class DictUserCodes:
     """The open day's user codes in a dict — what ``engine/_user_codes.c``'s ``UserCodes`` does
     natively, with the same results (``tests/engine/test_user_codes.py``): ``codes(ids,
-    first)`` is ``dict.setdefault`` mapped over ``zip(ids, count(first))``, ``code_of(id,
-    code)`` one ``setdefault``."""
+    first)`` gives the ids not held ``first``, ``first + 1``, ... in order of first arrival,
+    ``code_of(id, code)`` is one ``setdefault``."""
 
     def __init__(self) -> None:
         self._code: dict[str, int] = {}
 
     def codes(self, ids: list[str], first: int) -> np.ndarray:
-        return np.fromiter(map(self._code.setdefault, ids, count(first)), np.int64, len(ids))
+        codes = np.fromiter(map(self._code.get, ids, repeat(-1)), np.int64, len(ids))
+        counter = count(first)
+
+        def new_code(user_id: str) -> int:
+            return self._code.setdefault(user_id, next(counter))
+
+        return _fill_new_codes(codes, ids, new_code)
 
     def code_of(self, user_id: str, code: int) -> int:
         return self._code.setdefault(user_id, code)
@@ -431,6 +440,262 @@ def new_user_codes() -> DictUserCodes | _NativeUserCodes:
     return _NativeUserCodes() if _user_codes is not None else DictUserCodes()
 
 
+class CellStore(Protocol):
+    """The open day's (user, coordinate) cells and their exact sums (``NumpyCells``,
+    ``NativeCells``; ``_CodedCells`` for cells given as columns): a user code is dense (an index
+    into the day's users), a packed cell is ``_cell``'s."""
+
+    def users_present(self, n: int) -> np.ndarray:
+        """Which of the user codes ``0..n-1`` have a cell (a code >= n is a ValueError)."""
+        ...
+
+    def coords_present(self, n: int) -> np.ndarray:
+        """Which of the coordinate codes ``0..n-1`` have a cell."""
+        ...
+
+    def records(
+        self, user_rank: np.ndarray, coord_rank: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(user rank, coordinate rank, exact sum rounded once) of every cell, ordered by the
+        ranks (``user_rank[code]``, ``coord_rank[code]``: dense ranks of the present codes)."""
+        ...
+
+
+class NumpyCells:
+    """The open day's (user, coordinate) cells and their exact sums, in numpy — what
+    ``engine/_cell_table.c``'s ``CellTable`` does natively, with the same records bit for bit
+    (``tests/engine/test_cell_table.py``).
+
+    A category hit adds exactly 1.0 to its cell: hits are buffered as packed cells and folded
+    into sorted (cell, count) columns (counts of 1.0s are exact in any order). A numeric
+    coordinate keeps each user's exact sum (``engine.exact_sums.CellSums``: the value itself
+    while there is one, else a fixed-point accumulator). Buffers are folded once they hold as
+    many values as there are cells (and at least ``_FOLD_MIN`` / ``FOLD_MIN``), so memory stays
+    bounded by the cells, not by the values."""
+
+    def __init__(self) -> None:
+        # numeric coordinate code → its exact per-user sums (values buffered, then folded)
+        self._num: dict[int, CellSums] = {}
+        self._cat: list[np.ndarray] = []  # category hits as packed cells (``_cell``)
+        self._cat_buffered = 0
+        # folded category cells: (ascending packed cells, counts)
+        self._folded: tuple[np.ndarray, np.ndarray] = (np.zeros(0, np.int64), np.zeros(0))
+        self._cells: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # once gathered
+
+    def add_numbers(self, coord: int, users: np.ndarray, values: np.ndarray) -> None:
+        sums = self._num.get(coord)
+        if sums is None:
+            sums = self._num[coord] = CellSums()
+        sums.add(users, values)
+
+    def add_hits(self, cells: np.ndarray) -> None:
+        self._cat.append(cells)
+        self._cat_buffered += len(cells)
+
+    @property
+    def buffered(self) -> int:
+        """Numeric values waiting in the coordinates' buffers."""
+        return sum(sums.buffered for sums in self._num.values())
+
+    def maybe_fold(self) -> None:
+        if self._cat_buffered >= max(_FOLD_MIN, len(self._folded[1])):
+            self.fold_hits()
+        if self.buffered >= max(FOLD_MIN, sum(map(len, self._num.values()))):
+            for sums in self._num.values():
+                sums.fold()
+
+    def fold_hits(self) -> None:
+        """Fold every buffered category hit into its cell's count: the buffer is counted alone
+        (its temporaries are the buffer's, not the day's), then added to the cells held and its
+        new cells inserted."""
+        if not self._cat:
+            return
+        cells = np.concatenate(self._cat)
+        self._cat, self._cat_buffered = [], 0
+        unique, counts = np.unique(cells, return_counts=True)
+        del cells
+        f_cells, f_counts = self._folded
+        at = np.searchsorted(f_cells, unique)
+        found = at < len(f_cells)
+        found[found] = f_cells[at[found]] == unique[found]
+        f_counts[at[found]] += counts[found]
+        if not found.all():
+            new = ~found
+            f_cells = np.insert(f_cells, at[new], unique[new])
+            f_counts = np.insert(f_counts, at[new], counts[new].astype(np.float64))
+        self._folded = (f_cells, f_counts)
+
+    def _gathered(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Every cell once: (user codes, coordinate codes, exact sums); the tables are freed
+        as their cells come out."""
+        if self._cells is None:
+            self.fold_hits()
+            cells, counts = self._folded
+            self._folded = (np.zeros(0, np.int64), np.zeros(0))
+            users = [cells >> _COORD_BITS]
+            coords = [cells & _COORD_MASK]
+            values = [counts]
+            del cells, counts
+            for coord in list(self._num):
+                codes, summed = self._num.pop(coord).sums()
+                users.append(codes)
+                coords.append(np.full(len(codes), coord, np.int64))
+                values.append(summed)
+                del codes, summed
+            self._cells = (_concatenated(users), _concatenated(coords), _concatenated(values))
+        return self._cells
+
+    def users_present(self, n: int) -> np.ndarray:
+        return _present(self._gathered()[0], n)
+
+    def coords_present(self, n: int) -> np.ndarray:
+        return _present(self._gathered()[1], n)
+
+    def records(
+        self, user_rank: np.ndarray, coord_rank: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return _ranked_sums(*self._gathered(), user_rank, coord_rank)
+
+    def clear(self) -> None:
+        self.__init__()  # type: ignore[misc]
+
+
+class NativeCells:
+    """``engine/_cell_table.c``'s ``CellTable``: one exact accumulator per cell in a hash
+    table, each value added as it arrives (no buffer, no fold), and the records read off it in
+    canonical order by a counting sort of the users' ranks."""
+
+    def __init__(self) -> None:
+        assert _cell_table is not None
+        self._table = _cell_table.CellTable()
+
+    def add_numbers(self, coord: int, users: np.ndarray, values: np.ndarray) -> None:
+        cells = (users.astype(np.int64) << _COORD_BITS) | coord
+        self._table.add(cells, np.ascontiguousarray(values, np.float64))
+
+    def add_hits(self, cells: np.ndarray) -> None:
+        self._table.add(np.ascontiguousarray(cells, np.int64), None)
+
+    def maybe_fold(self) -> None:
+        """Nothing is buffered."""
+
+    def users_present(self, n: int) -> np.ndarray:
+        return np.frombuffer(self._table.users_present(n), np.uint8).astype(bool)
+
+    def coords_present(self, n: int) -> np.ndarray:
+        return np.frombuffer(self._table.coords_present(n), np.uint8).astype(bool)
+
+    def records(
+        self, user_rank: np.ndarray, coord_rank: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        pos, coord, value = self._table.records(
+            np.ascontiguousarray(user_rank, np.int64), np.ascontiguousarray(coord_rank, np.int64)
+        )
+        return np.frombuffer(pos, np.int64), np.frombuffer(coord, np.int64), np.frombuffer(value)
+
+    def clear(self) -> None:
+        self._table.clear()
+
+
+def new_cells() -> NumpyCells | NativeCells:
+    """The open day's cell table: native when the extension is built, else numpy."""
+    return NativeCells() if _cell_table is not None else NumpyCells()
+
+
+def _present(codes: np.ndarray, n: int) -> np.ndarray:
+    """Which of the codes ``0..n-1`` occur in ``codes``."""
+    if len(codes) and int(codes.max()) >= n:
+        raise ValueError(f"a cell's code is >= {n}")
+    mark = np.zeros(n, bool)
+    mark[codes] = True
+    return mark
+
+
+def _ranked_sums(
+    users: np.ndarray,
+    coords: np.ndarray,
+    values: np.ndarray,
+    user_rank: np.ndarray,
+    coord_rank: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(user rank, coordinate rank, exact sum) of each distinct (user, coordinate) of the cells
+    ``(users[i], coords[i], values[i])``, ordered by the ranks (``exact_sums_by_key``)."""
+    n = int(user_rank.max()) + 1 if len(user_rank) else 0
+    k = int(coord_rank.max()) + 1 if len(coord_rank) else 0
+    ranks, cranks = user_rank[users], coord_rank[coords]
+    if len(values) and (int(ranks.min()) < 0 or int(cranks.min()) < 0):
+        raise ValueError("a cell's code has no rank")
+    cell_key, summed = exact_sums_by_key(ranks * k + cranks, values, n * k)
+    return cell_key // k, cell_key % k, summed
+
+
+def _records_of_cells(
+    day: str,
+    users: Sequence[str],
+    coords: Sequence[str],
+    cells: CellStore,
+    hasher: Hasher = python_hash,
+) -> DayRecords:
+    """The records of a day's cells: user code ``i`` is ``users[i]``, coordinate code ``j`` is
+    ``coords[j]`` (a user or coordinate without a cell is not in the records)."""
+    present = cells.users_present(len(users))
+    ids = _objects(list(users))
+    if not present.all():
+        ids = ids[present]
+    if len(ids) == 0:
+        return DayRecords.from_columns(day, _objects([]), _objects([]), np.zeros(0), hasher)
+    in_order, rank, keys = _canonical_users(ids, hasher)
+    if len(ids) < len(users):
+        user_rank = np.full(len(users), -1, np.int64)
+        user_rank[present] = rank
+    else:
+        user_rank = rank
+    coord_rank, coord_names = _canonical_coords(coords, cells.coords_present(len(coords)))
+    user_pos, coord, value = cells.records(user_rank, coord_rank)
+    return DayRecords(day, in_order, user_pos, coord, value, coord_names, keys)
+
+
+def _canonical_users(ids: np.ndarray, hasher: Hasher) -> tuple[np.ndarray, np.ndarray, UserKeys]:
+    """The distinct ``ids`` in canonical order (ascending hash; equal hashes by id), each id's
+    rank in it, and their keys for the ledger."""
+    h = np.asarray(hasher(ids), dtype=np.int64)
+    hs, order = sorted_with_order(h)
+    if (hs[1:] == hs[:-1]).any():  # distinct ids share a hash: canonical order (hash, id)
+        order = _order_by_hash_then_id(ids, h)
+        hs = h[order]
+    rank = np.empty(len(ids), np.int64)
+    rank[order] = np.arange(len(ids))
+    return ids[order], rank, _keys_in_order(ids, rank, hs, hasher)
+
+
+def _canonical_coords(coords: Sequence[str], used: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(the rank of each used coordinate code among the used names sorted, -1 if unused; the
+    used names sorted)."""
+    names = [name for name, u in zip(coords, used.tolist(), strict=True) if u]
+    by_name = sorted(range(len(names)), key=names.__getitem__)
+    coord_rank = np.full(len(coords), -1, np.int64)
+    coord_rank[np.flatnonzero(used)[by_name]] = np.arange(len(names))
+    return coord_rank, _objects([names[i] for i in by_name])
+
+
+class _CodedCells:
+    """Integer-coded cells given as columns (``DayRecords.from_codes``), duplicates allowed."""
+
+    def __init__(self, users: np.ndarray, coords: np.ndarray, values: np.ndarray) -> None:
+        self._users, self._coords, self._values = users, coords, values
+
+    def users_present(self, n: int) -> np.ndarray:
+        return _present(self._users, n)
+
+    def coords_present(self, n: int) -> np.ndarray:
+        return _present(self._coords, n)
+
+    def records(
+        self, user_rank: np.ndarray, coord_rank: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return _ranked_sums(self._users, self._coords, self._values, user_rank, coord_rank)
+
+
 class DayAccumulator:
     """Collects one day's events as integer-coded columns (docs/design.md §2 "Record").
 
@@ -449,20 +714,21 @@ class DayAccumulator:
     hot path).
     """
 
-    def __init__(self, day: str, seen: EventIdIndex | None = None) -> None:
+    def __init__(
+        self,
+        day: str,
+        seen: EventIdIndex | None = None,
+        cells: NumpyCells | NativeCells | None = None,
+    ) -> None:
         self.day = day
         self.events = 0
         self.duplicates = 0
         self._finished = False
         #: repeated events: in memory unless the runtime passes an index (it may spill to disk)
         self._seen_event_ids: EventIdIndex = seen if seen is not None else new_seen_event_ids()
-        # user id → code: the day's count of events when the id first arrived (unique, never
-        # renumbered; made dense at the close); ``_users[i]`` has the i-th smallest code
+        # user id → code: dense, in order of first arrival; ``_users[code]`` is the id
         self._user_code = new_user_codes()
         self._users: list[str] = []
-        self._user_codes_seen: list[np.ndarray] = []  # the codes of ``_users``, ascending
-        self._next_code = 0
-        self._p_user_codes: list[int] = []  # codes of ids new to ``add``, not yet in the list
         self._coord_code: dict[str, int] = {}
         self._coords: list[str] = []  # code → coordinate name
         self._cat_code: dict[str, dict[str, int]] = {}  # feature → category → coordinate code
@@ -471,22 +737,17 @@ class DayAccumulator:
         self._p_coords: list[int] = []
         self._p_values: list[float] = []
         self._p_cats: list[int] = []  # packed cells of category hits
-        # numeric coordinate code → its exact per-user sums (values buffered, then folded)
-        self._num: dict[int, CellSums] = {}
+        # the (user, coordinate) cells and their exact sums: native when built
+        self._cells = cells if cells is not None else new_cells()
         self._records: DayRecords | None = None  # the day's records, once finished
-        self._cat: list[np.ndarray] = []  # category hits as packed cells (``_cell``)
-        self._cat_buffered = 0
-        # folded category cells: (ascending packed cells, counts)
-        self._folded: tuple[np.ndarray, np.ndarray] = (np.zeros(0, np.int64), np.zeros(0))
 
     def _user_code_of(self, user_id: str) -> int:
-        if self._next_code >= MAX_USER_CODE:
-            raise OverflowError(f"more than {MAX_USER_CODE} events in one day")
-        code = self._user_code.code_of(user_id, self._next_code)
-        if code == self._next_code:  # new: every id held has a smaller code
+        n = len(self._users)
+        if n >= MAX_USER_CODE:
+            raise OverflowError(f"more than {MAX_USER_CODE} users in one day")
+        code = self._user_code.code_of(user_id, n)
+        if code == n:  # new: every id held has a smaller code
             self._users.append(user_id)
-            self._p_user_codes.append(code)
-        self._next_code += 1
         return code
 
     def _coord_code_of(self, name: str) -> int:
@@ -531,26 +792,21 @@ class DayAccumulator:
         return True
 
     def _user_codes(self, user_ids: list[str]) -> np.ndarray:
-        """The code of each id (``UserCodes.codes``), a new id getting the day's count of
-        events at its first arrival."""
-        n0 = self._next_code
+        """The code of each id (``UserCodes.codes``), the ids new to the day getting the next
+        dense codes in order of first arrival."""
+        n0 = len(self._users)
         if n0 + len(user_ids) > MAX_USER_CODE:
-            raise OverflowError(f"more than {MAX_USER_CODE} events in one day")
+            raise OverflowError(f"more than {MAX_USER_CODE} users in one day")
         codes = self._user_code.codes(user_ids, n0)
-        self._next_code += len(user_ids)
-        self._flush_user_codes()
-        # an id new to the day took its own position as code at its first arrival, and only
-        # there: no sort needed to find the firsts, ascending
-        firsts = np.flatnonzero(codes == np.arange(n0, n0 + len(user_ids), dtype=np.int64))
-        if len(firsts):
-            self._users += map(user_ids.__getitem__, firsts.tolist())
-            self._user_codes_seen.append((firsts + n0).astype(np.int32))
+        if len(self._user_code) > n0:
+            # the new codes n0, n0 + 1, ... first appear in increasing order: a first arrival
+            # is a new code above every code before it
+            new = np.flatnonzero(codes >= n0)
+            c = codes[new]
+            first = np.ones(len(c), bool)
+            first[1:] = c[1:] > np.maximum.accumulate(c)[:-1]
+            self._users += map(user_ids.__getitem__, new[first].tolist())
         return codes.astype(np.int32)
-
-    def _flush_user_codes(self) -> None:
-        if self._p_user_codes:
-            self._user_codes_seen.append(np.array(self._p_user_codes, np.int32))
-            self._p_user_codes = []
 
     def _coordinate_codes(self, names: list[str]) -> np.ndarray:
         """The code of each numeric feature name (a dict look-up in C; new names are few)."""
@@ -574,7 +830,7 @@ class DayAccumulator:
         if not keep.all():
             events = list(map(events.__getitem__, np.flatnonzero(keep).tolist()))
         self._add_values(codes[keep], list(map(_VALUES, events)))
-        self._maybe_fold()
+        self._cells.maybe_fold()
         return len(events)
 
     def add_columns(self, batch: EventColumns) -> int:
@@ -598,7 +854,7 @@ class DayAccumulator:
             else:
                 values = list(compress(column, mask))
             self._add_column(kept, name, categorical, values)
-        self._maybe_fold()
+        self._cells.maybe_fold()
         return added
 
     def _new_events(
@@ -662,8 +918,7 @@ class DayAccumulator:
         """One feature's values of a batch, ``column[i]`` the value of user ``codes[i]``: all
         categories (folded into cells later) or all numbers."""
         if categorical:
-            self._cat.append(_cell(codes, self._category_codes(name, cast(list[str], column))))
-            self._cat_buffered += len(codes)
+            self._cells.add_hits(_cell(codes, self._category_codes(name, cast(list[str], column))))
         else:
             values = (
                 column
@@ -673,23 +928,8 @@ class DayAccumulator:
             self._add_numbers(self._coord_code_of(name), codes, values)
 
     def _add_numbers(self, coord: int, codes: np.ndarray, values: np.ndarray) -> None:
-        """``values[i]`` of user ``codes[i]`` at numeric coordinate ``coord``: buffered in the
-        coordinate's sums; every coordinate's buffer is folded once they hold as many values as
-        there are numeric cells (and at least ``FOLD_MIN``), so memory stays bounded by cells."""
-        sums = self._num.get(coord)
-        if sums is None:
-            sums = self._num[coord] = CellSums()
-        sums.add(codes, values)
-
-    @property
-    def _num_buffered(self) -> int:
-        """Numeric values waiting in the coordinates' buffers."""
-        return sum(sums.buffered for sums in self._num.values())
-
-    def _maybe_fold_numbers(self) -> None:
-        if self._num_buffered >= max(FOLD_MIN, sum(map(len, self._num.values()))):
-            for sums in self._num.values():
-                sums.fold()
+        """``values[i]`` of user ``codes[i]`` at numeric coordinate ``coord``."""
+        self._cells.add_numbers(coord, codes, values)
 
     def _add_mixed_values(
         self, codes: np.ndarray, value_maps: list[dict[str, float | str]]
@@ -710,8 +950,7 @@ class DayAccumulator:
                 np.int64,
                 int(cat.sum()),
             )
-            self._cat.append(_cell(user_col[cat], cat_codes))
-            self._cat_buffered += len(cat_codes)
+            self._cells.add_hits(_cell(user_col[cat], cat_codes))
             is_num = list(map(operator.not_, is_cat))
             names, values = list(compress(names, is_num)), list(compress(values, is_num))
             user_col = user_col[~cat]
@@ -746,73 +985,22 @@ class DayAccumulator:
             )
             self._p_users, self._p_coords, self._p_values = [], [], []
         if self._p_cats:
-            self._cat.append(np.array(self._p_cats, np.int64))
-            self._cat_buffered += len(self._p_cats)
+            self._cells.add_hits(np.array(self._p_cats, np.int64))
             self._p_cats = []
-        self._maybe_fold()
-
-    def _maybe_fold(self) -> None:
-        if self._cat_buffered >= max(_FOLD_MIN, len(self._folded[1])):
-            self._fold()
-        self._maybe_fold_numbers()
-
-    def _fold(self) -> None:
-        """Fold every buffered category hit into its (user, coordinate) cell's count: the
-        buffer is counted alone (its temporaries are the buffer's, not the day's), then added
-        to the cells held and its new cells inserted (counts of 1.0s: exact in float64)."""
-        if not self._cat:
-            return
-        cells = np.concatenate(self._cat)
-        self._cat, self._cat_buffered = [], 0
-        unique, counts = np.unique(cells, return_counts=True)
-        del cells
-        f_cells, f_counts = self._folded
-        at = np.searchsorted(f_cells, unique)
-        found = at < len(f_cells)
-        found[found] = f_cells[at[found]] == unique[found]
-        f_counts[at[found]] += counts[found]
-        if not found.all():
-            new = ~found
-            f_cells = np.insert(f_cells, at[new], unique[new])
-            f_counts = np.insert(f_counts, at[new], counts[new].astype(np.float64))
-        self._folded = (f_cells, f_counts)
+        self._cells.maybe_fold()
 
     def finish(self) -> DayRecords:
         """The day's records (the same on every call). The day takes no more events afterwards:
-        the repeated-event index and the id → code dict are released first, and each folded
-        table as soon as its cells are out, since the close is when memory peaks."""
+        the repeated-event index and the id → code table are released first, and the cells
+        once the records are out, since the close is when memory peaks."""
         if self._records is not None:
             return self._records
         self._finished = True
         self._seen_event_ids.close()
         self._user_code.clear()
         self._flush_pending()
-        self._fold()
-        self._flush_user_codes()
-        # dense codes, the users' order of arrival: the rank of a code among the users' codes
-        # (ascending); every table below comes out sorted by code, so the search is one sweep
-        seen = np.concatenate([np.zeros(0, np.int32), *self._user_codes_seen])
-        self._user_codes_seen = [seen]
-        cells, counts = self._folded
-        self._folded = (np.zeros(0, np.int64), np.zeros(0))
-        users = [np.searchsorted(seen, cells >> _COORD_BITS).astype(np.int32)]
-        coords = [(cells & _COORD_MASK).astype(np.int32)]
-        values = [counts]
-        del cells, counts
-        for coord in list(self._num):
-            codes, summed = self._num.pop(coord).sums()
-            users.append(np.searchsorted(seen, codes).astype(np.int32))
-            coords.append(np.full(len(codes), coord, np.int32))
-            values.append(summed)
-            del codes, summed
-        self._records = DayRecords.from_codes(
-            self.day,
-            self._users,
-            self._coords,
-            _concatenated(users),
-            _concatenated(coords),
-            _concatenated(values),
-        )
+        self._records = _records_of_cells(self.day, self._users, self._coords, self._cells)
+        self._cells.clear()
         return self._records
 
     def _check_open(self) -> None:
@@ -934,35 +1122,12 @@ class DayRecords:
         ``users[cell_user[i]]`` at coordinate ``coords[cell_coord[i]]`` (``users`` distinct,
         ``coords`` distinct). Equal to :meth:`from_columns` of the decoded columns, bit for bit;
         one hash per user instead of one per cell."""
-        values = np.asarray(values, dtype=np.float64)
-        if len(values) == 0:
-            return cls.from_columns(day, _objects([]), _objects([]), values, hasher)
-        ids = _objects(list(users))
-        present = np.zeros(len(ids), bool)
-        present[cell_user] = True
-        if not present.all():  # ids without a cell are not the day's users
-            cell_user = (np.cumsum(present) - 1)[cell_user]
-            ids = ids[present]
-        h = np.asarray(hasher(ids), dtype=np.int64)
-        hs, order = sorted_with_order(h)
-        if (hs[1:] == hs[:-1]).any():  # distinct ids share a hash: canonical order (hash, id)
-            order = _order_by_hash_then_id(ids, h)
-            hs = h[order]
-        rank = np.empty(len(ids), np.int64)
-        rank[order] = np.arange(len(ids))
-        keys = _keys_in_order(ids, rank, hs, hasher)
-        used = np.zeros(len(coords), bool)
-        used[cell_coord] = True
-        names = [name for name, u in zip(coords, used.tolist(), strict=True) if u]
-        by_name = sorted(range(len(names)), key=names.__getitem__)
-        coord_rank = np.zeros(len(coords), np.int64)
-        coord_rank[np.flatnonzero(used)[by_name]] = np.arange(len(names))
-        coord_names = _objects([names[i] for i in by_name])
-        k = len(names)
-        cell_key, summed = exact_sums_by_key(
-            rank[cell_user] * k + coord_rank[cell_coord], values, len(ids) * k
+        cells = _CodedCells(
+            np.asarray(cell_user, np.int64),
+            np.asarray(cell_coord, np.int64),
+            np.asarray(values, dtype=np.float64),
         )
-        return cls(day, ids[order], cell_key // k, cell_key % k, summed, coord_names, keys)
+        return _records_of_cells(day, users, coords, cells, hasher)
 
     @property
     def n_users(self) -> int:

@@ -176,7 +176,8 @@ def test_memory_is_bounded_by_cells_the_buffer_is_folded(monkeypatch):
     """With a small fold threshold, many values for few cells never pile up in the buffer."""
     monkeypatch.setattr(exact_sums, "FOLD_MIN", 64)
     monkeypatch.setattr(records, "FOLD_MIN", 64)
-    acc = DayAccumulator("2026-01-01")
+    cells = records.NumpyCells()
+    acc = DayAccumulator("2026-01-01", cells=cells)
     peak = 0
     for _ in range(200):
         acc.add_many(
@@ -185,7 +186,7 @@ def test_memory_is_bounded_by_cells_the_buffer_is_folded(monkeypatch):
                 for u in range(10)
             ]
         )
-        peak = max(peak, acc._num_buffered)
+        peak = max(peak, cells.buffered)
     assert peak <= 64 + 20  # one batch past the threshold at most, not 4,000 values
     rec = acc.finish()
     assert rec.n_users == 10

@@ -82,13 +82,15 @@ def _records_equal(a, b):
     st.integers(1, 7),
     st.booleans(),
     st.booleans(),
+    st.booleans(),
 )
-def test_add_many_and_folding_are_add_one_by_one(items, batch, fold_often, by_schema):
+def test_add_many_and_folding_are_add_one_by_one(items, batch, fold_often, by_schema, numpy_cells):
     """Batches (``add_many``: a batch of a few schemas one schema at a time, or every value on
     its own), per-event ``add`` and category folding at any point give the same records, bit
-    for bit, and the same counts of events and duplicates."""
+    for bit, and the same counts of events and duplicates — in the native cell table (when
+    built) and in numpy's."""
     events = [ev(u, vals, eid) for u, vals, eid in items]
-    one = DayAccumulator("2026-01-05")
+    one = DayAccumulator("2026-01-05", cells=records.NumpyCells() if numpy_cells else None)
     added_one = [one.add(e) for e in events]
     saved, records._FOLD_MIN = records._FOLD_MIN, (1 if fold_often else 1 << 20)
     saved_ids = records.SeenEventIds.PENDING_MAX
@@ -109,11 +111,12 @@ def test_add_many_and_folding_are_add_one_by_one(items, batch, fold_often, by_sc
 
 
 def test_categories_fold_into_cells():
-    acc = DayAccumulator("2026-01-05")
+    cells = records.NumpyCells()
+    acc = DayAccumulator("2026-01-05", cells=cells)
     for i in range(3000):
         acc.add_many([ev(f"u{i % 10}", {"c": "ab"[(i // 10) % 2]})])
-        acc._fold()
-    assert len(acc._folded[1]) == 20 and acc._cat_buffered == 0
+        cells.fold_hits()
+    assert len(cells._folded[1]) == 20 and cells._cat_buffered == 0
     rec = acc.finish()
     assert rec.matrix(["c=a", "c=b"]).sum() == 3000
 
