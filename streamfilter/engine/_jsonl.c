@@ -17,7 +17,11 @@
  *     the byte count and the text valid UTF-8, so the length limits are checked on bytes;
  *   - numbers: the RFC 8259 grammar is checked here; an integer literal (``json.loads`` gives an
  *     ``int``, the contract ``float(int)``) of at most 15 digits is exact in a double, so it is
- *     converted exactly (``-0`` is +0.0, as ``float(0)``); any other literal is converted by
+ *     converted exactly (``-0`` is +0.0, as ``float(0)``); a decimal without exponent of at
+ *     most 15 digits in all, ``M / 10^k`` with M < 10^15 and k <= 15, is the division of two
+ *     doubles that are both exact (M < 2^53, 10^k <= 10^22), which IEEE 754 rounds correctly:
+ *     the correctly rounded value of the literal (Clinger's fast path; the sign applied after,
+ *     so ``-0.0`` is -0.0 as ``float("-0.0")``); any other literal is converted by
  *     ``PyOS_string_to_double``, the correctly rounded conversion ``float(str)`` (and so
  *     ``json.loads``) uses; a result beyond ``max_abs`` or not finite is not accepted here;
  *   - the day is returned as is; the caller checks every distinct day (``ingest.day_ok``).
@@ -109,13 +113,17 @@ static int number(Cursor *c, double max_abs, double *out)
     else
         return 0;
     Py_ssize_t n_digits = q - digits;
+    const char *fraction = NULL; /* the first digit after the point */
     if (q < end && *q == '.') {
         integer = 0;
         q++;
         if (q >= end || !is_digit((unsigned char)*q)) return 0;
+        fraction = q;
         while (q < end && is_digit((unsigned char)*q)) q++;
     }
+    int exponent = 0;
     if (q < end && (*q == 'e' || *q == 'E')) {
+        exponent = 1;
         integer = 0;
         q++;
         if (q < end && (*q == '+' || *q == '-')) q++;
@@ -130,6 +138,15 @@ static int number(Cursor *c, double max_abs, double *out)
         long long m = 0;
         for (const char *d = digits; d < q; d++) m = m * 10 + (*d - '0');
         v = (double)(negative ? -m : m); /* exact below 2**53; -0 → +0.0 like float(0) */
+    }
+    else if (!exponent && n_digits + (q - fraction) <= MAX_INT_DIGITS) {
+        static const double powers_of_ten[MAX_INT_DIGITS + 1] = {
+            1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12, 1e13, 1e14, 1e15};
+        long long m = 0;
+        for (const char *d = digits; d < q; d++)
+            if (*d != '.') m = m * 10 + (*d - '0');
+        double magnitude = (double)m / powers_of_ten[q - fraction]; /* one correct rounding */
+        v = negative ? -magnitude : magnitude;
     }
     else {
         char buf[MAX_NUMBER_CHARS + 1];

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from streamfilter.engine import ingest
 from streamfilter.engine.contract import (
+    MAX_ABS_VALUE,
     MAX_EVENT_BYTES,
     MAX_ID_CHARS,
     MAX_STRING_VALUE_CHARS,
@@ -230,6 +231,33 @@ def test_numbers_are_the_contracts_floats(token, value):
     (got,) = columns.events()
     assert struct.pack("<d", got.values["a"]) == struct.pack("<d", value)
     assert _bits(got.values["a"]) == _bits(parse_event(_line(f'{{"a": {token}}}')).values["a"])
+
+
+decimals = st.builds(
+    lambda sign, whole, frac: f"{sign}{whole}.{frac}",
+    st.sampled_from(["", "-"]),
+    st.one_of(st.just("0"), st.integers(1, 10**12 - 1).map(str)),
+    st.text("0123456789", min_size=1, max_size=15),
+)
+
+
+@native
+@settings(max_examples=3000, deadline=None)
+@given(st.lists(decimals, min_size=1, max_size=20))
+@example(["0.1", "-0.0", "999999999999.999", "0.000000000000001", "1.000000000000000"])
+@example(["9007199254.740993", "0.3", "123456789012.345", "-0.30000000000000004"])
+def test_decimals_are_floats_correctly_rounded(tokens):
+    """A decimal without exponent — the common event value — is ``float(token)`` bit for bit,
+    on the scanner's exact division (15 digits or fewer) and its strtod path (more)."""
+    lines = [_line(f'{{"a": {t}}}') for t in tokens]
+    columns = ingest._scan_columns(lines, (("a", False),))
+    inside = [abs(float(t)) <= MAX_ABS_VALUE for t in tokens]
+    if not all(inside):
+        assert columns is None
+        return
+    assert columns is not None
+    got = [_bits(e.values["a"]) for e in columns.events()]
+    assert got == [_bits(float(t)) for t in tokens]
 
 
 @native
