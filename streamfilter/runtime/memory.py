@@ -49,7 +49,8 @@ def map_large_allocations_apart() -> bool:
 
 def return_free_heap() -> Callable[[], object] | None:
     """A call that hands the heap's free pages back to the system (glibc's ``malloc_trim(0)``,
-    ~1 ms), for the daemon to make after each input batch; None where there is no glibc.
+    ~1 ms), for the daemon to make every ``TRIM_EVERY_RECORDS`` input records; None where there
+    is no glibc.
 
     Arrays below the mmap threshold come from the heap, and the blocks a batch frees (its
     columns, a fold's buffers, a growing table's old copy) stay resident while anything above
