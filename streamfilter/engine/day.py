@@ -262,7 +262,7 @@ def close_day(
         day=records.day,
         releases=releases,
         changed_users=KeyedUsers.wrap(
-            users[changed],
+            users if len(changed) == len(users) else users[changed],  # every user: no copy
             keys.take(changed),
             located.take(changed),
         ),

@@ -639,7 +639,7 @@ def _records_of_cells(
     """The records of a day's cells: user code ``i`` is ``users[i]``, coordinate code ``j`` is
     ``coords[j]`` (a user or coordinate without a cell is not in the records)."""
     present = cells.users_present(len(users))
-    ids = _objects(list(users))
+    ids = _objects(users)
     if not present.all():
         ids = ids[present]
     if len(ids) == 0:
@@ -665,7 +665,11 @@ def _canonical_users(ids: np.ndarray, hasher: Hasher) -> tuple[np.ndarray, np.nd
         hs = h[order]
     rank = np.empty(len(ids), np.int64)
     rank[order] = np.arange(len(ids))
-    return ids[order], rank, _keys_in_order(ids, rank, hs, hasher)
+    # scattered, not gathered: the ids are read (and their counts raised) in memory order and
+    # only the pointers land at random (``ids[order]`` touched 600,000 str objects at random)
+    in_order = np.empty(len(ids), dtype=object)
+    in_order[rank] = ids
+    return in_order, rank, _keys_in_order(ids, rank, hs, hasher)
 
 
 def _canonical_coords(coords: Sequence[str], used: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
