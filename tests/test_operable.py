@@ -18,6 +18,7 @@ from streamfilter.config import load_config
 from streamfilter.engine import ingest
 from streamfilter.errors import ConfigError
 from streamfilter.runtime.app import build_daemon
+from streamfilter.runtime.daemon import TRIM_EVERY_RECORDS
 from tests.test_cli import CONFIG, cli, write_world
 
 
@@ -183,6 +184,8 @@ def test_a_run_imports_no_scipy(tmp_path, mechanism, events):
     assert proc.returncode == 0, proc.stderr
     assert "INFO streamfilter.run: starting:" in proc.stderr
     assert f"{mechanism} σ = " in proc.stderr
-    assert "freed heap pages are handed back every 50000 input records" in proc.stderr
+    assert f"freed heap pages are handed back every {TRIM_EVERY_RECORDS} input records" in (
+        proc.stderr
+    )
     assert ("INFO streamfilter.daemon: closed day 2026-01-05" in proc.stderr) is events
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == []
