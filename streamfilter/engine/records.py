@@ -474,6 +474,10 @@ class NumpyCells:
     bounded by the cells, not by the values."""
 
     def __init__(self) -> None:
+        self.clear()
+
+    def clear(self) -> None:
+        """Drop every cell (the store is empty again)."""
         # numeric coordinate code → its exact per-user sums (values buffered, then folded)
         self._num: dict[int, CellSums] = {}
         self._cat: list[np.ndarray] = []  # category hits as packed cells (``_cell``)
@@ -555,9 +559,6 @@ class NumpyCells:
         self, user_rank: np.ndarray, coord_rank: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         return _ranked_sums(*self._gathered(), user_rank, coord_rank)
-
-    def clear(self) -> None:
-        self.__init__()  # type: ignore[misc]
 
 
 class NativeCells:
