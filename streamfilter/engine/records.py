@@ -484,7 +484,7 @@ class NumpyCells:
         self._cat_buffered = 0
         # folded category cells: (ascending packed cells, counts)
         self._folded: tuple[np.ndarray, np.ndarray] = (np.zeros(0, np.int64), np.zeros(0))
-        self._cells: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # once gathered
+        self._cells: _CodedCells | None = None  # every cell once, when gathered
 
     def add_numbers(self, coord: int, users: np.ndarray, values: np.ndarray) -> None:
         sums = self._num.get(coord)
@@ -529,9 +529,9 @@ class NumpyCells:
             f_counts = np.insert(f_counts, at[new], counts[new].astype(np.float64))
         self._folded = (f_cells, f_counts)
 
-    def _gathered(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Every cell once: (user codes, coordinate codes, exact sums); the tables are freed
-        as their cells come out."""
+    def _gathered(self) -> _CodedCells:
+        """Every cell once (user codes, coordinate codes, exact sums); the tables are freed as
+        their cells come out."""
         if self._cells is None:
             self.fold_hits()
             cells, counts = self._folded
@@ -546,19 +546,21 @@ class NumpyCells:
                 coords.append(np.full(len(codes), coord, np.int64))
                 values.append(summed)
                 del codes, summed
-            self._cells = (_concatenated(users), _concatenated(coords), _concatenated(values))
+            self._cells = _CodedCells(
+                _concatenated(users), _concatenated(coords), _concatenated(values)
+            )
         return self._cells
 
     def users_present(self, n: int) -> np.ndarray:
-        return _present(self._gathered()[0], n)
+        return self._gathered().users_present(n)
 
     def coords_present(self, n: int) -> np.ndarray:
-        return _present(self._gathered()[1], n)
+        return self._gathered().coords_present(n)
 
     def records(
         self, user_rank: np.ndarray, coord_rank: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        return _ranked_sums(*self._gathered(), user_rank, coord_rank)
+        return self._gathered().records(user_rank, coord_rank)
 
 
 class NativeCells:
