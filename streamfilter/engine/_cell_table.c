@@ -15,6 +15,7 @@
  *       (an exact zero is +0.0; math.fsum's result, nan where fsum raises ValueError). Every
  *       cell's codes must have ranks in [0, len(user_rank)) and [0, len(coord_rank)), and no
  *       two cells may share both ranks (ValueError);
+ *   reserve(cells): room for that many more cells, allocated at once (a size hint);
  *   len() (cells), nbytes (bytes allocated), clear().
  *
  * The accumulator is engine/exact_sums.py's fixed point, held in one signed 192-bit integer
@@ -548,6 +549,20 @@ done:
     return result;
 }
 
+/* reserve(cells): room for ``cells`` more cells (the day's expected size) in one allocation
+ * instead of a chain of growths, each copying the cells and rehashing the slots. */
+static PyObject *CellTable_reserve(CellTable *self, PyObject *args)
+{
+    Py_ssize_t cells;
+    if (!PyArg_ParseTuple(args, "n:reserve", &cells)) return NULL;
+    if (cells < 0) {
+        PyErr_SetString(PyExc_ValueError, "CellTable.reserve: a negative count");
+        return NULL;
+    }
+    if (reserve(self, cells, 0) < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
 static PyObject *CellTable_clear(CellTable *self, PyObject *Py_UNUSED(ignored))
 {
     release(self);
@@ -590,6 +605,8 @@ static PyMethodDef CellTable_methods[] = {
     {"records", (PyCFunction)CellTable_records, METH_VARARGS,
      "records(user_rank, coord_rank) -> (user_pos, coord, value): every cell by its ranks, its "
      "exact sum rounded once"},
+    {"reserve", (PyCFunction)CellTable_reserve, METH_VARARGS,
+     "reserve(cells): room for that many more cells without growing"},
     {"clear", (PyCFunction)CellTable_clear, METH_NOARGS, "Drop every cell (frees the memory)."},
     {NULL, NULL, 0, NULL},
 };

@@ -6,6 +6,7 @@
  *       ``first`` is len()) — ``dict.setdefault(id, next(counter))`` for each id not held, the
  *       counter starting at ``first``;
  *   code_of(id, code) -> int: ``dict.setdefault(id, code)``;
+ *   reserve(more): room for that many more ids, allocated at once (a size hint);
  *   len(), clear().
  * Keys are compared as Python compares str (same hash, then equal text), so the codes are those
  * the dict gave. An open-addressing table of (hash, code, id) with linear probing, at most half
@@ -211,6 +212,21 @@ static PyObject *UserCodes_code_of(UserCodes *self, PyObject *args)
     return PyLong_FromLongLong(out);
 }
 
+/* reserve(more): room for ``more`` more ids (the day's expected users) in one allocation instead
+ * of a chain of doublings, each rehashing every id held. */
+static PyObject *UserCodes_reserve(UserCodes *self, PyObject *args)
+{
+    Py_ssize_t more;
+    if (!PyArg_ParseTuple(args, "n:reserve", &more)) return NULL;
+    if (more < 0 || more > PY_SSIZE_T_MAX / 4 / (Py_ssize_t)sizeof(Slot)) {
+        PyErr_SetString(PyExc_ValueError, "UserCodes.reserve: a count out of range");
+        return NULL;
+    }
+    if (self->slots == NULL && resize(self, MIN_CAPACITY) < 0) return NULL;
+    if (reserve(self, more) < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
 static PyObject *UserCodes_clear(UserCodes *self, PyObject *Py_UNUSED(ignored))
 {
     release(self);
@@ -224,6 +240,8 @@ static PyMethodDef UserCodes_methods[] = {
      "codes(ids, first) -> bytearray of int64 codes (new ids get first, first + 1, ... in order)"},
     {"code_of", (PyCFunction)UserCodes_code_of, METH_VARARGS,
      "code_of(id, code) -> the id's code (code if it was not held: then it is held)"},
+    {"reserve", (PyCFunction)UserCodes_reserve, METH_VARARGS,
+     "reserve(more): room for that many more ids without growing"},
     {"clear", (PyCFunction)UserCodes_clear, METH_NOARGS, "Drop every id (frees the table)."},
     {NULL, NULL, 0, NULL},
 };

@@ -10,6 +10,7 @@ stored state to :meth:`Engine.restore`, the one way state enters an engine.
 from __future__ import annotations
 
 import datetime as dt
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -25,7 +26,7 @@ from streamfilter.engine.ingest import EventColumns, parse_columns, parse_events
 from streamfilter.engine.ledger import BudgetLedger
 from streamfilter.engine.params import PrivacyParams
 from streamfilter.engine.queries import AnyQuery, QueryBook
-from streamfilter.engine.records import DayAccumulator
+from streamfilter.engine.records import DayAccumulator, DaySize
 from streamfilter.privacy.noise import RandomBits
 
 
@@ -76,6 +77,10 @@ class Engine:
         #: coverage with every release (``engine.coverage``); None = off
         self.coverage = coverage
         self.event_id_index = event_id_index
+        # the size of the days before the next one, which its tables are allocated for at once
+        # (``DayAccumulator.reserve``): the last day prepared and the newest day opened
+        self._closed_size = DaySize(0, 0)
+        self._newest: weakref.ref[DayAccumulator] | None = None
 
     def restore(
         self,
@@ -191,12 +196,26 @@ class Engine:
     def new_accumulator(self, day: str) -> DayAccumulator:
         """An open day's event buffer, with this engine's repeated-event index."""
         index = None if self.event_id_index is None else self.event_id_index(day)
-        return DayAccumulator(day, index)
+        acc = DayAccumulator(day, index)
+        acc.reserve(self._expected_size())
+        self._newest = weakref.ref(acc)
+        return acc
+
+    def _expected_size(self) -> DaySize:
+        """A new day's size hint: the larger of the last day prepared and the newest day opened
+        (still growing when the next day's first event arrives)."""
+        newest = None if self._newest is None else self._newest()
+        if newest is None or newest.finished:
+            return self._closed_size
+        size, closed = newest.size(), self._closed_size
+        return DaySize(max(size.users, closed.users), max(size.cells, closed.cells))
 
     def prepare_day(self, acc: DayInput) -> DayOutcome:
         """Compute the day's releases and debits; mutates nothing."""
         assert isinstance(acc, DayAccumulator)
         self.check_day(acc.day)
+        if not acc.finished:
+            self._closed_size = acc.size()
         return close_day(
             acc.finish(),
             self.queries.for_day(acc.day),

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from functools import partial
 from itertools import chain, compress, count, repeat
 from operator import attrgetter
-from typing import Any, Literal, Protocol, cast
+from typing import Any, Literal, NamedTuple, Protocol, cast
 
 import numpy as np
 
@@ -408,6 +408,9 @@ class DictUserCodes:
     def code_of(self, user_id: str, code: int) -> int:
         return self._code.setdefault(user_id, code)
 
+    def reserve(self, more: int) -> None:
+        """A dict cannot be sized ahead."""
+
     def clear(self) -> None:
         self._code = {}
 
@@ -427,6 +430,9 @@ class _NativeUserCodes:
 
     def code_of(self, user_id: str, code: int) -> int:
         return self._table.code_of(user_id, code)
+
+    def reserve(self, more: int) -> None:
+        self._table.reserve(more)
 
     def clear(self) -> None:
         self._table.clear()
@@ -485,6 +491,13 @@ class NumpyCells:
         # folded category cells: (ascending packed cells, counts)
         self._folded: tuple[np.ndarray, np.ndarray] = (np.zeros(0, np.int64), np.zeros(0))
         self._cells: _CodedCells | None = None  # every cell once, when gathered
+
+    def reserve(self, cells: int) -> None:
+        """Nothing to allocate ahead: the folds grow by concatenation."""
+
+    def count(self) -> int:
+        """The cells folded so far (a size hint: buffered values are not counted)."""
+        return len(self._folded[0]) + sum(map(len, self._num.values()))
 
     def add_numbers(self, coord: int, users: np.ndarray, values: np.ndarray) -> None:
         sums = self._num.get(coord)
@@ -571,6 +584,13 @@ class NativeCells:
     def __init__(self) -> None:
         assert _cell_table is not None
         self._table = _cell_table.CellTable()
+
+    def reserve(self, cells: int) -> None:
+        """Room for ``cells`` more cells, allocated at once."""
+        self._table.reserve(cells)
+
+    def count(self) -> int:
+        return len(self._table)
 
     def add_numbers(self, coord: int, users: np.ndarray, values: np.ndarray) -> None:
         cells = (users.astype(np.int64) << _COORD_BITS) | coord
@@ -703,6 +723,16 @@ class _CodedCells:
         return _ranked_sums(self._users, self._coords, self._values, user_rank, coord_rank)
 
 
+class DaySize(NamedTuple):
+    """How large an open day has grown: its distinct users and its (user, coordinate) cells.
+    A new day's tables are allocated for the size of the days before it at once
+    (``DayAccumulator.reserve``), instead of through a chain of growths that copy and rehash
+    everything held and touch fresh pages each time (docs/design.md §8.4)."""
+
+    users: int
+    cells: int
+
+
 class DayAccumulator:
     """Collects one day's events as integer-coded columns (docs/design.md §2 "Record").
 
@@ -747,6 +777,22 @@ class DayAccumulator:
         # the (user, coordinate) cells and their exact sums: native when built
         self._cells = cells if cells is not None else new_cells()
         self._records: DayRecords | None = None  # the day's records, once finished
+
+    @property
+    def finished(self) -> bool:
+        """The records are out: the day takes no more events."""
+        return self._finished
+
+    def size(self) -> DaySize:
+        """The day's distinct users and cells so far."""
+        return DaySize(len(self._users), self._cells.count())
+
+    def reserve(self, size: DaySize) -> None:
+        """Room for ``size`` more users and cells, allocated at once (a hint: the day still
+        grows past it; nothing else changes)."""
+        self._check_open()
+        self._user_code.reserve(size.users)
+        self._cells.reserve(size.cells)
 
     def _user_code_of(self, user_id: str) -> int:
         n = len(self._users)

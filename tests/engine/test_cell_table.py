@@ -78,8 +78,10 @@ def bits(x: float) -> int:
 
 
 def add_items(store, items, batch: int) -> None:
-    """``items`` in batches of ``batch``, numbers and hits apart, as DayAccumulator adds them."""
+    """``items`` in batches of ``batch``, numbers and hits apart, as DayAccumulator adds them;
+    a size hint (``reserve``) before each batch, which must change nothing."""
     for a in range(0, len(items), batch):
+        store.reserve(a % 7)
         chunk = items[a : a + batch]
         hits = [(u, c) for u, c, v in chunk if v is None]
         if hits:
@@ -178,6 +180,22 @@ def test_growth_through_many_resizes_keeps_every_cell():
     assert t.nbytes >= 3 * n * 32
     t.clear()
     assert len(t) == 0 and t.nbytes == 0
+
+
+@built
+def test_a_reservation_allocates_once_and_changes_nothing():
+    t = new_table()
+    t.reserve(100_000)
+    reserved = t.nbytes
+    assert reserved >= 100_000 * 32 and len(t) == 0
+    users = np.arange(100_000, dtype=np.int64)
+    t.add(users << COORD_BITS, np.full(len(users), 0.5))
+    assert t.nbytes == reserved  # no growth: the cells fit where reserved
+    with pytest.raises(ValueError):
+        t.reserve(-1)
+    with pytest.raises(OverflowError):
+        t.reserve(2**31)
+    assert len(t) == 100_000
 
 
 @built

@@ -36,6 +36,7 @@ ops = st.lists(
         st.tuples(st.just("batch"), st.lists(ids, max_size=40)),
         st.tuples(st.just("one"), ids),
         st.tuples(st.just("clear"), st.none()),
+        st.tuples(st.just("reserve"), st.integers(0, 5000)),  # a size hint changes no code
     ),
     max_size=30,
 )
@@ -57,6 +58,9 @@ def test_native_codes_are_the_dicts(sequence):
         elif op == "one":
             assert table.code_of(arg, next_code) == reference.code_of(arg, next_code)
             next_code += 1
+        elif op == "reserve":
+            table.reserve(arg)
+            reference.reserve(arg)
         else:
             table.clear()
             reference.clear()
@@ -74,6 +78,16 @@ def test_a_table_grown_through_many_resizes_keeps_every_code():
     assert again.tolist() == list(reversed(range(10, 10 + n)))
     assert len(table) == n
     assert table.code_of("new", 7) == 7 and table.code_of("u5", 99) == 15
+
+
+@native
+def test_a_reservation_out_of_range_is_refused_and_changes_nothing():
+    table = records._NativeUserCodes()
+    table.codes(["a", "b"], 0)
+    for bad in (-1, 2**62):
+        with pytest.raises(ValueError):
+            table.reserve(bad)
+    assert len(table) == 2 and table.codes(["b", "c"], 2).tolist() == [1, 2]
 
 
 @native
