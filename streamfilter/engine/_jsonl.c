@@ -26,6 +26,13 @@
  *     ``json.loads``) uses; a result beyond ``max_abs`` or not finite is not accepted here;
  *   - the day is returned as is; the caller checks every distinct day (``ingest.day_ok``).
  * Every read is bounded by the line's end; nothing is written past a buffer sized up front.
+ *
+ * scan_spans(block, starts, ends, names, kinds, limits) is scan_columns of the lines
+ * block[starts[i]:ends[i]], read in place (engine/lines.py, BlockLines: the file source's read
+ * block, no bytes object per line); every span is checked to lie within the block first.
+ * split_lines(block, need, final) finds those spans: the file source's line rule, in
+ * engine/lines.py (split_lines, and its Python twin the tests compare it with). lines_of(block,
+ * starts, ends) makes the lines as bytes when a per-line path needs them.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -327,18 +334,21 @@ static void release_tables(Scan *s)
         for (int i = 0; i < s->cats_used[j]; i++) Py_DECREF(s->cat_table[j][i].str);
 }
 
-static PyObject *scan_columns(PyObject *Py_UNUSED(module), PyObject *args)
+/* The lines to scan: Python bytes objects (``items``), or spans [starts[i], ends[i]) of one
+ * buffer (``block``, the source's read block: no object per line). */
+typedef struct {
+    PyObject **items;
+    const char *block;
+    const int64_t *starts;
+    const int64_t *ends;
+} Lines;
+
+/* scan_columns' and scan_spans' common body: the schema from ``names``/``kinds``, then every
+ * line; the 4-tuple, None (a line not plain) or NULL with an exception. */
+static PyObject *scan_lines(Scan *s, PyObject *names, const char *kinds, Py_ssize_t n_kinds,
+                            const Lines *in, Py_ssize_t n)
 {
-    PyObject *lines_arg, *names;
-    const char *kinds;
-    Py_ssize_t n_kinds;
-    Scan *s = PyMem_Calloc(1, sizeof(Scan));
-    if (s == NULL) return PyErr_NoMemory();
-    PyObject *result = NULL, *lines = NULL;
-    if (!PyArg_ParseTuple(args, "OO!y#(nnnd):scan_columns", &lines_arg, &PyTuple_Type, &names,
-                          &kinds, &n_kinds, &s->limits.max_event_bytes, &s->limits.max_id_chars,
-                          &s->limits.max_category_chars, &s->limits.max_abs))
-        goto done;
+    PyObject *result = NULL;
     Py_ssize_t k = PyTuple_GET_SIZE(names);
     if (k < 1 || k > MAX_FEATURES || n_kinds != k) {
         PyErr_SetString(PyExc_ValueError, "scan_columns: 1 to 256 features, one kind each");
@@ -355,10 +365,6 @@ static PyObject *scan_columns(PyObject *Py_UNUSED(module), PyObject *args)
         s->name_len[j] = PyBytes_GET_SIZE(name);
         s->categorical[j] = kinds[j] != 0;
     }
-    lines = PySequence_Fast(lines_arg, "scan_columns: lines must be a sequence");
-    if (lines == NULL) goto done;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(lines);
-    PyObject **items = PySequence_Fast_ITEMS(lines);
     s->users = PyList_New(n);
     s->days = PyList_New(n);
     s->event_ids = PyList_New(n);
@@ -376,11 +382,24 @@ static PyObject *scan_columns(PyObject *Py_UNUSED(module), PyObject *args)
     }
     int status = SCANNED;
     for (Py_ssize_t row = 0; row < n && status == SCANNED; row++) {
-        PyObject *line = items[row];
-        if (!PyBytes_Check(line) || PyBytes_GET_SIZE(line) > s->limits.max_event_bytes)
+        const char *text;
+        Py_ssize_t len;
+        if (in->items != NULL) {
+            PyObject *line = in->items[row];
+            if (!PyBytes_Check(line)) {
+                status = NOT_PLAIN;
+                break;
+            }
+            text = PyBytes_AS_STRING(line);
+            len = PyBytes_GET_SIZE(line);
+        } else {
+            text = in->block + in->starts[row];
+            len = (Py_ssize_t)(in->ends[row] - in->starts[row]);
+        }
+        if (len > s->limits.max_event_bytes)
             status = NOT_PLAIN;
         else
-            status = scan_line(s, PyBytes_AS_STRING(line), PyBytes_GET_SIZE(line), row);
+            status = scan_line(s, text, len, row);
     }
     if (status == FAILED) goto done;
     if (status == NOT_PLAIN) {
@@ -394,15 +413,184 @@ done:
     Py_XDECREF(s->days);
     Py_XDECREF(s->event_ids);
     Py_XDECREF(s->columns);
+    return result;
+}
+
+static PyObject *scan_columns(PyObject *Py_UNUSED(module), PyObject *args)
+{
+    PyObject *lines_arg, *names;
+    const char *kinds;
+    Py_ssize_t n_kinds;
+    Scan *s = PyMem_Calloc(1, sizeof(Scan));
+    if (s == NULL) return PyErr_NoMemory();
+    PyObject *result = NULL, *lines = NULL;
+    if (!PyArg_ParseTuple(args, "OO!y#(nnnd):scan_columns", &lines_arg, &PyTuple_Type, &names,
+                          &kinds, &n_kinds, &s->limits.max_event_bytes, &s->limits.max_id_chars,
+                          &s->limits.max_category_chars, &s->limits.max_abs))
+        goto done;
+    lines = PySequence_Fast(lines_arg, "scan_columns: lines must be a sequence");
+    if (lines == NULL) goto done;
+    Lines in = {.items = PySequence_Fast_ITEMS(lines)};
+    result = scan_lines(s, names, kinds, n_kinds, &in, PySequence_Fast_GET_SIZE(lines));
+done:
     Py_XDECREF(lines);
     PyMem_Free(s);
     return result;
+}
+
+/* The spans [starts[i], ends[i]) of ``block``, checked: int64 buffers of one length, each span
+ * within the block; -1 with ValueError otherwise. */
+static Py_ssize_t check_spans(const Py_buffer *block, const Py_buffer *starts,
+                              const Py_buffer *ends)
+{
+    if (starts->len != ends->len || starts->len % 8 != 0) {
+        PyErr_SetString(PyExc_ValueError, "spans: starts and ends are int64 buffers of one length");
+        return -1;
+    }
+    Py_ssize_t n = starts->len / 8;
+    const int64_t *a = starts->buf, *b = ends->buf;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (a[i] < 0 || a[i] > b[i] || b[i] > (int64_t)block->len) {
+            PyErr_SetString(PyExc_ValueError, "spans: a span outside its block");
+            return -1;
+        }
+    }
+    return n;
+}
+
+static PyObject *scan_spans(PyObject *Py_UNUSED(module), PyObject *args)
+{
+    Py_buffer block = {0}, starts = {0}, ends = {0};
+    PyObject *names;
+    const char *kinds;
+    Py_ssize_t n_kinds;
+    Scan *s = PyMem_Calloc(1, sizeof(Scan));
+    if (s == NULL) return PyErr_NoMemory();
+    PyObject *result = NULL;
+    if (!PyArg_ParseTuple(args, "y*y*y*O!y#(nnnd):scan_spans", &block, &starts, &ends,
+                          &PyTuple_Type, &names, &kinds, &n_kinds, &s->limits.max_event_bytes,
+                          &s->limits.max_id_chars, &s->limits.max_category_chars,
+                          &s->limits.max_abs))
+        goto done;
+    Py_ssize_t n = check_spans(&block, &starts, &ends);
+    if (n < 0) goto done;
+    Lines in = {.block = block.buf, .starts = starts.buf, .ends = ends.buf};
+    result = scan_lines(s, names, kinds, n_kinds, &in, n);
+done:
+    PyBuffer_Release(&block);
+    PyBuffer_Release(&starts);
+    PyBuffer_Release(&ends);
+    PyMem_Free(s);
+    return result;
+}
+
+/* bytes.strip's whitespace: a line of only these is blank */
+static inline int is_strip_ws(unsigned char c)
+{
+    return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\x0b' || c == '\x0c';
+}
+
+/* split_lines(block, need, final) -> (starts, ends, taken, consumed, last_end): see
+ * engine/ingest.py, BlockLines.split. */
+static PyObject *split_lines(PyObject *Py_UNUSED(module), PyObject *args)
+{
+    Py_buffer block = {0};
+    Py_ssize_t need;
+    int final;
+    if (!PyArg_ParseTuple(args, "y*np:split_lines", &block, &need, &final)) return NULL;
+    PyObject *result = NULL, *starts_out = NULL, *ends_out = NULL;
+    const char *text = block.buf;
+    Py_ssize_t len = block.len;
+    if (need < 0) {
+        PyErr_SetString(PyExc_ValueError, "split_lines: need must be >= 0");
+        goto done;
+    }
+    /* at most one span per newline, plus the final unterminated line */
+    Py_ssize_t most = 1;
+    for (const char *p = text, *end = text + len; (p = memchr(p, '\n', (size_t)(end - p))) != NULL;
+         p++) {
+        if (++most > need) break;
+    }
+    if (most > need) most = need;
+    starts_out = PyByteArray_FromStringAndSize(NULL, most * 8);
+    ends_out = PyByteArray_FromStringAndSize(NULL, most * 8);
+    if (starts_out == NULL || ends_out == NULL) goto done;
+    int64_t *starts = (int64_t *)PyByteArray_AS_STRING(starts_out);
+    int64_t *ends = (int64_t *)PyByteArray_AS_STRING(ends_out);
+    Py_ssize_t pos = 0, taken = 0, kept = 0, last_end = -1;
+    while (taken < need && pos < len) {
+        const char *nl = memchr(text + pos, '\n', (size_t)(len - pos));
+        Py_ssize_t stop, next;
+        if (nl != NULL) {
+            stop = nl - text;
+            next = stop + 1;
+        } else if (final) { /* the input's last line, without a newline */
+            stop = len;
+            next = len;
+        } else {
+            break; /* part of a line: left for the next read */
+        }
+        taken++;
+        Py_ssize_t e = stop;
+        while (e > pos && text[e - 1] == '\r') e--;
+        Py_ssize_t q = pos;
+        while (q < e && is_strip_ws((unsigned char)text[q])) q++;
+        if (q < e) { /* not blank */
+            starts[kept] = pos;
+            ends[kept] = e;
+            kept++;
+            last_end = next;
+        }
+        pos = next;
+    }
+    if (PyByteArray_Resize(starts_out, kept * 8) < 0 || PyByteArray_Resize(ends_out, kept * 8) < 0)
+        goto done;
+    result = Py_BuildValue("OOnnn", starts_out, ends_out, taken, pos, last_end);
+done:
+    Py_XDECREF(starts_out);
+    Py_XDECREF(ends_out);
+    PyBuffer_Release(&block);
+    return result;
+}
+
+/* lines_of(block, starts, ends) -> list of bytes: each span's bytes. */
+static PyObject *lines_of(PyObject *Py_UNUSED(module), PyObject *args)
+{
+    Py_buffer block = {0}, starts = {0}, ends = {0};
+    if (!PyArg_ParseTuple(args, "y*y*y*:lines_of", &block, &starts, &ends)) return NULL;
+    PyObject *out = NULL;
+    Py_ssize_t n = check_spans(&block, &starts, &ends);
+    if (n < 0) goto done;
+    out = PyList_New(n);
+    if (out == NULL) goto done;
+    const int64_t *a = starts.buf, *b = ends.buf;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *line = PyBytes_FromStringAndSize((const char *)block.buf + a[i], b[i] - a[i]);
+        if (line == NULL) {
+            Py_CLEAR(out);
+            goto done;
+        }
+        PyList_SET_ITEM(out, i, line);
+    }
+done:
+    PyBuffer_Release(&block);
+    PyBuffer_Release(&starts);
+    PyBuffer_Release(&ends);
+    return out;
 }
 
 static PyMethodDef methods[] = {
     {"scan_columns", scan_columns, METH_VARARGS,
      "scan_columns(lines, names, kinds, (max_event_bytes, max_id_chars, max_category_chars, "
      "max_abs)) -> (user_ids, days, event_ids, columns) or None: see engine/ingest.py"},
+    {"scan_spans", scan_spans, METH_VARARGS,
+     "scan_spans(block, starts, ends, names, kinds, limits): scan_columns of the lines "
+     "block[starts[i]:ends[i]]"},
+    {"split_lines", split_lines, METH_VARARGS,
+     "split_lines(block, need, final) -> (starts, ends, taken, consumed, last_end): see "
+     "engine/ingest.py"},
+    {"lines_of", lines_of, METH_VARARGS,
+     "lines_of(block, starts, ends) -> [block[starts[i]:ends[i]] for each i]"},
     {NULL, NULL, 0, NULL},
 };
 

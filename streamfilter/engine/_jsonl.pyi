@@ -2,6 +2,8 @@
 
 from collections.abc import Sequence
 
+import numpy as np
+
 def scan_columns(
     lines: Sequence[bytes],
     names: tuple[bytes, ...],
@@ -9,3 +11,18 @@ def scan_columns(
     limits: tuple[int, int, int, float],
     /,
 ) -> tuple[list[str], list[str], list[str | None], list[list[str] | bytearray]] | None: ...
+def scan_spans(
+    block: bytes,
+    starts: np.ndarray | bytes | bytearray,
+    ends: np.ndarray | bytes | bytearray,
+    names: tuple[bytes, ...],
+    kinds: bytes,
+    limits: tuple[int, int, int, float],
+    /,
+) -> tuple[list[str], list[str], list[str | None], list[list[str] | bytearray]] | None: ...
+def split_lines(
+    block: bytes, need: int, final: bool, /
+) -> tuple[bytearray, bytearray, int, int, int]: ...
+def lines_of(
+    block: bytes, starts: np.ndarray | bytes | bytearray, ends: np.ndarray | bytes | bytearray, /
+) -> list[bytes]: ...

@@ -51,6 +51,7 @@ from streamfilter.engine.contract import (
     _parse_day,
     parse_event,
 )
+from streamfilter.engine.lines import BlockLines
 from streamfilter.engine.native import jsonl as _jsonl  # None: msgspec takes every batch
 
 __all__ = ["SCANNER", "EventColumns", "day_ok", "parse_columns", "parse_events"]
@@ -312,7 +313,12 @@ def _scan_columns(
         return None
     names = tuple(name.encode() for name, _ in schema)
     kinds = bytes(cat for _, cat in schema)
-    scanned = _jsonl.scan_columns(lines, names, kinds, _SCAN_LIMITS)
+    if isinstance(lines, BlockLines):  # read in place from the source's block
+        scanned = _jsonl.scan_spans(
+            lines.block, lines.starts, lines.ends, names, kinds, _SCAN_LIMITS
+        )
+    else:
+        scanned = _jsonl.scan_columns(lines, names, kinds, _SCAN_LIMITS)
     if scanned is None:
         return None
     user_ids, days, event_ids, raw = scanned

@@ -38,6 +38,7 @@ from streamfilter.engine.affordability import DEFAULT_MIN_DAYS, affordability_wa
 from streamfilter.engine.contract import MAX_EVENT_BYTES, Reject, RejectReason, Release
 from streamfilter.engine.engine import DayInput, Engine
 from streamfilter.engine.ingest import EventColumns
+from streamfilter.engine.lines import BlockLines
 from streamfilter.errors import RetentionGapError
 from streamfilter.runtime.faults import crash_point
 from streamfilter.runtime.io.base import (
@@ -168,6 +169,13 @@ def _next_day(day: str) -> str:
 def _day_end_utc(day: str) -> float:
     d = dt.date.fromisoformat(day) + DAY
     return dt.datetime(d.year, d.month, d.day, tzinfo=dt.UTC).timestamp()
+
+
+def _longest(values: Sequence[bytes]) -> int:
+    """The longest record's length in bytes (lines held in place are not made into bytes)."""
+    if isinstance(values, BlockLines):
+        return int(values.lengths().max())
+    return max(map(len, values))
 
 
 class Daemon:
@@ -521,7 +529,7 @@ class Daemon:
             self._reject_undecodable(batch)
             return
         limit = self.limits.max_event_bytes
-        within_limit = limit >= MAX_EVENT_BYTES or max(map(len, values)) <= limit
+        within_limit = limit >= MAX_EVENT_BYTES or _longest(values) <= limit
         # the usual batch: valid events of one schema, decoded as columns (no object per event)
         columns = (
             self.engine.parse_columns(values) if within_limit and self._screen is None else None

@@ -56,7 +56,7 @@ class RecordBatch(msgspec.Struct, frozen=True):
 
     partition: str
     offsets: list[int]
-    values: list[bytes]
+    values: Sequence[bytes]  # a list, or the file source's lines in place (engine.lines)
     next_offset: int
     undecodable: str = ""
 

@@ -9,16 +9,17 @@ import hashlib
 import json
 import os
 import sys
-from itertools import accumulate, compress, repeat
 from pathlib import Path
 from typing import IO
 
+import numpy as np
+
+from streamfilter.engine.lines import BlockLines, split_lines
 from streamfilter.errors import PublishError
 from streamfilter.runtime.io.base import QueryFeed, RecordBatch, Sink, Source, SourceRecord
 
 #: bytes ``FileSource.poll_batches`` reads at a time
 BLOCK_BYTES = 1 << 20
-_PLUS_ONE = (1).__add__  # a line's length with its newline
 
 
 class FileSource(Source):
@@ -70,59 +71,52 @@ class FileSource(Source):
 
     def poll_batches(self, max_records: int) -> list[RecordBatch]:
         """What :meth:`poll` returns, as one batch: the file is read in blocks of
-        :data:`BLOCK_BYTES` and split into lines by ``bytes.split`` (C), with no Python step per
-        line; a line longer than a block is completed with ``readline``."""
+        :data:`BLOCK_BYTES`, split into lines natively (``engine.lines.split_lines``) and kept as
+        spans of the blocks (``engine.lines.BlockLines``): no Python step and no ``bytes``
+        object per line. A line longer than a block is completed with ``readline``."""
         if self._fh is None:
             if not self.path.exists():
                 return []
             self.seek({self._partition: self._offset})
         assert self._fh is not None
         fh = self._fh
-        offsets: list[int] = []
-        values: list[bytes] = []
+        parts: list[tuple[bytes, np.ndarray, np.ndarray, int]] = []  # block, spans, its offset
+        kept = 0
         next_offset = self._offset
-        while len(values) < max_records:
+        while kept < max_records:
             fh.seek(self._offset)
             block = fh.read(BLOCK_BYTES)
             if not block:
                 break
             at_eof = len(block) < BLOCK_BYTES
-            lines = block.split(b"\n")
-            if len(lines) == 1 and not at_eof:  # no newline in a whole block: a long line
+            if not at_eof and b"\n" not in block:  # no newline in a whole block: a long line
                 block += fh.readline()
-                lines = block.split(b"\n")
-                at_eof = len(lines) == 1
-            tail = lines.pop()  # after the last newline: part of a line, or b""
-            need = max_records - len(values)
-            whole = len(lines) <= need  # every complete line of the block is taken
-            lines = lines[:need]
-            ends = list(accumulate(map(_PLUS_ONE, map(len, lines)), initial=self._offset))
-            if (
-                tail
-                and at_eof
-                and whole
-                and not self.follow
-                and sum(map(bool, map(bytes.strip, lines))) < need
-            ):
-                lines.append(tail)  # the file's last line has no newline: it counts as a line
-                ends.append(ends[-1] + len(tail))
-            if b"\r" in block:
-                lines = list(map(bytes.rstrip, lines, repeat(b"\r")))
-            if all(map(bytes.strip, lines)):
-                offsets += ends[:-1]
-                values += lines
-                if lines:
-                    next_offset = ends[-1]
-            else:  # blank lines are skipped (their bytes are consumed)
-                keep = list(map(bool, map(bytes.strip, lines)))
-                offsets += compress(ends[:-1], keep)
-                values += compress(lines, keep)
-                if any(keep):
-                    next_offset = ends[len(keep) - keep[::-1].index(True)]
-            self._offset = ends[-1]
-            if at_eof and whole:
+                at_eof = not block.endswith(b"\n")
+            need = max_records - kept
+            starts, ends, taken, consumed, last_end = split_lines(
+                block, need, at_eof and not self.follow
+            )
+            s = np.frombuffer(starts, np.int64)
+            if len(s):
+                parts.append((block, s, np.frombuffer(ends, np.int64), self._offset))
+                kept += len(s)
+                next_offset = self._offset + last_end
+            self._offset += consumed
+            if at_eof and taken < need:  # every line there is was taken
                 break
-        return [RecordBatch(self._partition, offsets, values, next_offset)] if values else []
+        if not parts:
+            return []
+        offsets = np.concatenate([p[1] + p[3] for p in parts]).tolist()
+        if len(parts) == 1:
+            block, s, e, _ = parts[0]
+        else:  # the blocks' lines back to back in one buffer (each up to its last line's end)
+            used = [int(p[2][-1]) for p in parts]
+            shift = np.cumsum([0, *used[:-1]])
+            block = b"".join(memoryview(p[0])[:u] for p, u in zip(parts, used, strict=True))
+            s = np.concatenate([p[1] + d for p, d in zip(parts, shift, strict=True)])
+            e = np.concatenate([p[2] + d for p, d in zip(parts, shift, strict=True)])
+        values = BlockLines(block, s, e)
+        return [RecordBatch(self._partition, offsets, values, next_offset)]
 
     def at_end(self) -> bool:
         return self._offset >= self._file_size()

@@ -1,0 +1,140 @@
+"""Lines of a read block (``engine/lines.py``): the native ``split_lines`` gives the same spans as
+the Python rule for any bytes (blank lines, ``\\r``, whitespace, partial last lines, any
+``need``); ``BlockLines`` is a sequence equal to the list of its lines; the scanner reading the
+lines in place (``scan_spans``) gives what it gives for the same lines as ``bytes``."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from streamfilter.engine import ingest, lines, native
+from streamfilter.engine.lines import BlockLines
+
+built = pytest.mark.skipif(
+    native.jsonl is None, reason="engine/_jsonl.c is not built (pip install -e .)"
+)
+
+
+def reference(block: bytes, need: int, final: bool) -> tuple[list[bytes], int, int, int]:
+    """The rule, line by line as ``FileSource.poll`` reads: (kept lines, taken, consumed,
+    last_end)."""
+    kept: list[bytes] = []
+    taken = pos = 0
+    last_end = -1
+    while taken < need and pos < len(block):
+        nl = block.find(b"\n", pos)
+        if nl < 0 and not final:
+            break
+        stop, nxt = (nl, nl + 1) if nl >= 0 else (len(block), len(block))
+        taken += 1
+        body = block[pos:stop].rstrip(b"\r")
+        if body.strip():
+            kept.append(body)
+            last_end = nxt
+        pos = nxt
+    return kept, taken, pos, last_end
+
+
+def spans_to_lines(block: bytes, starts, ends) -> list[bytes]:
+    s = np.frombuffer(starts, np.int64).tolist()
+    e = np.frombuffer(ends, np.int64).tolist()
+    return [block[a:b] for a, b in zip(s, e, strict=True)]
+
+
+blocks = st.lists(
+    st.sampled_from([b"\n", b"\r", b"\r\n", b" ", b"\t", b"\x0b", b"\x0c", b"a", b"{}", b"x y"]),
+    max_size=40,
+).map(b"".join)
+
+
+@given(block=blocks, need=st.integers(0, 12), final=st.booleans())
+@settings(max_examples=600, deadline=None)
+def test_split_lines_follows_the_line_rule_natively_and_in_python(block, need, final):
+    want_lines, taken, consumed, last_end = reference(block, need, final)
+    results = [lines._split_lines_py(block, need, final)]
+    if native.jsonl is not None:
+        results.append(native.jsonl.split_lines(block, need, final))
+    for starts, ends, got_taken, got_consumed, got_last in results:
+        assert spans_to_lines(block, starts, ends) == want_lines
+        assert (got_taken, got_consumed, got_last) == (taken, consumed, last_end)
+
+
+def test_split_lines_refuses_a_negative_need():
+    with pytest.raises(ValueError):
+        lines.split_lines(b"a\n", -1, True)
+
+
+def test_block_lines_is_the_list_of_its_lines():
+    block = b'{"a":1}\r\n\n  \nxyz\nlast'
+    starts, ends, *_ = lines.split_lines(block, 10, True)
+    got = BlockLines(block, np.frombuffer(starts, np.int64), np.frombuffer(ends, np.int64))
+    want = [b'{"a":1}', b"xyz", b"last"]
+    assert len(got) == 3 and got[0] == want[0] and got[-1] == b"last"
+    assert got == want and want == got and got == tuple(want) and got != want[:2]
+    assert got[1:] == want[1:] and list(got) == want
+    assert got.lengths().tolist() == [7, 3, 4]
+    with pytest.raises(IndexError):
+        got[3]
+    with pytest.raises(TypeError):
+        hash(got)
+
+
+@pytest.mark.parametrize(("starts", "ends"), [([0], [9]), ([-1], [1]), ([2], [1]), ([0, 1], [1])])
+def test_block_lines_refuses_spans_outside_the_block(starts, ends):
+    with pytest.raises(ValueError):
+        BlockLines(b"abcd", np.array(starts), np.array(ends))
+
+
+@built
+@given(
+    events=st.lists(
+        st.tuples(
+            st.sampled_from(["u1", "u2", "user-3"]),
+            st.integers(0, 10**6),
+            st.sampled_from(["free", "pro"]),
+            st.sampled_from(["", " ", "\r"]),
+        ),
+        min_size=1,
+        max_size=30,
+    ),
+    broken=st.booleans(),
+)
+@settings(max_examples=200, deadline=None)
+def test_scanning_in_place_equals_scanning_the_lines(events, broken):
+    text = [
+        f'{{"user_id":"{u}","day":"2026-03-01","event_id":"e{i}","values":{{"m":{v / 100},'
+        f'"plan":"{p}"}}}}{pad}'
+        for i, (u, v, p, pad) in enumerate(events)
+    ]
+    if broken:
+        text[len(text) // 2] = text[len(text) // 2].replace('"m":', '"m":"')
+    block = ("\n".join(text) + "\n").encode()
+    starts, ends, *_ = lines.split_lines(block, len(text), True)
+    in_place = BlockLines(block, np.frombuffer(starts, np.int64), np.frombuffer(ends, np.int64))
+    assert native.jsonl is not None
+    schema = ((b"m", 0), (b"plan", 1))
+    names, kinds = tuple(n for n, _ in schema), bytes(k for _, k in schema)
+    by_spans = native.jsonl.scan_spans(
+        block, in_place.starts, in_place.ends, names, kinds, ingest._SCAN_LIMITS
+    )
+    by_lines = native.jsonl.scan_columns(in_place.lines(), names, kinds, ingest._SCAN_LIMITS)
+    assert by_spans == by_lines
+    assert (by_spans is None) == broken
+    a, b = ingest.parse_columns(in_place), ingest.parse_columns(in_place.lines())
+    assert (a is None) == (b is None)
+    if a is not None and b is not None:
+        assert a.events() == b.events()
+
+
+@built
+def test_scan_spans_refuses_spans_outside_the_block():
+    assert native.jsonl is not None
+    with pytest.raises(ValueError):
+        native.jsonl.scan_spans(
+            b"{}", np.array([0]), np.array([5]), (b"m",), b"\x00", ingest._SCAN_LIMITS
+        )
+    with pytest.raises(ValueError):
+        native.jsonl.lines_of(b"{}", np.array([0, 1]), np.array([1]))
