@@ -14,6 +14,7 @@ $(STAMP): pyproject.toml $(wildcard streamfilter/engine/*.c)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[dev]'
+	$(BIN)/python -m compileall -q streamfilter  # the bytecode a wheel install compiles
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -21,6 +21,11 @@
  * The event-id index's packing (engine/event_ids.py ``packed_ids``): the ids' UTF-8 bytes back
  * to back and each one's length in bytes (int32), or None for an id without UTF-8 form or
  * longer than 2**31 - 1 bytes (the Python path encodes it with surrogatepass).
+ *
+ * hashes(ids) -> bytearray of int64
+ *
+ * ``hash(id)`` of each id of a list (ledger.python_hash: the ledger's canonical order), without
+ * a Python call per id: a str caches its hash, so each is one read.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -176,7 +181,49 @@ static PyObject *concat_utf8(PyObject *Py_UNUSED(module), PyObject *ids)
     return result;
 }
 
+static PyObject *hashes(PyObject *Py_UNUSED(module), PyObject *arg)
+{
+    if (!PyList_Check(arg)) {
+        PyErr_SetString(PyExc_TypeError, "hashes: ids must be a list");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(arg);
+    PyObject *out = PyByteArray_FromStringAndSize(NULL, n * 8);
+    if (out == NULL) return NULL;
+    int64_t *h = (int64_t *)PyByteArray_AS_STRING(out);
+    /* exact str ids: their hash runs no Python code, so the list cannot change under the loop */
+    Py_ssize_t i = 0;
+    for (; i < n; i++) {
+        PyObject *id = PyList_GET_ITEM(arg, i);
+        if (!PyUnicode_CheckExact(id)) break;
+        Py_hash_t v = PyObject_Hash(id);
+        if (v == -1) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        h[i] = (int64_t)v;
+    }
+    if (i == n) return out;
+    /* anything else: from a copy of the list, since its __hash__ may be Python code */
+    PyObject *ids = PyList_GetSlice(arg, 0, n);
+    if (ids == NULL) {
+        Py_DECREF(out);
+        return NULL;
+    }
+    for (; i < n; i++) {
+        Py_hash_t v = PyObject_Hash(PyList_GET_ITEM(ids, i));
+        if (v == -1 && PyErr_Occurred()) {
+            Py_CLEAR(out);
+            break;
+        }
+        h[i] = (int64_t)v;
+    }
+    Py_DECREF(ids);
+    return out;
+}
+
 static PyMethodDef methods[] = {
+    {"hashes", hashes, METH_O, "hashes(ids) -> bytearray of int64: hash(id) of each id"},
     {"pack_words", pack_words, METH_VARARGS,
      "pack_words(ids, canonical, max_bytes) -> (words, woff, lengths) or None: see "
      "engine/records.py"},

@@ -57,12 +57,15 @@ _MAX_ID_BYTES = 2**16 - 1
 _MASK = np.array([(1 << (8 * r)) - 1 for r in range(8)] + [2**64 - 1], dtype=np.uint64)
 
 
-def python_hash(users: np.ndarray) -> np.ndarray:
+def python_hash(users: np.ndarray | list[str]) -> np.ndarray:
     """Keyed 64-bit hash of each id: CPython's ``hash(str)`` (SipHash-1-3, per-process secret).
 
     The key makes collisions unpredictable from outside; collisions are handled exactly anyway
     (module docstring), so a fixed ``PYTHONHASHSEED`` costs speed at worst, never privacy.
     """
+    if _packed_ids is not None:  # one read per id (a str caches its hash), no Python call
+        ids = users.tolist() if isinstance(users, np.ndarray) else list(users)
+        return np.frombuffer(_packed_ids.hashes(ids), np.int64)
     return np.fromiter(map(hash, users), dtype=np.int64, count=len(users))
 
 

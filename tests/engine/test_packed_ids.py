@@ -115,3 +115,39 @@ def test_event_id_packing_is_the_python_path(ids):
     assert (text, lengths.tolist()) == (python_text, python_lengths.tolist())
     native_result = ledger._packed_ids.concat_utf8(ids)
     assert (native_result is None) == any(0xD800 <= ord(c) <= 0xDFFF for c in "".join(ids))
+
+
+@native
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.text(max_size=6), max_size=50))
+def test_native_hashes_are_pythons_hash(ids):
+    """``python_hash`` (``_packed_ids.hashes``): ``hash(id)`` of each id, for fresh and
+    repeated str objects, an object array or a list."""
+    fresh = ["".join(list(i)) for i in ids]
+    want = [hash(i) for i in ids]
+    assert python_hash(records._objects(fresh)).tolist() == want
+    assert python_hash(fresh).tolist() == want
+
+
+@native
+def test_native_hashes_of_other_objects_follow_their_hash():
+    """A str subclass whose ``__hash__`` empties the list: the ids are read from a copy made
+    before any Python code ran, so every id is hashed once, in order; an unhashable id raises."""
+    assert ledger._packed_ids is not None
+    ids: list = ["a", "b", "c"]
+
+    class Sneaky(str):
+        def __hash__(self) -> int:
+            ids.clear()
+            return 7
+
+    ids[1] = Sneaky("b")
+    assert np.frombuffer(ledger._packed_ids.hashes(ids), np.int64).tolist() == [
+        hash("a"),
+        7,
+        hash("c"),
+    ]
+    with pytest.raises(TypeError):
+        ledger._packed_ids.hashes(["a", ["unhashable"]])
+    with pytest.raises(TypeError):
+        ledger._packed_ids.hashes(("a",))
