@@ -35,6 +35,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         map_large_allocations_apart,
         return_free_heap,
     )
+    from streamfilter.runtime.store import schema
 
     mapped_apart = map_large_allocations_apart()  # before the run allocates its arrays
     settings = load_config(args.config)
@@ -50,7 +51,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 MMAP_THRESHOLD_BYTES >> 20,
                 TRIM_EVERY_RECORDS,
             )
-        not_built = native.missing()
+        not_built = native.missing() + ([] if schema._row_crc else ["runtime/store/_row_crc.c"])
         if not_built:
             logging.getLogger("streamfilter.run").warning(
                 "native helpers not built (%s): the pure-Python paths run, with the same results "

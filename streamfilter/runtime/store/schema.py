@@ -25,6 +25,11 @@ from streamfilter.engine.ledger import UserKeys, encode_ids
 from streamfilter.errors import StoreError
 from streamfilter.runtime.store.base import TelemetryCharge
 
+try:  # budget rows' checksums (runtime/store/_row_crc.c); None: the Python path
+    from streamfilter.runtime.store import _row_crc
+except ImportError:
+    _row_crc = None  # type: ignore[assignment]
+
 
 def sqlite_error_text(exc: sqlite3.Error) -> str:
     """SQLite's message with its error code name and, for write failures, the likely cause."""
@@ -109,8 +114,33 @@ _RETIRED = (_head(b"r", 1) + b"0", _head(b"r", 1) + b"1")
 
 
 def budget_crcs(users: list[str], spent: list[int], retired: list[bool]) -> list[int]:
-    """``row_crc(user, spent, int(retired))`` of each budget row, the same values built with
-    one join and one ``zlib.crc32`` call per row (a day commit writes one row per active user)."""
+    """``row_crc(user, spent, int(retired))`` of each budget row (the upkeep's fold writes one
+    row per entry): natively (``runtime/store/_row_crc.c``) for the ids whose ``repr`` is the id
+    in quotes and ``int`` spends, else with one join and one ``zlib.crc32`` call per row."""
+    if _row_crc is not None and type(users) is list and set(map(type, spent)) <= {int}:
+        try:
+            native = np.frombuffer(
+                _row_crc.budget_crcs(
+                    users, np.asarray(spent, np.int64), np.asarray(retired, np.uint8)
+                ),
+                np.int64,
+            ).tolist()
+        except (OverflowError, ValueError):  # beyond int64, or not 0/1: the exact path below
+            pass
+        else:
+            if -1 not in native:
+                return native
+            rest = [i for i, c in enumerate(native) if c == -1]
+            done = _budget_crcs_py(
+                [users[i] for i in rest], [spent[i] for i in rest], [retired[i] for i in rest]
+            )
+            for i, c in zip(rest, done, strict=True):
+                native[i] = c
+            return native
+    return _budget_crcs_py(users, spent, retired)
+
+
+def _budget_crcs_py(users: list[str], spent: list[int], retired: list[bool]) -> list[int]:
     crc32, heads, tails, big = zlib.crc32, _R_HEADS, _RETIRED, len(_R_HEADS)
     out = []
     for u, s, r in zip(users, spent, retired, strict=True):

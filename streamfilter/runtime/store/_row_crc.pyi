@@ -1,0 +1,5 @@
+"""Types of the native budget-row checksums (``runtime/store/_row_crc.c``)."""
+
+import numpy as np
+
+def budget_crcs(users: list[str], spent: np.ndarray, retired: np.ndarray, /) -> bytearray: ...

@@ -1,0 +1,75 @@
+"""Budget rows' checksums in bulk (``runtime/store/_row_crc.c`` behind ``schema.budget_crcs``):
+each is the row's ``row_crc`` — the format stored states are verified with — for ids the native
+path takes (printable ASCII without a quote or backslash) and those it leaves to Python, any
+int64 spend, in any mix; a bad retired flag is refused. In CI a missing build is a failure."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from streamfilter.runtime.store import schema
+from streamfilter.runtime.store.schema import budget_crcs, row_crc
+
+built = pytest.mark.skipif(
+    schema._row_crc is None, reason="runtime/store/_row_crc.c is not built (pip install -e .)"
+)
+
+
+def test_the_native_row_checksums_are_built_in_ci():
+    if schema._row_crc is None and not os.environ.get("CI"):
+        pytest.skip("runtime/store/_row_crc.c is not built here (pip install -e .)")
+    assert schema._row_crc is not None
+
+
+ids = st.one_of(
+    st.text(alphabet=st.characters(min_codepoint=0x20, max_codepoint=0x7E), max_size=40),
+    st.sampled_from(["it's", 'a"b', "a\\b", "tab\there", "é", "\ud800", "", "'"]),
+    st.text(max_size=5),
+)
+rows = st.lists(st.tuples(ids, st.integers(-(2**63), 2**63 - 1), st.booleans()), max_size=40)
+
+
+@given(rows)
+@settings(max_examples=400, deadline=None)
+def test_bulk_checksums_are_each_rows_row_crc(batch):
+    users = [u for u, _, _ in batch]
+    spent = [s for _, s, _ in batch]
+    retired = [r for _, _, r in batch]
+    assert budget_crcs(users, spent, retired) == [row_crc(u, s, int(r)) for u, s, r in batch]
+
+
+@built
+def test_the_native_path_marks_the_ids_it_leaves_to_python():
+    assert schema._row_crc is not None
+    users = ["user-1", "it's", "back\\slash", "é", "ok"]
+    got = np.frombuffer(
+        schema._row_crc.budget_crcs(users, np.arange(5, dtype=np.int64), np.ones(5, np.uint8)),
+        np.int64,
+    ).tolist()
+    assert got[0] == row_crc("user-1", 0, 1) and got[4] == row_crc("ok", 4, 1)
+    assert got[1:4] == [-1, -1, -1]
+
+
+@built
+def test_bad_columns_are_refused():
+    assert schema._row_crc is not None
+    with pytest.raises(ValueError, match="retired"):
+        schema._row_crc.budget_crcs(["a"], np.zeros(1, np.int64), np.array([2], np.uint8))
+    with pytest.raises(ValueError, match="one int64"):
+        schema._row_crc.budget_crcs(["a", "b"], np.zeros(1, np.int64), np.zeros(2, np.uint8))
+    with pytest.raises(TypeError):
+        schema._row_crc.budget_crcs(("a",), np.zeros(1, np.int64), np.zeros(1, np.uint8))
+
+
+def test_values_the_native_path_cannot_take_go_the_exact_way():
+    """A bool or a spend beyond int64 is checksummed by ``row_crc`` as before."""
+    assert budget_crcs(["a", "b"], [True, 2], [False, True]) == [
+        row_crc("a", True, 0),
+        row_crc("b", 2, 1),
+    ]
+    assert budget_crcs(["a"], [2**70], [True]) == [row_crc("a", 2**70, 1)]
