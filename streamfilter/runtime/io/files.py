@@ -80,7 +80,8 @@ class FileSource(Source):
             self.seek({self._partition: self._offset})
         assert self._fh is not None
         fh = self._fh
-        parts: list[tuple[bytes, np.ndarray, np.ndarray, int]] = []  # block, spans, its offset
+        # per block read: the block, its kept lines' starts and ends, the block's file offset
+        parts: list[tuple[bytes, np.ndarray, np.ndarray, int]] = []
         kept = 0
         next_offset = self._offset
         while kept < max_records:
@@ -96,10 +97,10 @@ class FileSource(Source):
             starts, ends, taken, consumed, last_end = split_lines(
                 block, need, at_eof and not self.follow
             )
-            s = np.frombuffer(starts, np.int64)
-            if len(s):
-                parts.append((block, s, np.frombuffer(ends, np.int64), self._offset))
-                kept += len(s)
+            line_starts = np.frombuffer(starts, np.int64)
+            if len(line_starts):
+                parts.append((block, line_starts, np.frombuffer(ends, np.int64), self._offset))
+                kept += len(line_starts)
                 next_offset = self._offset + last_end
             self._offset += consumed
             if at_eof and taken < need:  # every line there is was taken
@@ -108,14 +109,14 @@ class FileSource(Source):
             return []
         offsets = np.concatenate([p[1] + p[3] for p in parts]).tolist()
         if len(parts) == 1:
-            block, s, e, _ = parts[0]
+            block, line_starts, line_ends, _ = parts[0]
         else:  # the blocks' lines back to back in one buffer (each up to its last line's end)
             used = [int(p[2][-1]) for p in parts]
             shift = np.cumsum([0, *used[:-1]])
             block = b"".join(memoryview(p[0])[:u] for p, u in zip(parts, used, strict=True))
-            s = np.concatenate([p[1] + d for p, d in zip(parts, shift, strict=True)])
-            e = np.concatenate([p[2] + d for p, d in zip(parts, shift, strict=True)])
-        values = BlockLines(block, s, e)
+            line_starts = np.concatenate([p[1] + d for p, d in zip(parts, shift, strict=True)])
+            line_ends = np.concatenate([p[2] + d for p, d in zip(parts, shift, strict=True)])
+        values = BlockLines(block, line_starts, line_ends)
         return [RecordBatch(self._partition, offsets, values, next_offset)]
 
     def at_end(self) -> bool:

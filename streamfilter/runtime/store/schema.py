@@ -26,7 +26,7 @@ from streamfilter.errors import StoreError
 from streamfilter.runtime.store.base import TelemetryCharge
 
 try:  # budget rows' checksums (runtime/store/_row_crc.c); None: the Python path
-    from streamfilter.runtime.store import _row_crc
+    import streamfilter.runtime.store._row_crc as _row_crc
 except ImportError:
     _row_crc = None  # type: ignore[assignment]
 
