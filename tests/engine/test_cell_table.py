@@ -8,7 +8,6 @@ change nothing. In CI a missing build is a failure."""
 from __future__ import annotations
 
 import math
-import os
 from fractions import Fraction
 
 import numpy as np
@@ -17,17 +16,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streamfilter.engine import native, records
+from tests.native_build import check_built_in_ci, needs
 
-built = pytest.mark.skipif(
-    native.cell_table is None, reason="engine/_cell_table.c is not built (pip install -e .)"
-)
+built = needs(native.cell_table, "engine/_cell_table.c")
 COORD_BITS = 31
 
 
 def test_the_native_cell_table_is_built_in_ci():
-    if native.cell_table is None and not os.environ.get("CI"):
-        pytest.skip("engine/_cell_table.c is not built here (pip install -e .)")
-    assert native.cell_table is not None
+    check_built_in_ci(native.cell_table, "engine/_cell_table.c")
     assert "engine/_cell_table.c" not in native.missing()
     assert isinstance(records.new_cells(), records.NativeCells)
 

@@ -12,10 +12,9 @@ from hypothesis import strategies as st
 
 from streamfilter.engine import ingest, lines, native
 from streamfilter.engine.lines import BlockLines
+from tests.native_build import needs
 
-built = pytest.mark.skipif(
-    native.jsonl is None, reason="engine/_jsonl.c is not built (pip install -e .)"
-)
+built = needs(native.jsonl, "engine/_jsonl.c")
 
 
 def reference(block: bytes, need: int, final: bool) -> tuple[list[bytes], int, int, int]:

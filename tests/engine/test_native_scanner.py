@@ -8,7 +8,6 @@ Built by the project's install (``pip install -e .``); in CI a missing build is 
 from __future__ import annotations
 
 import json
-import os
 import struct
 
 import pytest
@@ -26,16 +25,14 @@ from streamfilter.engine.contract import (
     parse_event,
 )
 from tests.engine.test_ingest import number_tokens, raw_lines
+from tests.native_build import check_built_in_ci, needs
 
-native = pytest.mark.skipif(
-    ingest._jsonl is None, reason="engine/_jsonl.c is not built (pip install -e .)"
-)
+native = needs(ingest._jsonl, "engine/_jsonl.c")
 DAY = "2026-01-05"
 
 
 def test_the_native_scanner_is_built_in_ci():
-    if ingest._jsonl is None and not os.environ.get("CI"):
-        pytest.skip("engine/_jsonl.c is not built here (pip install -e .)")
+    check_built_in_ci(ingest._jsonl, "engine/_jsonl.c")
     assert ingest.SCANNER == "native"
 
 

@@ -8,8 +8,6 @@ Built by the project's install (``pip install -e .``); in CI a missing build is 
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -17,16 +15,13 @@ from hypothesis import strategies as st
 
 from streamfilter.engine import event_ids, ledger, records
 from streamfilter.engine.ledger import python_hash
+from tests.native_build import check_built_in_ci, needs
 
-native = pytest.mark.skipif(
-    ledger._packed_ids is None, reason="engine/_packed_ids.c is not built (pip install -e .)"
-)
+native = needs(ledger._packed_ids, "engine/_packed_ids.c")
 
 
 def test_the_native_packing_is_built_in_ci():
-    if ledger._packed_ids is None and not os.environ.get("CI"):
-        pytest.skip("engine/_packed_ids.c is not built here (pip install -e .)")
-    assert ledger._packed_ids is not None
+    check_built_in_ci(ledger._packed_ids, "engine/_packed_ids.c")
 
 
 def _keys(ids: list[str], canonical: np.ndarray, packed_natively: bool):

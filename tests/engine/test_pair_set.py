@@ -6,8 +6,6 @@ bad batch changes nothing. In CI a missing build is a failure."""
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -15,16 +13,13 @@ from hypothesis import strategies as st
 
 from streamfilter.engine import native
 from streamfilter.engine.event_ids import id_bytes, pair_key, pair_keys
+from tests.native_build import check_built_in_ci, needs
 
-built = pytest.mark.skipif(
-    native.pair_set is None, reason="engine/_pair_set.c is not built (pip install -e .)"
-)
+built = needs(native.pair_set, "engine/_pair_set.c")
 
 
 def test_the_native_pair_set_is_built_in_ci():
-    if native.pair_set is None and not os.environ.get("CI"):
-        pytest.skip("engine/_pair_set.c is not built here (pip install -e .)")
-    assert native.pair_set is not None
+    check_built_in_ci(native.pair_set, "engine/_pair_set.c")
     assert "engine/_pair_set.c" not in native.missing()
 
 

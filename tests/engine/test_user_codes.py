@@ -5,8 +5,6 @@ empty table through many resizes. In CI a missing build is a failure."""
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -14,15 +12,13 @@ from hypothesis import strategies as st
 
 from streamfilter.engine import records
 from streamfilter.engine.records import DictUserCodes
+from tests.native_build import check_built_in_ci, needs
 
-native = pytest.mark.skipif(
-    records._user_codes is None, reason="engine/_user_codes.c is not built (pip install -e .)"
-)
+native = needs(records._user_codes, "engine/_user_codes.c")
 
 
 def test_the_native_user_codes_are_built_in_ci():
-    if records._user_codes is None and not os.environ.get("CI"):
-        pytest.skip("engine/_user_codes.c is not built here (pip install -e .)")
+    check_built_in_ci(records._user_codes, "engine/_user_codes.c")
     assert isinstance(records.new_user_codes(), records._NativeUserCodes)
 
 

@@ -5,8 +5,6 @@ int64 spend, in any mix; a bad retired flag is refused. In CI a missing build is
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -14,16 +12,13 @@ from hypothesis import strategies as st
 
 from streamfilter.runtime.store import schema
 from streamfilter.runtime.store.schema import budget_crcs, row_crc
+from tests.native_build import check_built_in_ci, needs
 
-built = pytest.mark.skipif(
-    schema._row_crc is None, reason="runtime/store/_row_crc.c is not built (pip install -e .)"
-)
+built = needs(schema._row_crc, "runtime/store/_row_crc.c")
 
 
 def test_the_native_row_checksums_are_built_in_ci():
-    if schema._row_crc is None and not os.environ.get("CI"):
-        pytest.skip("runtime/store/_row_crc.c is not built here (pip install -e .)")
-    assert schema._row_crc is not None
+    check_built_in_ci(schema._row_crc, "runtime/store/_row_crc.c")
 
 
 ids = st.one_of(
