@@ -211,7 +211,8 @@ class Engine:
         return DaySize(max(size.users, closed.users), max(size.cells, closed.cells))
 
     def prepare_day(self, acc: DayInput) -> DayOutcome:
-        """Compute the day's releases and debits; mutates nothing."""
+        """Compute the day's releases and debits; mutates no state (it notes the day's size, the
+        next day's size hint: ``_expected_size``)."""
         assert isinstance(acc, DayAccumulator)
         self.check_day(acc.day)
         if not acc.finished:
