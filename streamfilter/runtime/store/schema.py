@@ -128,14 +128,8 @@ def budget_crcs(users: list[str], spent: list[int], retired: list[bool]) -> list
         except (OverflowError, ValueError):  # beyond int64, or not 0/1: the exact path below
             pass
         else:
-            if -1 not in native:
-                return native
-            rest = [i for i, c in enumerate(native) if c == -1]
-            done = _budget_crcs_py(
-                [users[i] for i in rest], [spent[i] for i in rest], [retired[i] for i in rest]
-            )
-            for i, c in zip(rest, done, strict=True):
-                native[i] = c
+            for i in [i for i, crc in enumerate(native) if crc == -1]:  # ids left to Python
+                native[i] = row_crc(users[i], spent[i], int(retired[i]))
             return native
     return _budget_crcs_py(users, spent, retired)
 
