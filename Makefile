@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 include deploy/kafka/kafka.mk
 include deploy/postgres/postgres.mk
 
-$(STAMP): pyproject.toml $(wildcard streamfilter/engine/*.c streamfilter/runtime/store/*.c)
+$(STAMP): pyproject.toml $(wildcard streamfilter/engine/*.c streamfilter/privacy/*.c streamfilter/runtime/store/*.c)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[dev]'

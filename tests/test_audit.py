@@ -75,7 +75,7 @@ def test_claimed_epsilon_is_the_cks_epsilon_of_the_integer_budget_and_variance()
 
 
 def _originals():
-    return day_module.filter_contributions, day_module.noisy_release
+    return day_module.filter_totals, day_module.noisy_release
 
 
 @pytest.mark.parametrize("bug", [b for b in BUGS if b != "coverage_sensitivity_ignored"])

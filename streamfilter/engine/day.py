@@ -27,7 +27,7 @@ from streamfilter.engine.ledger import BudgetLedger, KeyedUsers
 from streamfilter.engine.params import LINF_FAILURE_PROBABILITY, PrivacyParams
 from streamfilter.engine.queries import AnyQuery
 from streamfilter.engine.records import DayRecords
-from streamfilter.privacy.individual import filter_contributions, query_vectors
+from streamfilter.privacy.individual import filter_totals, query_vectors
 from streamfilter.privacy.noise import RandomBits, SeededRandomBits, discrete_gaussian, gaussian
 
 __all__ = [
@@ -179,15 +179,14 @@ def _filter_day(
         spent_b, retired_b = spent[start:stop], retired[start:stop]  # views: updated in place
         for j, query in enumerate(queries):
             x = _query_vectors(dense, query_cols[j], weights[j])
-            step = filter_contributions(
+            step = filter_totals(
                 x, query.clip, lattice, spent_b, retired_b, budget, params.exhaustion
             )
-            totals[j] += step.units.sum(axis=0, dtype=np.int64)
+            totals[j] += step.total_units
             spent_b += step.cost_units
             retired_b |= step.newly_retired
-            nonzero = (x != 0).any(axis=1)
-            admitted_n[j] += int(np.count_nonzero(step.admitted & nonzero))
-            refused_n[j] += int(np.count_nonzero(~step.admitted & nonzero))
+            admitted_n[j] += step.admitted_nonzero
+            refused_n[j] += step.refused_nonzero
     return totals, admitted_n, refused_n
 
 

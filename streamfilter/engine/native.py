@@ -1,4 +1,5 @@
-"""The native helpers the install built (``streamfilter/engine/*.c``, docs/design.md §8.4).
+"""The native helpers the install built (``streamfilter/engine/*.c``, the block filter's
+``streamfilter/privacy/_filter.c``; docs/design.md §8.4).
 
 Each is optional: a module here is None when its extension could not be imported, and the
 engine then takes its pure-Python path, with the same results and slower. ``missing`` names the
@@ -6,6 +7,8 @@ ones not built, so the daemon can say so at start.
 """
 
 from __future__ import annotations
+
+from streamfilter.privacy import individual
 
 __all__ = ["cell_table", "jsonl", "missing", "packed_ids", "pair_set", "user_codes"]
 
@@ -39,5 +42,6 @@ def missing() -> list[str]:
         "engine/_user_codes.c": user_codes,
         "engine/_pair_set.c": pair_set,
         "engine/_cell_table.c": cell_table,
+        "privacy/_filter.c": individual._filter,
     }
     return [source for source, module in modules.items() if module is None]

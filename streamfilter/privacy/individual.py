@@ -36,13 +36,21 @@ import numpy as np
 
 from streamfilter.privacy.lattice import Lattice, round_to_lattice
 
+try:  # the block filter's native twin (privacy/_filter.c), identical results
+    import streamfilter.privacy._filter as _filter
+except ImportError:
+    _filter = None  # type: ignore[assignment]
+
 __all__ = [
     "Exhaustion",
     "FilterStep",
+    "FilterTotals",
     "NormFilterStep",
     "filter_contributions",
     "filter_squared_norms",
+    "filter_totals",
     "query_vectors",
+    "totals_of",
 ]
 
 
@@ -123,6 +131,84 @@ def filter_contributions(
         cost_units=cost,
         admitted=decision.admitted,
         newly_retired=decision.newly_retired,
+    )
+
+
+@dataclass(frozen=True)
+class FilterTotals:
+    """What a day close keeps of one query's :class:`FilterStep` over a block of users.
+
+    ``total_units``: (d,) int64, the exact sum of the admitted rows' lattice vectors;
+    ``cost_units``, ``admitted``, ``newly_retired``: as in :class:`FilterStep`;
+    ``admitted_nonzero`` / ``refused_nonzero``: admitted / refused rows whose ``x`` is not all
+    zero (the release's exact counts, never published raw).
+    """
+
+    total_units: np.ndarray
+    cost_units: np.ndarray
+    admitted: np.ndarray
+    newly_retired: np.ndarray
+    admitted_nonzero: int
+    refused_nonzero: int
+
+
+def totals_of(step: FilterStep, x: np.ndarray) -> FilterTotals:
+    """The :class:`FilterTotals` of a :class:`FilterStep` over the rows ``x``."""
+    nonzero = (np.asarray(x) != 0).any(axis=1)
+    return FilterTotals(
+        total_units=step.units.sum(axis=0, dtype=np.int64),
+        cost_units=step.cost_units,
+        admitted=step.admitted,
+        newly_retired=step.newly_retired,
+        admitted_nonzero=int(np.count_nonzero(step.admitted & nonzero)),
+        refused_nonzero=int(np.count_nonzero(~step.admitted & nonzero)),
+    )
+
+
+#: the policies' codes in privacy/_filter.c
+_POLICY_CODE = {Exhaustion.SKIP: 0, Exhaustion.RETIRE: 1, Exhaustion.CLIP: 2}
+#: coordinates of one query the native filter takes (its per-row scratch)
+_NATIVE_MAX_D = 4096
+
+
+def filter_totals(
+    x: np.ndarray,
+    clip: float,
+    lattice: Lattice,
+    spent_units: np.ndarray,
+    retired: np.ndarray,
+    budget_units: int,
+    policy: Exhaustion,
+) -> FilterTotals:
+    """:func:`filter_contributions` over a block of users, summed (nothing is mutated).
+
+    The day close's form: it keeps each row's cost and decision and only the sum of the admitted
+    lattice vectors. With ``privacy/_filter.c`` built, one native pass per row does the same IEEE
+    operations in the same order and the same exact int64 costs as ``round_to_lattice`` and
+    ``_admission``, so the result is identical (tests/privacy/test_native_filter.py), without
+    the (n, d) temporaries; else ``totals_of(filter_contributions(...))``.
+    """
+    x = np.asarray(x, dtype=np.float64)
+    if _filter is None or x.ndim != 2 or x.shape[1] > _NATIVE_MAX_D:
+        step = filter_contributions(x, clip, lattice, spent_units, retired, budget_units, policy)
+        return totals_of(step, x)
+    total, cost, admitted, newly, n_admitted, n_refused = _filter.filter_totals(
+        x,
+        float(clip),
+        float(lattice.granularity),
+        lattice.max_cost_units(clip),
+        np.ascontiguousarray(spent_units, dtype=np.int64),
+        np.ascontiguousarray(retired, dtype=bool),
+        int(budget_units),
+        _POLICY_CODE[policy],
+    )
+    return FilterTotals(
+        total_units=np.frombuffer(total, np.int64),
+        cost_units=np.frombuffer(cost, np.int64),
+        admitted=np.frombuffer(admitted, bool),
+        newly_retired=np.frombuffer(newly, bool),
+        admitted_nonzero=n_admitted,
+        refused_nonzero=n_refused,
     )
 
 

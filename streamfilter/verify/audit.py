@@ -103,7 +103,14 @@ from streamfilter.engine.queries import AnyQuery
 from streamfilter.engine.records import DayAccumulator
 from streamfilter.privacy.accounting import epsilon_from_rho_cks
 from streamfilter.privacy.continual import MAX_HORIZON, CounterExhausted, EpochCounter
-from streamfilter.privacy.individual import Exhaustion, FilterStep, query_vectors
+from streamfilter.privacy.individual import (
+    Exhaustion,
+    FilterStep,
+    FilterTotals,
+    filter_contributions,
+    query_vectors,
+    totals_of,
+)
 from streamfilter.privacy.lattice import Lattice, round_to_lattice
 from streamfilter.privacy.noise import RandomBits, SystemRandomBits
 from streamfilter.privacy.rounding import float_up
@@ -411,6 +418,15 @@ def _wrap_cost_before_clip(real: Callable[..., FilterStep]) -> Callable[..., Fil
     return buggy
 
 
+def _summed(step_of: Callable[..., FilterStep]) -> Callable[..., FilterTotals]:
+    """The day close's ``filter_totals`` built on a (broken) ``filter_contributions``."""
+
+    def totals(x: np.ndarray, *args: Any) -> FilterTotals:
+        return totals_of(step_of(x, *args), x)
+
+    return totals
+
+
 def _wrap_sigma_halved(real: Callable[..., Release]) -> Callable[..., Release]:
     halved: dict[int, PrivacyParams] = {}
 
@@ -439,9 +455,9 @@ def _injected(bug: str | None) -> Iterator[None]:
     if bug == "sigma_halved":
         name, new = "noisy_release", _wrap_sigma_halved(day_module.noisy_release)
     elif bug == "check_before_add_ignored":
-        name, new = "filter_contributions", _filter_check_before_add
+        name, new = "filter_totals", _summed(_filter_check_before_add)
     elif bug == "cost_before_clip":
-        name, new = "filter_contributions", _wrap_cost_before_clip(day_module.filter_contributions)
+        name, new = "filter_totals", _summed(_wrap_cost_before_clip(filter_contributions))
     else:
         raise ValueError(f"unknown bug {bug!r}; known: {', '.join(BUGS)}")
     original = getattr(day_module, name)
