@@ -78,13 +78,10 @@ def _vm(field: str) -> float:
 def _child(n_users: int, k: int, numeric: bool, spill: bool = False) -> None:
     from streamfilter.engine.ingest import parse_columns, parse_events
     from streamfilter.engine.records import DayAccumulator
-    from streamfilter.runtime.daemon import TRIM_EVERY_RECORDS
     from streamfilter.runtime.event_ids import SpillingEventIds
-    from streamfilter.runtime.memory import map_large_allocations_apart, return_free_heap
+    from streamfilter.runtime.memory import keep_freed_memory
 
-    map_large_allocations_apart()  # what `streamfilter run` does first
-    trim = return_free_heap()  # and every TRIM_EVERY_RECORDS records
-    since_trim = 0
+    keep_freed_memory()  # what `streamfilter run` does first (its input never goes quiet here)
 
     # ``--spill``: the daemon's event-id index (spilling to disk), else the in-memory one
     index = SpillingEventIds(label="2026-03-01") if spill else None
@@ -97,10 +94,6 @@ def _child(n_users: int, k: int, numeric: bool, spill: bool = False) -> None:
             acc.add_columns(columns)
         else:
             acc.add_many(parse_events(batch))  # type: ignore[arg-type]
-        since_trim += len(batch)
-        if trim is not None and since_trim >= TRIM_EVERY_RECORDS:
-            since_trim = 0
-            trim()
     ingest_s = time.perf_counter() - t0
     open_mib = _vm("VmRSS") - base
     t1 = time.perf_counter()

@@ -29,27 +29,24 @@ def cmd_run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, on_term)
     from streamfilter.engine import native
     from streamfilter.runtime.app import build_daemon, kafka_errors_explained, startup_summary
-    from streamfilter.runtime.daemon import TRIM_EVERY_RECORDS
     from streamfilter.runtime.memory import (
         MMAP_THRESHOLD_BYTES,
-        map_large_allocations_apart,
+        keep_freed_memory,
         return_free_heap,
     )
     from streamfilter.runtime.store import schema
 
-    mapped_apart = map_large_allocations_apart()  # before the run allocates its arrays
+    kept = keep_freed_memory()  # before the run allocates its arrays
     settings = load_config(args.config)
     with kafka_errors_explained(settings):
         parts = build_daemon(settings, follow=not args.until_end, allow_test_seed=args.testing)
         logging.getLogger("streamfilter.run").info("%s", startup_summary(settings, parts))
         parts.daemon.return_free_heap = return_free_heap()
-        if mapped_apart:
+        if kept:
             logging.getLogger("streamfilter.run").info(
-                "memory: allocations of %d MiB or more are mapped apart and returned to the "
-                "system when freed (glibc mmap threshold); freed heap pages are handed back "
-                "every %d input records",
+                "memory: freed memory is kept for reuse while records flow (allocations below "
+                "%d MiB come from the heap) and handed back when the input goes quiet",
                 MMAP_THRESHOLD_BYTES >> 20,
-                TRIM_EVERY_RECORDS,
             )
         not_built = native.missing() + ([] if schema._row_crc else ["runtime/store/_row_crc.c"])
         if not_built:

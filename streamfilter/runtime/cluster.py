@@ -251,7 +251,7 @@ class ClusterDaemon(Daemon):
                 while not self.stop_event.is_set():
                     records = self._poll()
                     self._note_new_partitions()
-                    self._ingest_batches(records)
+                    self._ingest_batches(records, quiet=not records)
                     self._release_and_relay()
                     self._close_ready()
                     if not records:

@@ -148,10 +148,6 @@ COMPACT_BETWEEN_CLOSES_ENTRIES = 100_000
 
 #: seconds between probes of an input whose broker did not answer (see ``_probe_input``)
 INPUT_PROBE_S = 2.0
-#: input records between two hand-backs of freed heap pages (``Daemon.return_free_heap``, ~1 ms
-#: each, and the pages handed back are faulted in again as later batches reuse them: every
-#: 50,000 records cost the e2e benchmark ~0.25 s for ~4% less peak RSS on ``open_day_memory``)
-TRIM_EVERY_RECORDS = 500_000
 
 
 def _transient(exc: BaseException) -> bool:
@@ -221,7 +217,7 @@ class Daemon:
         self.monotonic = monotonic
         self.on_day_closed = on_day_closed
         #: the process's call handing freed heap pages back (``runtime.memory.return_free_heap``,
-        #: set by ``streamfilter run``), made every ``TRIM_EVERY_RECORDS`` input records
+        #: set by ``streamfilter run``), made when the input goes quiet (``_ingest_batches``)
         self.return_free_heap: Callable[[], object] | None = None
         self._records_since_trim = 0
         self.min_affordable_days = min_affordable_days
@@ -328,7 +324,7 @@ class Daemon:
             records = [] if at_end else self.source.poll_batches(self.batch_size)
             self._note_new_partitions()
             self._probe_input()
-            self._ingest_batches(records)
+            self._ingest_batches(records, quiet=not records and not until_end)
             self._compact_state(sum(len(b.offsets) for b in records))
             if until_end and not records and (at_end or self.source.at_end()):
                 last_open = self._last_open_day()
@@ -456,11 +452,14 @@ class Daemon:
         last commits is left to the next run."""
         self.store.compact(max(n_records, COMPACT_MIN_ENTRIES))
 
-    def _ingest_batches(self, batches: list[RecordBatch]) -> None:
+    def _ingest_batches(self, batches: list[RecordBatch], quiet: bool = False) -> None:
+        """Ingest a poll's batches; on the first quiet poll (no records, following the input)
+        after some, hand the freed heap back (runtime/memory.py: while records flow, freed
+        memory is kept for the next batches and days to reuse)."""
         for batch in batches:
             self._ingest_batch(batch)
             self._records_since_trim += len(batch.values)
-        if self.return_free_heap is not None and self._records_since_trim >= TRIM_EVERY_RECORDS:
+        if quiet and self.return_free_heap is not None and self._records_since_trim:
             self._records_since_trim = 0
             self.return_free_heap()
 

@@ -3,6 +3,7 @@
 import datetime as dt
 import itertools
 import json
+import threading
 from functools import partial
 
 import pytest
@@ -10,7 +11,6 @@ import pytest
 from streamfilter.engine.engine import Engine
 from streamfilter.engine.params import PrivacyParams
 from streamfilter.privacy.noise import SeededRandomBits
-from streamfilter.runtime import daemon as daemon_module
 from streamfilter.runtime.daemon import Daemon
 from streamfilter.runtime.io.base import QueryFeed
 from streamfilter.runtime.store import SQLiteStateStore
@@ -431,14 +431,25 @@ def _note_records_read(calls: list[int], daemon: Daemon) -> None:
     calls.append(daemon.summary.records_read)
 
 
-def test_freed_heap_is_handed_back_every_trim_records(tmp_path, monkeypatch):
-    """The daemon makes ``return_free_heap``'s call once at least ``TRIM_EVERY_RECORDS`` input
-    records have been ingested since the last one — after a poll's batches, not per batch —
-    and releases the same with it as without it."""
-    monkeypatch.setattr(daemon_module, "TRIM_EVERY_RECORDS", 25)
+def test_freed_heap_is_handed_back_once_the_input_goes_quiet(tmp_path):
+    """While records flow the daemon keeps freed memory for reuse (runtime/memory.py); it makes
+    ``return_free_heap``'s call on the first poll that brings nothing after some records, once
+    per quiet spell, never in a run to the input's end, and releases the same either way."""
     records = [event(f"u{i}", "2026-01-01") for i in range(60)] + [
         event(f"u{i}", "2026-01-02") for i in range(40)
     ]
+    calls: list[int] = []
+    store = SQLiteStateStore(tmp_path / "follow.db")
+    daemon = daemon_over(store, records, MemorySink(), batch_size=10)
+    daemon.return_free_heap = partial(_note_records_read, calls, daemon)
+    stopper = threading.Timer(0.5, daemon.stop)  # ~thousands of quiet polls (interval 0)
+    stopper.start()
+    try:
+        daemon.run(until_end=False)
+    finally:
+        stopper.cancel()
+        store.close()
+    assert calls == [100]  # after the last batch, not per batch, and once
     payloads = []
     for trim in (True, False):
         store = SQLiteStateStore(tmp_path / f"state-{trim}.db")
@@ -449,6 +460,5 @@ def test_freed_heap_is_handed_back_every_trim_records(tmp_path, monkeypatch):
         daemon.run(until_end=True)
         store.close()
         payloads.append(sink.payloads)
-        if trim:  # polls of 10 records: a call at 30, 60, 90 (25 or more since the last)
-            assert calls == [30, 60, 90]
+        assert calls == []  # the input never goes quiet: it ends
     assert payloads[0] == payloads[1] and payloads[0]
