@@ -298,8 +298,7 @@ _PHASES = [
     ("locate", "engine/ledger.py", "locate"),
     ("state", "engine/ledger.py", "state_at"),
     ("matrix", "engine/records.py", "matrix"),
-    ("round", "privacy/lattice.py", "round_to_lattice"),
-    ("filter", "privacy/individual.py", "filter_contributions"),
+    ("filter", "privacy/individual.py", "filter_totals"),
     ("queries", "engine/day.py", "_filter_day"),
     ("close", "engine/day.py", "close_day"),
     ("commit", "engine/ledger.py", "apply"),
@@ -308,8 +307,9 @@ _PHASES = [
 
 def profile_phases(records: DayRecords, ledger: BudgetLedger) -> dict[str, float]:
     """Where one close + commit spends its time (cProfile cumulative seconds, one run on
-    ``ledger``): ledger lookups, building the record matrix, clip/round, admission, the rest of
-    the query loop, the rest of the close (outcome, changed users) and the ledger commit."""
+    ``ledger``): ledger lookups, building the record matrix, the filter (clip, round and admit:
+    one native pass per row where ``privacy/_filter.c`` is built), the rest of the query loop,
+    the rest of the close (outcome, changed users) and the ledger commit."""
     import cProfile
     import pstats
 
@@ -326,8 +326,7 @@ def profile_phases(records: DayRecords, ledger: BudgetLedger) -> dict[str, float
     return {
         "ledger_lookup_s": round(cum["locate"] + cum["state"], 4),
         "record_matrix_s": round(cum["matrix"], 4),
-        "clip_round_s": round(cum["round"], 4),
-        "admission_s": round(cum["filter"] - cum["round"], 4),
+        "filter_s": round(cum["filter"], 4),
         "query_loop_rest_s": round(cum["queries"] - cum["filter"] - cum["matrix"], 4),
         "close_rest_s": round(cum["close"] - cum["queries"] - cum["locate"] - cum["state"], 4),
         "ledger_commit_s": round(cum["commit"], 4),

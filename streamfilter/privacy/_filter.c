@@ -66,13 +66,14 @@ static inline int64_t round_unit(double v)
 }
 
 /* One row of lattice.round_to_lattice: x's row i clipped to radius min(C/γ, sqrt(cap)) and
- * rounded into r (scratch y), returning its exact cost ‖r‖² <= cap. */
-static int64_t round_row(const Matrix *x, Py_ssize_t i, double clip_units, double gamma,
-                         int64_t cap, double *y, int64_t *r)
+ * rounded into r (scratch y), returning its exact cost ‖r‖² <= cap. ``per_gamma`` is 1/γ: γ
+ * is a power of two, so x·(1/γ) is the same double as x/γ (one rounding of the same real,
+ * subnormal and overflowing results included); ``sqrt_cap`` is sqrt((double)cap). */
+static int64_t round_row(const Matrix *x, Py_ssize_t i, double clip_units, double per_gamma,
+                         int64_t cap, double sqrt_cap, double *y, int64_t *r)
 {
     const Py_ssize_t d = x->d;
-    for (Py_ssize_t j = 0; j < d; j++) y[j] = at(x, i, j) / gamma;
-    double sqrt_cap = sqrt((double)cap);
+    for (Py_ssize_t j = 0; j < d; j++) y[j] = at(x, i, j) * per_gamma;
     double radius = clip_units < sqrt_cap ? clip_units : sqrt_cap; /* np.minimum, no NaN */
     double norm = sqrt(norm2(y, d));
     if (!isfinite(norm)) { /* an overflowed vector contributes nothing */
@@ -193,7 +194,13 @@ static PyObject *filter_totals(PyObject *self, PyObject *args)
     long long n_admitted = 0, n_refused = 0;
     double y[MAX_D];
     int64_t r[MAX_D];
-    const double clip_units = clip / gamma;
+    const double clip_units = clip / gamma, per_gamma = 1.0 / gamma;
+    const double sqrt_cap = sqrt((double)cap);
+    int exponent;
+    if (!(gamma > 0.0) || frexp(gamma, &exponent) != 0.5) {
+        PyErr_SetString(PyExc_ValueError, "filter_totals: granularity must be a power of two");
+        goto done;
+    }
     for (Py_ssize_t i = 0; i < x.n; i++) {
         int nonzero = 0;
         for (Py_ssize_t j = 0; j < x.d && !nonzero; j++) nonzero = at(&x, i, j) != 0.0;
@@ -201,11 +208,13 @@ static PyObject *filter_totals(PyObject *self, PyObject *args)
         int64_t c = 0, remaining = budget - spent[i];
         int in_i = 0, gone_i = 0;
         if (live) {
-            c = round_row(&x, i, clip_units, gamma, cap, y, r);
+            c = round_row(&x, i, clip_units, per_gamma, cap, sqrt_cap, y, r);
             int fits = c <= remaining;
             if (policy == 2) { /* clip: every live row, re-clipped to what is left */
                 in_i = 1;
-                if (!fits) c = round_row(&x, i, clip_units, gamma, remaining, y, r);
+                if (!fits)
+                    c = round_row(&x, i, clip_units, per_gamma, remaining,
+                                  sqrt((double)remaining), y, r);
             } else {
                 in_i = fits;
                 gone_i = policy == 1 && !fits;
