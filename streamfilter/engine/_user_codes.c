@@ -1,10 +1,11 @@
 /* Native user coding for the open day (engine/records.py, DayAccumulator; docs/design.md §8.4).
  *
  * UserCodes() is a str -> int64 map with exactly the semantics the day's dict had:
- *   codes(ids, first) -> bytearray of int64: for each id in order, its code, the ids not held
- *       yet getting ``first``, ``first + 1``, ... in order of first arrival (dense codes when
- *       ``first`` is len()) — ``dict.setdefault(id, next(counter))`` for each id not held, the
- *       counter starting at ``first``;
+ *   codes(ids, first[, new_ids]) -> bytearray of int64: for each id in order, its code, the ids
+ *       not held yet getting ``first``, ``first + 1``, ... in order of first arrival (dense codes
+ *       when ``first`` is len()) — ``dict.setdefault(id, next(counter))`` for each id not held,
+ *       the counter starting at ``first``; each id that took a new code is appended to the list
+ *       ``new_ids`` (the day's ids by code, with no Python step per id);
  *   code_of(id, code) -> int: ``dict.setdefault(id, code)``;
  *   reserve(more): room for that many more ids, allocated at once (a size hint);
  *   len(), clear().
@@ -158,9 +159,11 @@ static void UserCodes_dealloc(UserCodes *self)
 
 static PyObject *UserCodes_codes(UserCodes *self, PyObject *args)
 {
-    PyObject *ids;
+    PyObject *ids, *new_ids = NULL;
     long long first;
-    if (!PyArg_ParseTuple(args, "O!L:codes", &PyList_Type, &ids, &first)) return NULL;
+    if (!PyArg_ParseTuple(args, "O!L|O!:codes", &PyList_Type, &ids, &first, &PyList_Type,
+                          &new_ids))
+        return NULL;
     if (self->slots == NULL && resize(self, MIN_CAPACITY) < 0) return NULL;
     Py_ssize_t n = PyList_GET_SIZE(ids);
     PyObject *out = PyByteArray_FromStringAndSize(NULL, n * 8);
@@ -189,7 +192,10 @@ static PyObject *UserCodes_codes(UserCodes *self, PyObject *args)
         PyObject *id = PyList_GET_ITEM(items, i);
         Py_ssize_t held = self->used;
         if (lookup_hashed(self, id, hashes[i], (int64_t)first, &codes[i]) < 0) goto fail;
-        first += self->used > held; /* the id was new: it took ``first`` */
+        if (self->used > held) { /* the id was new: it took ``first`` */
+            first++;
+            if (new_ids != NULL && PyList_Append(new_ids, id) < 0) goto fail;
+        }
     }
     PyMem_Free(hashes);
     Py_DECREF(items);

@@ -396,12 +396,17 @@ class DictUserCodes:
     def __init__(self) -> None:
         self._code: dict[str, int] = {}
 
-    def codes(self, ids: list[str], first: int) -> np.ndarray:
+    def codes(self, ids: list[str], first: int, new_ids: list[str] | None = None) -> np.ndarray:
+        """Each id's code, the ids not held taking ``first``, ``first + 1``, ... in order of
+        first arrival and, with ``new_ids``, appended to it in that order."""
         codes = np.fromiter(map(self._code.get, ids, repeat(-1)), np.int64, len(ids))
         counter = count(first)
 
         def new_code(user_id: str) -> int:
-            return self._code.setdefault(user_id, next(counter))
+            code = self._code.setdefault(user_id, next(counter))
+            if new_ids is not None:
+                new_ids.append(user_id)
+            return code
 
         return _fill_new_codes(codes, ids, new_code)
 
@@ -425,8 +430,10 @@ class _NativeUserCodes:
         assert _user_codes is not None
         self._table = _user_codes.UserCodes()
 
-    def codes(self, ids: list[str], first: int) -> np.ndarray:
-        return np.frombuffer(self._table.codes(ids, first), np.int64)
+    def codes(self, ids: list[str], first: int, new_ids: list[str] | None = None) -> np.ndarray:
+        if new_ids is None:
+            return np.frombuffer(self._table.codes(ids, first), np.int64)
+        return np.frombuffer(self._table.codes(ids, first, new_ids), np.int64)
 
     def code_of(self, user_id: str, code: int) -> int:
         return self._table.code_of(user_id, code)
@@ -850,16 +857,7 @@ class DayAccumulator:
         n0 = len(self._users)
         if n0 + len(user_ids) > MAX_USER_CODE:
             raise OverflowError(f"more than {MAX_USER_CODE} users in one day")
-        codes = self._user_code.codes(user_ids, n0)
-        if len(self._user_code) > n0:
-            # the new codes n0, n0 + 1, ... first appear in increasing order: a first arrival
-            # is a new code above every code before it
-            new = np.flatnonzero(codes >= n0)
-            c = codes[new]
-            first = np.ones(len(c), bool)
-            first[1:] = c[1:] > np.maximum.accumulate(c)[:-1]
-            self._users += map(user_ids.__getitem__, new[first].tolist())
-        return codes.astype(np.int32)
+        return self._user_code.codes(user_ids, n0, self._users).astype(np.int32)
 
     def _coordinate_codes(self, names: list[str]) -> np.ndarray:
         """The code of each numeric feature name (a dict look-up in C; new names are few)."""

@@ -48,8 +48,17 @@ def test_native_codes_are_the_dicts(sequence):
         if op == "batch":
             # fresh str objects: equal text from another object must find the same code
             batch = [("".join(list(i)) if i else i) for i in arg]
-            got, want = table.codes(batch, next_code), reference.codes(arg, next_code)
+            got_new: list[str] = []
+            want_new: list[str] = []
+            got = table.codes(batch, next_code, got_new)
+            want = reference.codes(arg, next_code, want_new)
             assert got.dtype == np.int64 and got.tolist() == want.tolist()
+            # the ids that took a new code, in order of first arrival: those of codes >= first
+            assert (
+                got_new
+                == want_new
+                == list(dict.fromkeys(i for i, c in zip(arg, want, strict=True) if c >= next_code))
+            )
             next_code += len(arg)
         elif op == "one":
             assert table.code_of(arg, next_code) == reference.code_of(arg, next_code)
