@@ -15,7 +15,8 @@
  * Each row goes through the same IEEE operations, in the same order, as
  * ``lattice.round_to_lattice`` and ``individual._admission`` do on numpy arrays (one rounding per
  * product and per sum, ``rint`` to nearest even; the build turns off floating-point contraction,
- * so no fused multiply-add), and the integer costs are the same exact int64 values: the result
+ * so no fused multiply-add, and errno for math functions, which changes no result), and the
+ * integer costs are the same exact int64 values: the result
  * is identical to ``filter_contributions`` followed by the sum of its units
  * (tests/privacy/test_native_filter.py compares them on random and adversarial blocks). Nothing
  * is mutated; a spent value above the budget is a ValueError before anything is computed.
@@ -60,9 +61,11 @@ static int64_t cost_of(const int64_t *r, Py_ssize_t d)
     return (int64_t)c;
 }
 
+/* np.rint(v).astype(np.int64) for |v| <= 2^31 + 1: llrint rounds in the current mode, to
+ * nearest even (built with -fno-math-errno, one cvtsd2si instruction, no libm call) */
 static inline int64_t round_unit(double v)
 {
-    return (int64_t)rint(v);
+    return (int64_t)llrint(v);
 }
 
 /* One row of lattice.round_to_lattice: x's row i clipped to radius min(C/γ, sqrt(cap)) and
