@@ -25,7 +25,6 @@ import itertools
 import operator
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from functools import partial
 from itertools import chain, compress, count, repeat
 from operator import attrgetter
 from typing import Any, Literal, NamedTuple, Protocol, cast
@@ -776,6 +775,9 @@ class DayAccumulator:
         self._coord_code: dict[str, int] = {}
         self._coords: list[str] = []  # code → coordinate name
         self._cat_code: dict[str, dict[str, int]] = {}  # feature → category → coordinate code
+        #: feature → (a code table: category → index, the coordinate code of each index), the
+        #: columns' path to ``_cat_code`` (``_category_codes``)
+        self._cat_index: dict[str, tuple[DictUserCodes | _NativeUserCodes, list[int]]] = {}
         # per-event ``add``: Python lists, moved into the arrays every _PENDING_MAX values
         self._p_users: list[int] = []
         self._p_coords: list[int] = []
@@ -865,11 +867,18 @@ class DayAccumulator:
         return _fill_new_codes(codes, names, self._coord_code_of)
 
     def _category_codes(self, name: str, categories: list[str]) -> np.ndarray:
-        """The coordinate code of each category ``f"{name}={category}"`` of one feature, looked
-        up by the category (no string built per value; one per distinct category of the day)."""
-        of_feature = self._cat_code.setdefault(name, {})
-        codes = np.fromiter(map(of_feature.get, categories, repeat(-1)), np.int64, len(categories))
-        return _fill_new_codes(codes, categories, partial(self._cat_code_of, name))
+        """The coordinate code of each category ``f"{name}={category}"`` of one feature: each
+        category's index in the feature's code table (natively, like user ids: no Python step
+        per value), then the index's coordinate code (``_cat_code_of`` once per category new to
+        the table, which gives the code the per-event path gives)."""
+        entry = self._cat_index.get(name)
+        if entry is None:
+            entry = self._cat_index[name] = (new_user_codes(), [])
+        table, coords = entry
+        new: list[str] = []
+        index = table.codes(categories, len(coords), new)
+        coords += [self._cat_code_of(name, category) for category in new]
+        return np.asarray(coords, np.int64)[index]
 
     def add_many(self, events: Sequence[Event]) -> int:
         """``add`` of each event, in order, as column operations; returns how many were added
