@@ -68,24 +68,35 @@ static inline int64_t round_unit(double v)
     return (int64_t)llrint(v);
 }
 
-/* One row of lattice.round_to_lattice: x's row i clipped to radius min(C/γ, sqrt(cap)) and
- * rounded into r (scratch y), returning its exact cost ‖r‖² <= cap. ``per_gamma`` is 1/γ: γ
- * is a power of two, so x·(1/γ) is the same double as x/γ (one rounding of the same real,
- * subnormal and overflowing results included); ``sqrt_cap`` is sqrt((double)cap). */
-static int64_t round_row(const Matrix *x, Py_ssize_t i, double clip_units, double per_gamma,
-                         int64_t cap, double sqrt_cap, double *y, int64_t *r)
+/* x's row i in lattice units, u = x·(1/γ), and its norm sqrt(Σ u_j²) (lattice.norm2_rows);
+ * an overflowed row is all zero, with norm 0 (it contributes nothing). γ is a power of two, so
+ * x·(1/γ) is the same double as x/γ: one rounding of the same real, subnormal and overflowing
+ * results included. */
+static double scaled_row(const Matrix *x, Py_ssize_t i, double per_gamma, double *u)
 {
     const Py_ssize_t d = x->d;
-    for (Py_ssize_t j = 0; j < d; j++) y[j] = at(x, i, j) * per_gamma;
-    double radius = clip_units < sqrt_cap ? clip_units : sqrt_cap; /* np.minimum, no NaN */
-    double norm = sqrt(norm2(y, d));
-    if (!isfinite(norm)) { /* an overflowed vector contributes nothing */
-        for (Py_ssize_t j = 0; j < d; j++) y[j] = 0.0;
+    for (Py_ssize_t j = 0; j < d; j++) u[j] = at(x, i, j) * per_gamma;
+    double norm = sqrt(norm2(u, d));
+    if (!isfinite(norm)) {
+        for (Py_ssize_t j = 0; j < d; j++) u[j] = 0.0;
         norm = 0.0;
     }
+    return norm;
+}
+
+/* The rest of lattice.round_to_lattice for one row whose scaled_row is (u, norm): clipped to
+ * radius min(C/γ, sqrt(cap)) and rounded into r (scratch y), returning its exact cost
+ * ‖r‖² <= cap; ``sqrt_cap`` is sqrt((double)cap). A re-clip to a smaller cap starts again
+ * from the same (u, norm), the values round_to_lattice computes again from x. */
+static int64_t round_row(const double *u, double norm, Py_ssize_t d, double clip_units,
+                         int64_t cap, double sqrt_cap, double *y, int64_t *r)
+{
+    double radius = clip_units < sqrt_cap ? clip_units : sqrt_cap; /* np.minimum, no NaN */
     if (norm > radius) {
         double factor = radius / norm;
-        for (Py_ssize_t j = 0; j < d; j++) y[j] = y[j] * factor;
+        for (Py_ssize_t j = 0; j < d; j++) y[j] = u[j] * factor;
+    } else {
+        memcpy(y, u, (size_t)d * sizeof *y);
     }
     for (Py_ssize_t j = 0; j < d; j++) r[j] = round_unit(y[j]);
     int64_t cost = cost_of(r, d);
@@ -195,7 +206,7 @@ static PyObject *filter_totals(PyObject *self, PyObject *args)
     unsigned char *gone = (unsigned char *)PyByteArray_AS_STRING(newly);
     memset(sum, 0, (size_t)x.d * sizeof(int64_t));
     long long n_admitted = 0, n_refused = 0;
-    double y[MAX_D];
+    double u[MAX_D], y[MAX_D];
     int64_t r[MAX_D];
     const double clip_units = clip / gamma, per_gamma = 1.0 / gamma;
     const double sqrt_cap = sqrt((double)cap);
@@ -211,12 +222,13 @@ static PyObject *filter_totals(PyObject *self, PyObject *args)
         int64_t c = 0, remaining = budget - spent[i];
         int in_i = 0, gone_i = 0;
         if (live) {
-            c = round_row(&x, i, clip_units, per_gamma, cap, sqrt_cap, y, r);
+            double norm = scaled_row(&x, i, per_gamma, u);
+            c = round_row(u, norm, x.d, clip_units, cap, sqrt_cap, y, r);
             int fits = c <= remaining;
             if (policy == 2) { /* clip: every live row, re-clipped to what is left */
                 in_i = 1;
                 if (!fits)
-                    c = round_row(&x, i, clip_units, per_gamma, remaining,
+                    c = round_row(u, norm, x.d, clip_units, remaining,
                                   sqrt((double)remaining), y, r);
             } else {
                 in_i = fits;
