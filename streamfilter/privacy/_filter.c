@@ -27,8 +27,6 @@
 #include <stdint.h>
 #include <string.h>
 
-#define MAX_D 4096 /* coordinates of one query: a sum's features, a histogram's categories */
-
 typedef struct {
     const char *base;
     Py_ssize_t row_stride, col_stride, n, d;
@@ -133,11 +131,6 @@ static int matrix_of(PyObject *obj, Py_buffer *view, Matrix *m)
     m->d = view->shape[1];
     m->row_stride = view->strides[0];
     m->col_stride = view->strides[1];
-    if (m->d > MAX_D) {
-        PyErr_Format(PyExc_ValueError, "filter_totals: at most %d coordinates", MAX_D);
-        PyBuffer_Release(view);
-        return -1;
-    }
     return 0;
 }
 
@@ -188,6 +181,14 @@ static PyObject *filter_totals(PyObject *self, PyObject *args)
     const int64_t *spent = sv.buf;
     const unsigned char *retired = rv.buf;
     PyObject *total = NULL, *cost = NULL, *admitted = NULL, *newly = NULL, *out = NULL;
+    /* one row's scratch: its scaled vector, the clipped one and the integer one */
+    double *u = PyMem_Malloc(2 * (size_t)(x.d + 1) * sizeof(double));
+    int64_t *r = PyMem_Malloc((size_t)(x.d + 1) * sizeof(int64_t));
+    double *y = u != NULL ? u + x.d + 1 : NULL;
+    if (u == NULL || r == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
     for (Py_ssize_t i = 0; i < x.n; i++) {
         if (spent[i] > budget) {
             PyErr_SetString(PyExc_ValueError,
@@ -206,8 +207,6 @@ static PyObject *filter_totals(PyObject *self, PyObject *args)
     unsigned char *gone = (unsigned char *)PyByteArray_AS_STRING(newly);
     memset(sum, 0, (size_t)x.d * sizeof(int64_t));
     long long n_admitted = 0, n_refused = 0;
-    double u[MAX_D], y[MAX_D];
-    int64_t r[MAX_D];
     const double clip_units = clip / gamma, per_gamma = 1.0 / gamma;
     const double sqrt_cap = sqrt((double)cap);
     int exponent;
@@ -248,6 +247,8 @@ static PyObject *filter_totals(PyObject *self, PyObject *args)
     }
     out = Py_BuildValue("OOOOLL", total, cost, admitted, newly, n_admitted, n_refused);
 done:
+    PyMem_Free(u);
+    PyMem_Free(r);
     Py_XDECREF(total);
     Py_XDECREF(cost);
     Py_XDECREF(admitted);

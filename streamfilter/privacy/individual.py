@@ -167,8 +167,6 @@ def totals_of(step: FilterStep, x: np.ndarray) -> FilterTotals:
 
 #: the policies' codes in privacy/_filter.c
 _POLICY_CODE = {Exhaustion.SKIP: 0, Exhaustion.RETIRE: 1, Exhaustion.CLIP: 2}
-#: coordinates of one query the native filter takes (its per-row scratch)
-_NATIVE_MAX_D = 4096
 
 
 def filter_totals(
@@ -189,7 +187,7 @@ def filter_totals(
     the (n, d) temporaries; else ``totals_of(filter_contributions(...))``.
     """
     x = np.asarray(x, dtype=np.float64)
-    if _filter is None or x.ndim != 2 or x.shape[1] > _NATIVE_MAX_D:
+    if _filter is None or x.ndim != 2:
         step = filter_contributions(x, clip, lattice, spent_units, retired, budget_units, policy)
         return totals_of(step, x)
     total, cost, admitted, newly, n_admitted, n_refused = _filter.filter_totals(

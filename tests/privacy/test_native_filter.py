@@ -144,3 +144,16 @@ def test_without_the_native_twin_the_reference_runs(monkeypatch):
     assert_same(got, reference(*args, Exhaustion.SKIP))
     assert got.admitted.tolist() == [True, True]  # a zero row fits (cost 0) ...
     assert (got.admitted_nonzero, got.refused_nonzero) == (1, 0)  # ... and is not counted
+
+
+@native
+def test_a_wide_query_gets_the_same_totals():
+    """A histogram of 5,000 categories: each row's scratch is sized by the query, not fixed."""
+    rng = np.random.default_rng(5)
+    lattice = Lattice(2.0**-8)
+    x = rng.random((50, 5_000)) * (rng.random((50, 5_000)) < 0.01)
+    spent = rng.integers(0, 64, 50)
+    retired = np.zeros(50, bool)
+    for policy in Exhaustion:
+        args = (x, 0.5, lattice, spent, retired, lattice.budget_units(1.0))
+        assert_same(filter_totals(*args, policy), reference(*args, policy))
