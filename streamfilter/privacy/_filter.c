@@ -14,12 +14,14 @@
  *
  * Each row goes through the same IEEE operations, in the same order, as
  * ``lattice.round_to_lattice`` and ``individual._admission`` do on numpy arrays (one rounding per
- * product and per sum, ``rint`` to nearest even; the build turns off floating-point contraction,
- * so no fused multiply-add, and errno for math functions, which changes no result), and the
- * integer costs are the same exact int64 values: the result
- * is identical to ``filter_contributions`` followed by the sum of its units
- * (tests/privacy/test_native_filter.py compares them on random and adversarial blocks). Nothing
- * is mutated; a spent value above the budget is a ValueError before anything is computed.
+ * product and per sum, rounding to the nearest integer with ties to even), and the integer
+ * costs are the same exact int64 values: the result is identical to ``filter_contributions``
+ * followed by the sum of its units (tests/privacy/test_native_filter.py compares them on random
+ * and adversarial blocks). The rows are taken 256 at a time, each step a loop over one column,
+ * which the compiler vectorizes (-O3); the build turns off floating-point contraction (no fused
+ * multiply-add) and errno for math functions (sqrt is then one instruction), neither of which
+ * changes a value. Nothing is mutated; a spent value above the budget is a ValueError before
+ * anything is computed.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -59,61 +61,139 @@ static int64_t cost_of(const int64_t *r, Py_ssize_t d)
     return (int64_t)c;
 }
 
-/* np.rint(v).astype(np.int64) for |v| <= 2^31 + 1: llrint rounds in the current mode, to
- * nearest even (built with -fno-math-errno, one cvtsd2si instruction, no libm call) */
+/* np.rint(v).astype(np.int64) for |v| < 2^51 (a clipped row's coordinates are at most its
+ * radius, <= 2^31): v + 1.5·2^52 lies in [2^52, 2^53), where doubles are the integers, so the
+ * addition rounds v to the nearest integer, ties to even (1.5·2^52 is even, so an even sum is
+ * an even integer), and the sum's low bits hold 2^51 + that integer. Plain adds and integer
+ * subtractions: a loop of them vectorizes on any x86-64 (no libm call, no cvtsd2si each). */
 static inline int64_t round_unit(double v)
 {
-    return (int64_t)llrint(v);
+    const double shift = 6755399441055744.0; /* 1.5 · 2^52 */
+    double t = v + shift;
+    int64_t bits, base;
+    memcpy(&bits, &t, sizeof bits);
+    memcpy(&base, &shift, sizeof base);
+    return bits - base;
 }
 
-/* x's row i in lattice units, u = x·(1/γ), and its norm sqrt(Σ u_j²) (lattice.norm2_rows);
- * an overflowed row is all zero, with norm 0 (it contributes nothing). γ is a power of two, so
- * x·(1/γ) is the same double as x/γ: one rounding of the same real, subnormal and overflowing
- * results included. */
-static double scaled_row(const Matrix *x, Py_ssize_t i, double per_gamma, double *u)
-{
-    const Py_ssize_t d = x->d;
-    for (Py_ssize_t j = 0; j < d; j++) u[j] = at(x, i, j) * per_gamma;
-    double norm = sqrt(norm2(u, d));
-    if (!isfinite(norm)) {
-        for (Py_ssize_t j = 0; j < d; j++) u[j] = 0.0;
-        norm = 0.0;
-    }
-    return norm;
-}
+/* Rows are taken ROWS at a time, each step a loop over the rows of one column (contiguous
+ * reads of a column-major block, loops the compiler can vectorize): every row still gets the
+ * operations round_to_lattice gives it, in the same order, so the values are the same. */
+#define ROWS 256
 
-/* The rest of lattice.round_to_lattice for one row whose scaled_row is (u, norm): clipped to
- * radius min(C/γ, sqrt(cap)) and rounded into r (scratch y), returning its exact cost
- * ‖r‖² <= cap; ``sqrt_cap`` is sqrt((double)cap). A re-clip to a smaller cap starts again
- * from the same (u, norm), the values round_to_lattice computes again from x. */
-static int64_t round_row(const double *u, double norm, Py_ssize_t d, double clip_units,
-                         int64_t cap, double sqrt_cap, double *y, int64_t *r)
+typedef struct {
+    Py_ssize_t m, d;    /* rows in this step, coordinates */
+    double *u;          /* m·d, column by column: the rows in lattice units, x·(1/γ) */
+    double *norm;       /* m: sqrt(Σ_j u_j²), left to right (lattice.norm2_rows) */
+    double *factor;     /* m: the clip factor, radius/norm, or exactly 1.0 */
+    double *radius;     /* m */
+    int64_t *r;         /* m·d, column by column: the integer vectors */
+    int64_t *cost;      /* m: ‖r‖², exact int64 (numpy's wrap-around) */
+    int64_t *cap;       /* m: each row's integer cost cap */
+    unsigned char *nonzero; /* m: x's row is not all zero */
+    double *row;        /* d: one row's scratch for the rare over-cap step */
+} Step;
+
+/* Rows i0 .. i0 + m - 1 of x in lattice units, their norms and which are not all zero. γ is a
+ * power of two, so x·(1/γ) is the same double as x/γ (one rounding of the same real,
+ * subnormal and overflowing results included). A row whose norm is not finite is all zero
+ * with norm 0: it contributes nothing. */
+static void scale_rows(const Matrix *x, Py_ssize_t i0, double per_gamma, Step *s)
 {
-    double radius = clip_units < sqrt_cap ? clip_units : sqrt_cap; /* np.minimum, no NaN */
-    if (norm > radius) {
-        double factor = radius / norm;
-        for (Py_ssize_t j = 0; j < d; j++) y[j] = u[j] * factor;
-    } else {
-        memcpy(y, u, (size_t)d * sizeof *y);
-    }
-    for (Py_ssize_t j = 0; j < d; j++) r[j] = round_unit(y[j]);
-    int64_t cost = cost_of(r, d);
-    if (cost > cap) { /* rounding moved it by at most ½·sqrt(d): shrink the radius by that */
-        double shrunk = radius - 0.5 * sqrt((double)d);
-        if (!(shrunk > 0.0)) shrunk = 0.0; /* np.maximum(…, 0.0) */
-        double norm_o = sqrt(norm2(y, d));
-        double factor = norm_o > shrunk ? shrunk / norm_o : 1.0;
-        for (Py_ssize_t j = 0; j < d; j++) r[j] = round_unit(y[j] * factor);
-        cost = cost_of(r, d);
-        while (cost > cap) { /* lattice._enforce_cost_cap: the first largest |r_j| steps in */
-            Py_ssize_t big = 0;
-            for (Py_ssize_t j = 1; j < d; j++)
-                if (llabs(r[j]) > llabs(r[big])) big = j;
-            r[big] -= r[big] > 0 ? 1 : (r[big] < 0 ? -1 : 0);
-            cost = cost_of(r, d);
+    const Py_ssize_t m = s->m, d = s->d;
+    memset(s->nonzero, 0, (size_t)m);
+    for (Py_ssize_t k = 0; k < m; k++) s->norm[k] = 0.0;
+    for (Py_ssize_t j = 0; j < d; j++) {
+        double *u = s->u + j * m;
+        if (x->row_stride == (Py_ssize_t)sizeof(double)) { /* a column-major block's column */
+            const double *col = (const double *)(x->base + j * x->col_stride) + i0;
+            for (Py_ssize_t k = 0; k < m; k++) {
+                s->nonzero[k] |= col[k] != 0.0;
+                u[k] = col[k] * per_gamma;
+            }
+        } else {
+            for (Py_ssize_t k = 0; k < m; k++) {
+                double v = at(x, i0 + k, j);
+                s->nonzero[k] |= v != 0.0;
+                u[k] = v * per_gamma;
+            }
+        }
+        if (j == 0) {
+            for (Py_ssize_t k = 0; k < m; k++) s->norm[k] = u[k] * u[k];
+        } else {
+            for (Py_ssize_t k = 0; k < m; k++) {
+                double sq = u[k] * u[k];
+                s->norm[k] = s->norm[k] + sq;
+            }
         }
     }
+    for (Py_ssize_t k = 0; k < m; k++) s->norm[k] = sqrt(s->norm[k]);
+    for (Py_ssize_t k = 0; k < m; k++) {
+        if (!isfinite(s->norm[k])) {
+            for (Py_ssize_t j = 0; j < d; j++) s->u[j * m + k] = 0.0;
+            s->norm[k] = 0.0;
+        }
+    }
+}
+
+/* lattice._enforce_cost_cap's steps for one row (the rare rows whose nearest rounding exceeds
+ * the cap): the radius shrunk by ½·sqrt(d), since rounding moves a vector by at most that,
+ * then the first largest |r_j| stepped toward zero until the exact cost fits. ``y`` is the
+ * row after clipping, ``r`` (d) in and out; returns the cost. */
+static int64_t fit_row(const double *y, Py_ssize_t d, double radius, int64_t cap, int64_t *r)
+{
+    double shrunk = radius - 0.5 * sqrt((double)d);
+    if (!(shrunk > 0.0)) shrunk = 0.0; /* np.maximum(…, 0.0) */
+    double norm_o = sqrt(norm2(y, d));
+    double factor = norm_o > shrunk ? shrunk / norm_o : 1.0;
+    for (Py_ssize_t j = 0; j < d; j++) r[j] = round_unit(y[j] * factor);
+    int64_t cost = cost_of(r, d);
+    while (cost > cap) {
+        Py_ssize_t big = 0;
+        for (Py_ssize_t j = 1; j < d; j++)
+            if (llabs(r[j]) > llabs(r[big])) big = j;
+        r[big] -= r[big] > 0 ? 1 : (r[big] < 0 ? -1 : 0);
+        cost = cost_of(r, d);
+    }
     return cost;
+}
+
+/* The rest of round_to_lattice for the step's rows, each with its own cap and its radius
+ * min(C/γ, sqrt(cap)) (``radius_of``): clipped, rounded, and its exact cost. A row within its radius is multiplied by
+ * exactly 1.0, which changes no double. A re-clip to smaller caps starts again from the same
+ * u and norms, the values round_to_lattice computes again from x. */
+static inline double radius_of(double clip_units, int64_t cap)
+{
+    double sqrt_cap = sqrt((double)cap);
+    return clip_units < sqrt_cap ? clip_units : sqrt_cap; /* np.minimum, no NaN */
+}
+
+static void round_rows(Step *s)
+{
+    const Py_ssize_t m = s->m, d = s->d;
+    for (Py_ssize_t k = 0; k < m; k++) {
+        double q = s->radius[k] / s->norm[k]; /* taken only where norm > radius > = 0 */
+        s->factor[k] = s->norm[k] > s->radius[k] ? q : 1.0;
+        s->cost[k] = 0;
+    }
+    for (Py_ssize_t j = 0; j < d; j++) {
+        const double *u = s->u + j * m;
+        int64_t *r = s->r + j * m;
+        for (Py_ssize_t k = 0; k < m; k++) {
+            r[k] = round_unit(u[k] * s->factor[k]);
+            s->cost[k] = (int64_t)((uint64_t)s->cost[k] + (uint64_t)r[k] * (uint64_t)r[k]);
+        }
+    }
+    for (Py_ssize_t k = 0; k < m; k++) {
+        if (s->cost[k] <= s->cap[k]) continue;
+        int64_t *rk = (int64_t *)(s->row + d);
+        for (Py_ssize_t j = 0; j < d; j++) {
+            s->row[j] = s->u[j * m + k] * s->factor[k];
+            rk[j] = s->r[j * m + k];
+        }
+        s->cost[k] = fit_row(s->row, d, s->radius[k], s->cap[k], rk);
+        for (Py_ssize_t j = 0; j < d; j++) s->r[j * m + k] = rk[j];
+    }
 }
 
 static int matrix_of(PyObject *obj, Py_buffer *view, Matrix *m)
@@ -181,11 +261,11 @@ static PyObject *filter_totals(PyObject *self, PyObject *args)
     const int64_t *spent = sv.buf;
     const unsigned char *retired = rv.buf;
     PyObject *total = NULL, *cost = NULL, *admitted = NULL, *newly = NULL, *out = NULL;
-    /* one row's scratch: its scaled vector, the clipped one and the integer one */
-    double *u = PyMem_Malloc(2 * (size_t)(x.d + 1) * sizeof(double));
-    int64_t *r = PyMem_Malloc((size_t)(x.d + 1) * sizeof(int64_t));
-    double *y = u != NULL ? u + x.d + 1 : NULL;
-    if (u == NULL || r == NULL) {
+    /* the step's scratch: u, r (ROWS·d each), six per-row columns, one row of 2·d */
+    const Py_ssize_t d = x.d;
+    char *scratch = PyMem_Malloc((size_t)ROWS * (size_t)(2 * d + 5) * 8 +
+                                 (size_t)(2 * d + 1) * 8 + (size_t)ROWS);
+    if (scratch == NULL) {
         PyErr_NoMemory();
         goto done;
     }
@@ -196,7 +276,12 @@ static PyObject *filter_totals(PyObject *self, PyObject *args)
             goto done;
         }
     }
-    total = PyByteArray_FromStringAndSize(NULL, x.d * (Py_ssize_t)sizeof(int64_t));
+    int exponent;
+    if (!(gamma > 0.0) || frexp(gamma, &exponent) != 0.5) {
+        PyErr_SetString(PyExc_ValueError, "filter_totals: granularity must be a power of two");
+        goto done;
+    }
+    total = PyByteArray_FromStringAndSize(NULL, d * (Py_ssize_t)sizeof(int64_t));
     cost = PyByteArray_FromStringAndSize(NULL, x.n * (Py_ssize_t)sizeof(int64_t));
     admitted = PyByteArray_FromStringAndSize(NULL, x.n);
     newly = PyByteArray_FromStringAndSize(NULL, x.n);
@@ -205,50 +290,67 @@ static PyObject *filter_totals(PyObject *self, PyObject *args)
     int64_t *charged = (int64_t *)PyByteArray_AS_STRING(cost);
     unsigned char *in = (unsigned char *)PyByteArray_AS_STRING(admitted);
     unsigned char *gone = (unsigned char *)PyByteArray_AS_STRING(newly);
-    memset(sum, 0, (size_t)x.d * sizeof(int64_t));
+    memset(sum, 0, (size_t)d * sizeof(int64_t));
     long long n_admitted = 0, n_refused = 0;
     const double clip_units = clip / gamma, per_gamma = 1.0 / gamma;
-    const double sqrt_cap = sqrt((double)cap);
-    int exponent;
-    if (!(gamma > 0.0) || frexp(gamma, &exponent) != 0.5) {
-        PyErr_SetString(PyExc_ValueError, "filter_totals: granularity must be a power of two");
-        goto done;
+    const double radius0 = radius_of(clip_units, cap);
+    Step st = {.d = d};
+    {
+        double *f = (double *)scratch;
+        st.u = f;
+        st.r = (int64_t *)(f + ROWS * d);
+        st.norm = f + 2 * ROWS * d;
+        st.factor = st.norm + ROWS;
+        st.radius = st.factor + ROWS;
+        st.cost = (int64_t *)(st.radius + ROWS);
+        st.cap = st.cost + ROWS;
+        st.row = (double *)(st.cap + ROWS);
+        st.nonzero = (unsigned char *)(st.row + 2 * d + 1);
     }
-    for (Py_ssize_t i = 0; i < x.n; i++) {
-        int nonzero = 0;
-        for (Py_ssize_t j = 0; j < x.d && !nonzero; j++) nonzero = at(&x, i, j) != 0.0;
-        int live = !retired[i];
-        int64_t c = 0, remaining = budget - spent[i];
-        int in_i = 0, gone_i = 0;
-        if (live) {
-            double norm = scaled_row(&x, i, per_gamma, u);
-            c = round_row(u, norm, x.d, clip_units, cap, sqrt_cap, y, r);
-            int fits = c <= remaining;
+    for (Py_ssize_t i0 = 0; i0 < x.n; i0 += ROWS) {
+        st.m = x.n - i0 < ROWS ? x.n - i0 : ROWS;
+        scale_rows(&x, i0, per_gamma, &st);
+        for (Py_ssize_t k = 0; k < st.m; k++) {
+            st.cap[k] = cap;
+            st.radius[k] = radius0;
+        }
+        round_rows(&st);
+        /* the admission (individual._admission), on exact int64 costs */
+        int reclip = 0;
+        for (Py_ssize_t k = 0; k < st.m; k++) {
+            Py_ssize_t i = i0 + k;
+            int64_t remaining = budget - spent[i];
+            int fits = st.cost[k] <= remaining, live = !retired[i];
             if (policy == 2) { /* clip: every live row, re-clipped to what is left */
-                in_i = 1;
-                if (!fits)
-                    c = round_row(u, norm, x.d, clip_units, remaining,
-                                  sqrt((double)remaining), y, r);
+                in[i] = (unsigned char)live;
+                gone[i] = 0;
+                if (live && !fits) {
+                    st.cap[k] = remaining;
+                    st.radius[k] = radius_of(clip_units, remaining);
+                    reclip = 1;
+                }
             } else {
-                in_i = fits;
-                gone_i = policy == 1 && !fits;
+                in[i] = (unsigned char)(live && fits);
+                gone[i] = (unsigned char)(policy == 1 && live && !fits);
             }
         }
-        if (in_i) {
-            for (Py_ssize_t j = 0; j < x.d; j++) sum[j] += (uint64_t)r[j];
-        } else {
-            c = 0;
+        if (reclip) round_rows(&st); /* rows kept at the query's cap: unchanged */
+        for (Py_ssize_t k = 0; k < st.m; k++) {
+            Py_ssize_t i = i0 + k;
+            charged[i] = in[i] ? st.cost[k] : 0;
+            n_admitted += in[i] && st.nonzero[k];
+            n_refused += !in[i] && st.nonzero[k];
         }
-        charged[i] = c;
-        in[i] = (unsigned char)in_i;
-        gone[i] = (unsigned char)gone_i;
-        n_admitted += in_i && nonzero;
-        n_refused += !in_i && nonzero;
+        for (Py_ssize_t j = 0; j < d; j++) {
+            const int64_t *r = st.r + j * st.m;
+            uint64_t add = 0;
+            for (Py_ssize_t k = 0; k < st.m; k++) add += (uint64_t)r[k] & -(uint64_t)in[i0 + k];
+            sum[j] += add;
+        }
     }
     out = Py_BuildValue("OOOOLL", total, cost, admitted, newly, n_admitted, n_refused);
 done:
-    PyMem_Free(u);
-    PyMem_Free(r);
+    PyMem_Free(scratch);
     Py_XDECREF(total);
     Py_XDECREF(cost);
     Py_XDECREF(admitted);

@@ -157,3 +157,19 @@ def test_a_wide_query_gets_the_same_totals():
     for policy in Exhaustion:
         args = (x, 0.5, lattice, spent, retired, lattice.budget_units(1.0))
         assert_same(filter_totals(*args, policy), reference(*args, policy))
+
+
+@native
+def test_rounding_at_the_edges_of_the_coordinate_range():
+    """Ties to even and values near ±2^31 (the largest a clipped coordinate can reach, at
+    γ = 1 and C = 2^31): the native rounding is np.rint's."""
+    lattice = Lattice(1.0)
+    big = 2.0**31
+    ties = [0.5, 1.5, 2.5, -0.5, -1.5, -2.5, big - 0.5, -(big - 0.5), 2.0**30 + 0.5, 1e9 + 0.5]
+    x = np.array([[v] for v in [*ties, big, -big, big - 1.0, 0.49999999999999994, -0.0]])
+    n = len(x)
+    args = (x, big, lattice, np.zeros(n, np.int64), np.zeros(n, bool), 2**62)
+    for policy in Exhaustion:
+        assert_same(filter_totals(*args, policy), reference(*args, policy))
+    got = filter_totals(*args, Exhaustion.SKIP)
+    assert got.cost_units.tolist() == [int(v) ** 2 for v in np.rint(x[:, 0])]
