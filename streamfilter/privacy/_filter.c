@@ -158,21 +158,22 @@ static int64_t fit_row(const double *y, Py_ssize_t d, double radius, int64_t cap
     return cost;
 }
 
-/* The rest of round_to_lattice for the step's rows, each with its own cap and its radius
- * min(C/γ, sqrt(cap)) (``radius_of``): clipped, rounded, and its exact cost. A row within its radius is multiplied by
- * exactly 1.0, which changes no double. A re-clip to smaller caps starts again from the same
- * u and norms, the values round_to_lattice computes again from x. */
+/* A row's clip radius in lattice units: min(C/γ, sqrt(cap)) (np.minimum; no NaN here). */
 static inline double radius_of(double clip_units, int64_t cap)
 {
     double sqrt_cap = sqrt((double)cap);
-    return clip_units < sqrt_cap ? clip_units : sqrt_cap; /* np.minimum, no NaN */
+    return clip_units < sqrt_cap ? clip_units : sqrt_cap;
 }
 
+/* The rest of round_to_lattice for the step's rows, each with its own cap and radius:
+ * clipped, rounded, and its exact cost. A row within its radius is multiplied by exactly 1.0,
+ * which changes no double. A re-clip to smaller caps starts again from the same u and norms,
+ * the values round_to_lattice computes again from x. */
 static void round_rows(Step *s)
 {
     const Py_ssize_t m = s->m, d = s->d;
     for (Py_ssize_t k = 0; k < m; k++) {
-        double q = s->radius[k] / s->norm[k]; /* taken only where norm > radius > = 0 */
+        double q = s->radius[k] / s->norm[k]; /* used only where norm > radius >= 0 */
         s->factor[k] = s->norm[k] > s->radius[k] ? q : 1.0;
         s->cost[k] = 0;
     }
