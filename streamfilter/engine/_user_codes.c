@@ -5,7 +5,7 @@
  *       not held yet getting ``first``, ``first + 1``, ... in order of first arrival (dense codes
  *       when ``first`` is len()) — ``dict.setdefault(id, next(counter))`` for each id not held,
  *       the counter starting at ``first``; each id that took a new code is appended to the list
- *       ``new_ids`` (the day's ids by code, with no Python step per id);
+ *       ``new_ids`` when one is given (not None: the day's ids by code, no Python step per id);
  *   code_of(id, code) -> int: ``dict.setdefault(id, code)``;
  *   reserve(more): room for that many more ids, allocated at once (a size hint);
  *   len(), clear().
@@ -159,11 +159,16 @@ static void UserCodes_dealloc(UserCodes *self)
 
 static PyObject *UserCodes_codes(UserCodes *self, PyObject *args)
 {
-    PyObject *ids, *new_ids = NULL;
+    PyObject *ids, *new_ids = Py_None;
     long long first;
-    if (!PyArg_ParseTuple(args, "O!L|O!:codes", &PyList_Type, &ids, &first, &PyList_Type,
-                          &new_ids))
+    if (!PyArg_ParseTuple(args, "O!L|O:codes", &PyList_Type, &ids, &first, &new_ids))
         return NULL;
+    if (new_ids == Py_None) {
+        new_ids = NULL;
+    } else if (!PyList_Check(new_ids)) {
+        PyErr_SetString(PyExc_TypeError, "codes: new_ids must be a list or None");
+        return NULL;
+    }
     if (self->slots == NULL && resize(self, MIN_CAPACITY) < 0) return NULL;
     Py_ssize_t n = PyList_GET_SIZE(ids);
     PyObject *out = PyByteArray_FromStringAndSize(NULL, n * 8);

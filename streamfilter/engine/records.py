@@ -430,8 +430,6 @@ class _NativeUserCodes:
         self._table = _user_codes.UserCodes()
 
     def codes(self, ids: list[str], first: int, new_ids: list[str] | None = None) -> np.ndarray:
-        if new_ids is None:
-            return np.frombuffer(self._table.codes(ids, first), np.int64)
         return np.frombuffer(self._table.codes(ids, first, new_ids), np.int64)
 
     def code_of(self, user_id: str, code: int) -> int:

@@ -91,7 +91,7 @@ typedef struct {
     int64_t *cost;      /* m: ‖r‖², exact int64 (numpy's wrap-around) */
     int64_t *cap;       /* m: each row's integer cost cap */
     unsigned char *nonzero; /* m: x's row is not all zero */
-    double *row;        /* d: one row's scratch for the rare over-cap step */
+    double *row;        /* 2·d + 1: one row's y and r for the rare over-cap step */
 } Step;
 
 /* Rows i0 .. i0 + m - 1 of x in lattice units, their norms and which are not all zero. γ is a

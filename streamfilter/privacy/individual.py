@@ -181,10 +181,11 @@ def filter_totals(
     """:func:`filter_contributions` over a block of users, summed (nothing is mutated).
 
     The day close's form: it keeps each row's cost and decision and only the sum of the admitted
-    lattice vectors. With ``privacy/_filter.c`` built, one native pass per row does the same IEEE
-    operations in the same order and the same exact int64 costs as ``round_to_lattice`` and
-    ``_admission``, so the result is identical (tests/privacy/test_native_filter.py), without
-    the (n, d) temporaries; else ``totals_of(filter_contributions(...))``.
+    lattice vectors. With ``privacy/_filter.c`` built, the rows go 256 at a time through the
+    same IEEE operations in the same order and the same exact int64 costs as
+    ``round_to_lattice`` and ``_admission``, so the result is identical
+    (tests/privacy/test_native_filter.py), without the (n, d) temporaries; else
+    ``totals_of(filter_contributions(...))``.
     """
     x = np.asarray(x, dtype=np.float64)
     if _filter is None or x.ndim != 2:

@@ -61,7 +61,8 @@ def keep_freed_memory() -> bool:
         (_M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES),
         (_M_TOP_PAD, TOP_PAD_BYTES),
     )
-    return all([bool(mallopt(param, value)) for param, value in settings])
+    applied = [bool(mallopt(param, value)) for param, value in settings]  # each one, always
+    return all(applied)
 
 
 def return_free_heap() -> Callable[[], object] | None:
