@@ -22,6 +22,21 @@
  * to back and each one's length in bytes (int32), or None for an id without UTF-8 form or
  * longer than 2**31 - 1 bytes (the Python path encodes it with surrogatepass).
  *
+ * canonical_users(ids, present, in_order, max_bytes)
+ *     -> (user_rank, hashes, words, woff, lengths) | None
+ *
+ * The day's users in the ledger's canonical order (engine/records.py ``_canonical_users`` with
+ * ``ledger.python_hash``): the ids with ``present[i]`` set, sorted by ``hash(id)`` ascending.
+ * ``user_rank`` (int64, one per id) is each id's position in that order, -1 when not present;
+ * ``hashes`` (int64) the sorted hashes; ``words``, ``woff``, ``lengths`` what ``pack_words``
+ * gives for that order; the present ids themselves are stored into ``in_order`` (a fresh object
+ * array of their number, its slots None) in that order. The ids are visited twice in the order
+ * given — hash and length, then bytes and reference — and only positions are sorted: a counting
+ * pass on the hashes' top bits, then each bucket (keyed hashes fill the buckets evenly).
+ * None, with ``in_order`` untouched, when the numpy path must decide: an id that is not an exact
+ * str, has no UTF-8 form or exceeds ``max_bytes``, or two ids that share a hash (canonical order
+ * then breaks the tie by id).
+ *
  * hashes(ids) -> bytearray of int64
  *
  * ``hash(id)`` of each id of a list (ledger.python_hash: the ledger's canonical order), without
@@ -222,11 +237,193 @@ static PyObject *hashes(PyObject *Py_UNUSED(module), PyObject *arg)
     return out;
 }
 
+/* A present id's sort key — its hash with the sign bit flipped, so unsigned order is the
+ * signed order of the hashes — and its position in the list. */
+typedef struct {
+    uint64_t key;
+    int64_t at;
+} keyed_t;
+
+#define SIGN_BIT ((uint64_t)1 << 63)
+#define SMALL_BUCKET 32
+
+static int keyed_cmp(const void *pa, const void *pb)
+{
+    const keyed_t *a = pa, *b = pb;
+    if (a->key != b->key) return a->key < b->key ? -1 : 1;
+    return (a->at > b->at) - (a->at < b->at);
+}
+
+/* ``src`` sorted by (key, at) into ``dst``: a counting pass on the keys' top bits (about one
+ * bucket per key), then each bucket by insertion, or qsort if it is large. -1: no memory. */
+static int sort_keyed(const keyed_t *src, Py_ssize_t m, keyed_t *dst)
+{
+    int bits = 1;
+    while (bits < 20 && ((Py_ssize_t)1 << bits) < m) bits++;
+    size_t buckets = (size_t)1 << bits;
+    int shift = 64 - bits;
+    Py_ssize_t *end = PyMem_Calloc(buckets + 1, sizeof(Py_ssize_t));
+    if (end == NULL) return -1;
+    for (Py_ssize_t k = 0; k < m; k++) end[(src[k].key >> shift) + 1]++;
+    for (size_t b = 0; b < buckets; b++) end[b + 1] += end[b];
+    /* end[b] is bucket b's start; each scatter moves it on, to its end */
+    for (Py_ssize_t k = 0; k < m; k++) dst[end[src[k].key >> shift]++] = src[k];
+    Py_ssize_t lo = 0;
+    for (size_t b = 0; b < buckets; b++) {
+        Py_ssize_t hi = end[b];
+        if (hi - lo > SMALL_BUCKET) {
+            qsort(dst + lo, (size_t)(hi - lo), sizeof(keyed_t), keyed_cmp);
+        } else {
+            for (Py_ssize_t j = lo + 1; j < hi; j++) { /* stable: equal keys keep their order */
+                keyed_t v = dst[j];
+                Py_ssize_t t = j;
+                while (t > lo && dst[t - 1].key > v.key) {
+                    dst[t] = dst[t - 1];
+                    t--;
+                }
+                dst[t] = v;
+            }
+        }
+        lo = hi;
+    }
+    PyMem_Free(end);
+    return 0;
+}
+
+static PyObject *canonical_users(PyObject *Py_UNUSED(module), PyObject *args)
+{
+    PyObject *ids;
+    Py_buffer present_buf, slots_buf;
+    Py_ssize_t max_bytes;
+    if (!PyArg_ParseTuple(args, "O!y*w*n:canonical_users", &PyList_Type, &ids, &present_buf,
+                          &slots_buf, &max_bytes))
+        return NULL;
+    PyObject *result = NULL, *rank = NULL, *hashes_out = NULL, *words = NULL, *woff = NULL,
+             *lengths = NULL;
+    keyed_t *by_list = NULL, *sorted = NULL;
+    int64_t *len_of = NULL;
+    Py_ssize_t n = PyList_GET_SIZE(ids), m = 0;
+    const char *present = present_buf.buf;
+    PyObject **slots = slots_buf.buf;
+    if (present_buf.len != n) {
+        PyErr_SetString(PyExc_ValueError, "canonical_users: one presence byte per id");
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) m += present[i] != 0;
+    if (slots_buf.len != m * (Py_ssize_t)sizeof(PyObject *)) {
+        PyErr_SetString(PyExc_ValueError, "canonical_users: in_order holds one slot per id");
+        goto done;
+    }
+    for (Py_ssize_t k = 0; k < m; k++) { /* a fresh object array: nothing to release */
+        if (slots[k] != NULL && slots[k] != Py_None) {
+            PyErr_SetString(PyExc_ValueError, "canonical_users: in_order is not empty");
+            goto done;
+        }
+    }
+    by_list = PyMem_Malloc((size_t)(m ? m : 1) * sizeof(keyed_t));
+    sorted = PyMem_Malloc((size_t)(m ? m : 1) * sizeof(keyed_t));
+    len_of = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(int64_t));
+    if (by_list == NULL || sorted == NULL || len_of == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    /* 1. each present id's hash and length, in list order (exact str: no Python code runs) */
+    Py_ssize_t k = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (!present[i]) continue;
+        PyObject *id = PyList_GET_ITEM(ids, i);
+        const char *data;
+        Py_ssize_t len;
+        PyObject *tmp = NULL;
+        if (!PyUnicode_CheckExact(id) || !utf8_of(id, &data, &len, &tmp) || len > max_bytes) {
+            Py_XDECREF(tmp);
+            result = Py_NewRef(Py_None);
+            goto done;
+        }
+        Py_XDECREF(tmp);
+        Py_hash_t h = PyObject_Hash(id);
+        if (h == -1) goto done;
+        len_of[i] = len;
+        by_list[k].key = (uint64_t)(int64_t)h ^ SIGN_BIT;
+        by_list[k].at = i;
+        k++;
+    }
+    /* 2. sort the positions by hash; a shared hash is the numpy path's to order */
+    if (sort_keyed(by_list, m, sorted) < 0) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (k = 1; k < m; k++) {
+        if (sorted[k].key == sorted[k - 1].key) {
+            result = Py_NewRef(Py_None);
+            goto done;
+        }
+    }
+    rank = PyByteArray_FromStringAndSize(NULL, n * 8);
+    hashes_out = PyByteArray_FromStringAndSize(NULL, m * 8);
+    woff = PyByteArray_FromStringAndSize(NULL, m * 8);
+    lengths = PyByteArray_FromStringAndSize(NULL, m * 8);
+    if (rank == NULL || hashes_out == NULL || woff == NULL || lengths == NULL) goto done;
+    int64_t *rank_at = (int64_t *)PyByteArray_AS_STRING(rank);
+    int64_t *hash_at = (int64_t *)PyByteArray_AS_STRING(hashes_out);
+    int64_t *woff_at = (int64_t *)PyByteArray_AS_STRING(woff);
+    int64_t *len_at = (int64_t *)PyByteArray_AS_STRING(lengths);
+    for (Py_ssize_t i = 0; i < n; i++) rank_at[i] = -1;
+    int64_t total = 0;
+    for (k = 0; k < m; k++) {
+        int64_t i = sorted[k].at;
+        rank_at[i] = k;
+        hash_at[k] = (int64_t)(sorted[k].key ^ SIGN_BIT);
+        len_at[k] = len_of[i];
+        woff_at[k] = total;
+        total += (len_of[i] + 7) / 8;
+    }
+    words = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)total * 8);
+    if (words == NULL) goto done;
+    char *out = PyByteArray_AS_STRING(words);
+    memset(out, 0, (size_t)total * 8);
+    /* 3. each id's bytes and a reference to it, at its rank, in list order again */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (!present[i]) continue;
+        PyObject *id = PyList_GET_ITEM(ids, i);
+        const char *data;
+        Py_ssize_t len;
+        PyObject *tmp;
+        int64_t r = rank_at[i];
+        if (!utf8_of(id, &data, &len, &tmp) || len != len_of[i]) {
+            Py_XDECREF(tmp); /* str is immutable and the GIL is held: not expected */
+            PyErr_SetString(PyExc_RuntimeError, "canonical_users: an id changed while packing");
+            goto done;
+        }
+        memcpy(out + 8 * woff_at[r], data, (size_t)len);
+        Py_XDECREF(tmp);
+        PyObject *old = slots[r];
+        slots[r] = Py_NewRef(id);
+        Py_XDECREF(old); /* None (checked above): releasing it runs nothing */
+    }
+    result = PyTuple_Pack(5, rank, hashes_out, words, woff, lengths);
+done:
+    PyBuffer_Release(&present_buf);
+    PyBuffer_Release(&slots_buf);
+    PyMem_Free(by_list);
+    PyMem_Free(sorted);
+    PyMem_Free(len_of);
+    Py_XDECREF(rank);
+    Py_XDECREF(hashes_out);
+    Py_XDECREF(words);
+    Py_XDECREF(woff);
+    Py_XDECREF(lengths);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"hashes", hashes, METH_O, "hashes(ids) -> bytearray of int64: hash(id) of each id"},
     {"pack_words", pack_words, METH_VARARGS,
      "pack_words(ids, canonical, max_bytes) -> (words, woff, lengths) or None: see "
      "engine/records.py"},
+    {"canonical_users", canonical_users, METH_VARARGS,
+     "canonical_users(ids, present, in_order, max_bytes) -> (user_rank, hashes, words, woff, "
+     "lengths) or None: see engine/records.py"},
     {"concat_utf8", concat_utf8, METH_O,
      "concat_utf8(ids) -> (text, int32 lengths) or None: see engine/event_ids.py"},
     {NULL, NULL, 0, NULL},

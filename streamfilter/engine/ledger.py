@@ -42,6 +42,7 @@ __all__ = [
     "KeyedUsers",
     "Located",
     "UserKeys",
+    "canonical_users",
     "encode_ids",
     "keys_in_canonical_order",
     "object_ids",
@@ -250,6 +251,33 @@ def keys_in_canonical_order(
         np.frombuffer(woff, np.int64),
         np.frombuffer(words, np.uint64),
     )
+
+
+def canonical_users(
+    ids: list[str], present: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, UserKeys] | None:
+    """The ``present`` ids in canonical order under :func:`python_hash` (ascending hash), each
+    id's rank in that order (``-1`` when not present) and their keys, natively in two visits of
+    the ids (``engine/_packed_ids.c``): what sorting the hashes, scattering the ids and
+    :func:`keys_in_canonical_order` give. None when the extension is not built, or when the
+    numpy path must decide (an id it refuses or encodes differently, or two ids sharing a hash).
+    """
+    if _packed_ids is None:
+        return None
+    present = np.ascontiguousarray(present, dtype=np.bool_)
+    in_order = np.empty(int(np.count_nonzero(present)), dtype=object)
+    native = _packed_ids.canonical_users(ids, present, in_order, _MAX_ID_BYTES)
+    if native is None:
+        return None
+    rank, hashes, words, woff, lengths = native
+    keys = UserKeys(
+        python_hash,
+        np.frombuffer(hashes, np.int64),
+        np.frombuffer(lengths, np.int64),
+        np.frombuffer(woff, np.int64),
+        np.frombuffer(words, np.uint64),
+    )
+    return in_order, np.frombuffer(rank, np.int64), keys
 
 
 @dataclass(frozen=True)

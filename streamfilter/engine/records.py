@@ -46,6 +46,7 @@ from streamfilter.engine.ingest import EventColumns
 from streamfilter.engine.ledger import (
     Hasher,
     UserKeys,
+    canonical_users,
     encode_ids,
     keys_in_canonical_order,
     object_ids,
@@ -666,17 +667,23 @@ def _records_of_cells(
     """The records of a day's cells: user code ``i`` is ``users[i]``, coordinate code ``j`` is
     ``coords[j]`` (a user or coordinate without a cell is not in the records)."""
     present = cells.users_present(len(users))
-    ids = _objects(users)
-    if not present.all():
-        ids = ids[present]
-    if len(ids) == 0:
+    if not present.any():
         return DayRecords.from_columns(day, _objects([]), _objects([]), np.zeros(0), hasher)
-    in_order, rank, keys = _canonical_users(ids, hasher)
-    if len(ids) < len(users):
-        user_rank = np.full(len(users), -1, np.int64)
-        user_rank[present] = rank
+    native = (
+        canonical_users(users, present) if hasher is python_hash and type(users) is list else None
+    )
+    if native is not None:  # the ids visited twice, in memory order (engine/_packed_ids.c)
+        in_order, user_rank, keys = native
     else:
-        user_rank = rank
+        ids = _objects(users)
+        if not present.all():
+            ids = ids[present]
+        in_order, rank, keys = _canonical_users(ids, hasher)
+        if len(ids) < len(users):
+            user_rank = np.full(len(users), -1, np.int64)
+            user_rank[present] = rank
+        else:
+            user_rank = rank
     coord_rank, coord_names = _canonical_coords(coords, cells.coords_present(len(coords)))
     user_pos, coord, value = cells.records(user_rank, coord_rank)
     return DayRecords(day, in_order, user_pos, coord, value, coord_names, keys)

@@ -146,3 +146,109 @@ def test_native_hashes_of_other_objects_follow_their_hash():
         ledger._packed_ids.hashes(["a", ["unhashable"]])
     with pytest.raises(TypeError):
         ledger._packed_ids.hashes(("a",))
+
+
+def _canonical_by_numpy(ids: list[str], present: np.ndarray):
+    """``records._canonical_users`` over the present ids, ranks spread back over all of them."""
+    chosen = records._objects(ids)[present]
+    in_order, rank, keys = records._canonical_users(chosen, python_hash)
+    user_rank = np.full(len(ids), -1, np.int64)
+    user_rank[present] = rank
+    return in_order, user_rank, keys
+
+
+def _assert_same_canonical(ids: list[str], present: np.ndarray) -> None:
+    native_result = ledger.canonical_users(ids, present)
+    assert native_result is not None
+    in_order, user_rank, keys = native_result
+    want_order, want_rank, want_keys = _canonical_by_numpy(ids, present)
+    assert in_order.dtype == object and [id(u) for u in in_order] == [id(u) for u in want_order]
+    assert user_rank.dtype == np.int64 and np.array_equal(user_rank, want_rank)
+    for field in ("hashes", "lengths", "woff", "words"):
+        a, b = getattr(keys, field), getattr(want_keys, field)
+        assert a.dtype == b.dtype and np.array_equal(a, b), field
+
+
+distinct_ids = st.lists(
+    st.one_of(
+        st.text(st.characters(max_codepoint=0x7F), max_size=40),
+        st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=20),
+        st.text(st.characters(max_codepoint=0x7F), min_size=250, max_size=300),
+    ),
+    min_size=1,
+    max_size=80,
+    unique=True,
+)
+
+
+@native
+@settings(max_examples=300, deadline=None)
+@given(distinct_ids, st.randoms(use_true_random=False))
+def test_native_canonical_order_is_the_numpy_path_bit_for_bit(ids, rnd):
+    """``ledger.canonical_users`` (``_packed_ids.canonical_users``): the same ids in the same
+    order — the very objects —, the same ranks (-1 for an absent id) and the same keys as
+    sorting the hashes, scattering the ids and packing their words in numpy."""
+    present = np.array([rnd.random() < 0.8 for _ in ids], dtype=bool)
+    present[rnd.randrange(len(ids))] = True
+    _assert_same_canonical(ids, present)
+
+
+@native
+def test_native_canonical_order_of_a_large_day_and_of_crowded_buckets():
+    """200,000 ids (buckets of the hashes' top 18 bits), and 100 ids of which 40 share their
+    hash's top 7 bits — one bucket above the insertion-sort size, sorted by qsort."""
+    many = [f"user-{i:07d}" for i in range(200_000)]
+    present = np.ones(len(many), dtype=bool)
+    present[::7] = False
+    _assert_same_canonical(many, present)
+    candidates = [f"c{i}" for i in range(20_000)]
+    crowded = [c for c in candidates if (hash(c) + 2**63) >> 57 == 0][:40]
+    others = [c for c in candidates if (hash(c) + 2**63) >> 57 != 0][:60]
+    assert len(crowded) == 40
+    _assert_same_canonical(crowded + others, np.ones(100, dtype=bool))
+
+
+@native
+def test_ids_the_native_order_leaves_to_numpy_leave_in_order_untouched():
+    """A repeated hash (here the same id twice: numpy orders equal hashes by id), a str
+    subclass, an id without UTF-8 form and one beyond the length limit all give None with the
+    output array as it was."""
+    assert ledger._packed_ids is not None
+
+    class Named(str):
+        pass
+
+    for ids in (["a", "b", "a"], ["a", Named("b")], ["a", "\ud800"], ["a", "x" * 70_000]):
+        in_order = np.empty(len(ids), dtype=object)
+        present = np.ones(len(ids), dtype=bool)
+        assert ledger._packed_ids.canonical_users(ids, present, in_order, 65_535) is None
+        assert in_order.tolist() == [None] * len(ids)
+        assert ledger.canonical_users(ids, present) is None
+
+
+@native
+def test_native_canonical_order_checks_its_buffers_and_keeps_references_right():
+    import sys
+
+    assert ledger._packed_ids is not None
+    order = ledger._packed_ids.canonical_users
+    ids = ["".join(["u", str(i)]) for i in range(1000)]  # fresh objects: exact refcounts
+    present = np.ones(1000, dtype=bool)
+    with pytest.raises(ValueError, match="presence"):
+        order(ids, present[:-1], np.empty(1000, dtype=object), 100)
+    with pytest.raises(ValueError, match="one slot"):
+        order(ids, present, np.empty(999, dtype=object), 100)
+    taken = np.empty(1000, dtype=object)
+    taken[5] = "already here"
+    with pytest.raises(ValueError, match="not empty"):
+        order(ids, present, taken, 100)
+    before = sys.getrefcount(ids[3])
+    none_before = sys.getrefcount(None)
+    in_order = np.empty(1000, dtype=object)
+    assert order(ids, present, in_order, 100) is not None
+    held, none_after = sys.getrefcount(ids[3]), sys.getrefcount(None)
+    assert held == before + 1  # held once more, by in_order
+    assert abs(none_after - none_before) < 50  # the 1,000 None slots released
+    del in_order
+    after = sys.getrefcount(ids[3])
+    assert after == before
