@@ -27,9 +27,12 @@
  *   - the day is returned as is; the caller checks every distinct day (``ingest.day_ok``).
  * Every read is bounded by the line's end; nothing is written past a buffer sized up front.
  *
- * scan_spans(block, starts, ends, names, kinds, limits) is scan_columns of the lines
- * block[starts[i]:ends[i]], read in place (engine/lines.py, BlockLines: the file source's read
- * block, no bytes object per line); every span is checked to lie within the block first.
+ * scan_spans(block, starts, ends, names, kinds, limits, id_spans=False) is scan_columns of the
+ * lines block[starts[i]:ends[i]], read in place (engine/lines.py, BlockLines: the file source's
+ * read block, no bytes object per line); every span is checked to lie within the block first.
+ * With ``id_spans`` the event ids are not made into str: the third item is (starts, lengths),
+ * bytearrays of int64 offsets into the block and int32 lengths (-1: no id), each id an ASCII
+ * span without escapes, so its bytes are its text (engine/lines.py, EventIdSpans).
  * split_lines(block, need, final) finds those spans: the file source's line rule, in
  * engine/lines.py (split_lines, and its Python twin the tests compare it with). lines_of(block,
  * starts, ends) makes the lines as bytes when a per-line path needs them.
@@ -204,6 +207,12 @@ typedef struct {
     Py_ssize_t name_len[MAX_FEATURES];
     char categorical[MAX_FEATURES];
     PyObject *users, *days, *event_ids, *columns;
+    /* scan_spans with id_spans: each event id as (offset in ``base``, length; -1: none) in
+     * ``id_start``/``id_len`` (the bytearrays ``id_starts``/``id_lengths``), no str */
+    const char *base;
+    int64_t *id_start;
+    int32_t *id_len;
+    PyObject *id_starts, *id_lengths;
     double *numbers[MAX_FEATURES];
     PyObject *categories[MAX_FEATURES];
     Interned day_table[MAX_DAYS];
@@ -293,15 +302,24 @@ static int scan_line(Scan *s, const char *line, Py_ssize_t n, Py_ssize_t row)
             skip_ws(&c);
             if (c.end - c.p >= 4 && memcmp(c.p, "null", 4) == 0) {
                 c.p += 4;
-                Py_INCREF(Py_None);
-                PyList_SET_ITEM(s->event_ids, row, Py_None);
+                if (s->id_start != NULL) {
+                    s->id_start[row] = 0;
+                    s->id_len[row] = -1;
+                } else {
+                    PyList_SET_ITEM(s->event_ids, row, Py_NewRef(Py_None));
+                }
             }
             else {
                 if (!plain_string(&c, &text, &len, 1) || len < 1 || len > s->limits.max_id_chars)
                     return NOT_PLAIN;
-                PyObject *v = ascii_str(text, len);
-                if (v == NULL) return FAILED;
-                PyList_SET_ITEM(s->event_ids, row, v);
+                if (s->id_start != NULL) { /* ASCII (plain_string's check): its bytes are its text */
+                    s->id_start[row] = (int64_t)(text - s->base);
+                    s->id_len[row] = (int32_t)len;
+                } else {
+                    PyObject *v = ascii_str(text, len);
+                    if (v == NULL) return FAILED;
+                    PyList_SET_ITEM(s->event_ids, row, v);
+                }
             }
         }
         else if (key_len == 6 && memcmp(key, "values", 6) == 0) {
@@ -320,8 +338,12 @@ static int scan_line(Scan *s, const char *line, Py_ssize_t n, Py_ssize_t row)
         skip_ws(&c);
         if (c.p != c.end || !have_user || !have_day || !have_values) return NOT_PLAIN;
         if (!have_event_id) {
-            Py_INCREF(Py_None);
-            PyList_SET_ITEM(s->event_ids, row, Py_None);
+            if (s->id_start != NULL) {
+                s->id_start[row] = 0;
+                s->id_len[row] = -1;
+            } else {
+                PyList_SET_ITEM(s->event_ids, row, Py_NewRef(Py_None));
+            }
         }
         return SCANNED;
     }
@@ -341,6 +363,7 @@ typedef struct {
     const char *block;
     const int64_t *starts;
     const int64_t *ends;
+    int id_spans; /* block lines only: event ids as spans of the block */
 } Lines;
 
 /* scan_columns' and scan_spans' common body: the schema from ``names``/``kinds``, then every
@@ -367,7 +390,17 @@ static PyObject *scan_lines(Scan *s, PyObject *names, const char *kinds, Py_ssiz
     }
     s->users = PyList_New(n);
     s->days = PyList_New(n);
-    s->event_ids = PyList_New(n);
+    if (in->id_spans) {
+        s->id_starts = PyByteArray_FromStringAndSize(NULL, n * 8);
+        s->id_lengths = PyByteArray_FromStringAndSize(NULL, n * 4);
+        if (s->id_starts == NULL || s->id_lengths == NULL) goto done;
+        s->base = in->block;
+        s->id_start = (int64_t *)PyByteArray_AS_STRING(s->id_starts);
+        s->id_len = (int32_t *)PyByteArray_AS_STRING(s->id_lengths);
+        s->event_ids = PyTuple_Pack(2, s->id_starts, s->id_lengths);
+    } else {
+        s->event_ids = PyList_New(n);
+    }
     s->columns = PyList_New(s->k);
     if (s->users == NULL || s->days == NULL || s->event_ids == NULL || s->columns == NULL)
         goto done;
@@ -412,6 +445,8 @@ done:
     Py_XDECREF(s->users);
     Py_XDECREF(s->days);
     Py_XDECREF(s->event_ids);
+    Py_XDECREF(s->id_starts);
+    Py_XDECREF(s->id_lengths);
     Py_XDECREF(s->columns);
     return result;
 }
@@ -464,17 +499,18 @@ static PyObject *scan_spans(PyObject *Py_UNUSED(module), PyObject *args)
     PyObject *names;
     const char *kinds;
     Py_ssize_t n_kinds;
+    int id_spans = 0;
     Scan *s = PyMem_Calloc(1, sizeof(Scan));
     if (s == NULL) return PyErr_NoMemory();
     PyObject *result = NULL;
-    if (!PyArg_ParseTuple(args, "y*y*y*O!y#(nnnd):scan_spans", &block, &starts, &ends,
+    if (!PyArg_ParseTuple(args, "y*y*y*O!y#(nnnd)|p:scan_spans", &block, &starts, &ends,
                           &PyTuple_Type, &names, &kinds, &n_kinds, &s->limits.max_event_bytes,
                           &s->limits.max_id_chars, &s->limits.max_category_chars,
-                          &s->limits.max_abs))
+                          &s->limits.max_abs, &id_spans))
         goto done;
     Py_ssize_t n = check_spans(&block, &starts, &ends);
     if (n < 0) goto done;
-    Lines in = {.block = block.buf, .starts = starts.buf, .ends = ends.buf};
+    Lines in = {.block = block.buf, .starts = starts.buf, .ends = ends.buf, .id_spans = id_spans};
     result = scan_lines(s, names, kinds, n_kinds, &in, n);
 done:
     PyBuffer_Release(&block);

@@ -18,8 +18,17 @@ def scan_spans(
     names: tuple[bytes, ...],
     kinds: bytes,
     limits: tuple[int, int, int, float],
+    id_spans: bool = False,
     /,
-) -> tuple[list[str], list[str], list[str | None], list[list[str] | bytearray]] | None: ...
+) -> (
+    tuple[
+        list[str],
+        list[str],
+        list[str | None] | tuple[bytearray, bytearray],
+        list[list[str] | bytearray],
+    ]
+    | None
+): ...
 def split_lines(
     block: bytes, need: int, final: bool, /
 ) -> tuple[bytearray, bytearray, int, int, int]: ...

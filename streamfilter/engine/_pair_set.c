@@ -8,6 +8,11 @@
  *       the batch — and 0 otherwise; the new pairs are added, in order;
  *   insert_keyed(keys, users, event_ids) -> bytes: the same, the pairs' int64 keys given (the
  *       caller keyed the batch with event_ids.pair_keys: they are stored and used as given);
+ *   insert_spans(users, block, starts, lengths) -> bytes: insert's answer for the event ids
+ *       block[starts[i]:starts[i] + lengths[i]] (int64 and int32 buffers; engine/lines.py,
+ *       EventIdSpans: no str per id). Each span must lie in the block and be ASCII — then its
+ *       bytes are the id's UTF-8 and their hash is the str's (CPython hashes a str's 1-byte
+ *       code units) — else ValueError, and nothing is added;
  *   contains(user, event_id), contains_keyed(key, user, event_id) -> bool;
  *   add(user, event_id) -> bool: insert one pair, True if it was new;
  *   len(), nbytes (the bytes allocated for the pairs: columns, text and slot table);
@@ -268,6 +273,26 @@ static int int_buffer(PyObject *obj, Py_buffer *view, Py_ssize_t itemsize, const
     return 0;
 }
 
+/* The batch's pairs, checked and encoded (``text`` bytes in all; room not yet reserved), go
+ * in, in order; byte i of ``result`` (n bytes) is 1 where pair i was new. -1 with an
+ * exception and nothing changed if room cannot be made. */
+static int add_encoded(PairSet *self, const Id *batch, const int32_t *users, Py_ssize_t n,
+                       Py_ssize_t text, PyObject *result)
+{
+    if (reserve(self, n, text) < 0) return -1;
+    /* nothing below can fail */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        size_t slot;
+        if (find(self, &batch[i], users[i], &slot) >= 0) {
+            PyBytes_AS_STRING(result)[i] = 0;
+        } else {
+            append(self, &batch[i], users[i], slot);
+            PyBytes_AS_STRING(result)[i] = 1;
+        }
+    }
+    return 0;
+}
+
 /* insert and insert_keyed: ``keys_obj`` NULL to key the pairs here. */
 static PyObject *insert_batch(PairSet *self, PyObject *keys_obj, PyObject *users_obj,
                               PyObject *ids)
@@ -321,17 +346,7 @@ static PyObject *insert_batch(PairSet *self, PyObject *keys_obj, PyObject *users
         }
         text += e->len;
     }
-    if (reserve(self, n, text) < 0) goto fail;
-    /* then the pairs, in order: nothing here can fail */
-    for (Py_ssize_t i = 0; i < n; i++) {
-        size_t slot;
-        if (find(self, &batch[i], users[i], &slot) >= 0) {
-            PyBytes_AS_STRING(result)[i] = 0;
-        } else {
-            append(self, &batch[i], users[i], slot);
-            PyBytes_AS_STRING(result)[i] = 1;
-        }
-    }
+    if (add_encoded(self, batch, users, n, text, result) < 0) goto fail;
     goto done;
 fail:
     Py_CLEAR(result);
@@ -355,6 +370,71 @@ static PyObject *PairSet_insert_keyed(PairSet *self, PyObject *args)
     PyObject *keys, *users, *ids;
     if (!PyArg_ParseTuple(args, "OOO:insert_keyed", &keys, &users, &ids)) return NULL;
     return insert_batch(self, keys, users, ids);
+}
+
+#if PY_VERSION_HEX >= 0x030E0000
+#define HASH_BYTES Py_HashBuffer
+#else
+#define HASH_BYTES _Py_HashBytes
+#endif
+
+static PyObject *PairSet_insert_spans(PairSet *self, PyObject *args)
+{
+    PyObject *users_obj, *starts_obj, *lengths_obj;
+    Py_buffer block, users_view, starts_view, lengths_view;
+    if (!PyArg_ParseTuple(args, "Oy*OO:insert_spans", &users_obj, &block, &starts_obj,
+                          &lengths_obj))
+        return NULL;
+    PyObject *result = NULL;
+    Id *batch = NULL;
+    int held = 0; /* buffers held: users, starts, lengths */
+    if (int_buffer(users_obj, &users_view, 4, "users") < 0) goto done;
+    held++;
+    if (int_buffer(starts_obj, &starts_view, 8, "starts") < 0) goto done;
+    held++;
+    if (int_buffer(lengths_obj, &lengths_view, 4, "lengths") < 0) goto done;
+    held++;
+    Py_ssize_t n = users_view.shape[0], text = 0;
+    if (starts_view.shape[0] != n || lengths_view.shape[0] != n) {
+        PyErr_SetString(PyExc_ValueError, "PairSet: one start and one length per user");
+        goto done;
+    }
+    const int32_t *users = users_view.buf, *lengths = lengths_view.buf;
+    const int64_t *starts = starts_view.buf;
+    const unsigned char *data = block.buf;
+    batch = PyMem_Calloc(n > 0 ? (size_t)n : 1, sizeof(Id));
+    if (batch == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    /* first every span checked and keyed: in the block, ASCII */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int64_t a = starts[i];
+        int32_t len = lengths[i];
+        if (len < 0 || a < 0 || a > (int64_t)block.len - len) {
+            PyErr_SetString(PyExc_ValueError, "PairSet: an event id span outside its block");
+            goto done;
+        }
+        unsigned char high = 0;
+        for (int32_t j = 0; j < len; j++) high |= data[a + j];
+        if (high & 0x80) {
+            PyErr_SetString(PyExc_ValueError, "PairSet: an event id span that is not ASCII");
+            goto done;
+        }
+        batch[i].data = (const char *)data + a;
+        batch[i].len = len;
+        batch[i].key = pair_key(HASH_BYTES(data + a, len), users[i]);
+        text += len; /* at most n * INT32_MAX: no overflow in 64 bits */
+    }
+    result = PyBytes_FromStringAndSize(NULL, n);
+    if (result != NULL && add_encoded(self, batch, users, n, text, result) < 0) Py_CLEAR(result);
+done:
+    PyMem_Free(batch);
+    PyBuffer_Release(&block);
+    if (held > 0) PyBuffer_Release(&users_view);
+    if (held > 1) PyBuffer_Release(&starts_view);
+    if (held > 2) PyBuffer_Release(&lengths_view);
+    return result;
 }
 
 /* One pair, keyed here (``keyed`` 0) or by the caller: held (1), absent (0) or -1 with an
@@ -500,6 +580,8 @@ static PyMethodDef PairSet_methods[] = {
      "insert(users, event_ids) -> bytes: 1 where the pair is new (then added), else 0"},
     {"insert_keyed", (PyCFunction)PairSet_insert_keyed, METH_VARARGS,
      "insert_keyed(keys, users, event_ids) -> bytes: insert, the pairs' int64 keys given"},
+    {"insert_spans", (PyCFunction)PairSet_insert_spans, METH_VARARGS,
+     "insert_spans(users, block, starts, lengths) -> bytes: insert, the ids spans of block"},
     {"contains", (PyCFunction)PairSet_contains, METH_VARARGS,
      "contains(user, event_id) -> the pair is held"},
     {"contains_keyed", (PyCFunction)PairSet_contains_keyed, METH_VARARGS,

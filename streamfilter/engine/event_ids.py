@@ -11,11 +11,14 @@ id's UTF-8 bytes (``id_bytes``) in one blob shared by many pairs — no Python o
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
 from streamfilter.engine.native import packed_ids as _packed_ids  # None: the Python path
+
+if TYPE_CHECKING:
+    from streamfilter.engine.lines import EventIdSpans
 
 __all__ = [
     "MAX_USER_CODE",
@@ -31,9 +34,10 @@ __all__ = [
 class EventIdIndex(Protocol):
     """The exact set of one day's ``(user code, event id)`` pairs."""
 
-    def insert(self, users: np.ndarray, event_ids: list[str]) -> np.ndarray:
+    def insert(self, users: np.ndarray, event_ids: list[str] | EventIdSpans) -> np.ndarray:
         """Add each pair not already held; True where the pair is new — neither held before nor
-        earlier in the batch. ``users[i]`` is the int32 code of ``event_ids[i]``'s user."""
+        earlier in the batch. ``users[i]`` is the int32 code of ``event_ids[i]``'s user; the ids
+        are a list, or spans of the block a batch was scanned in (none of them missing)."""
         ...
 
     def __contains__(self, pair: tuple[int, str]) -> bool: ...

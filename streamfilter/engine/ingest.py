@@ -51,7 +51,7 @@ from streamfilter.engine.contract import (
     _parse_day,
     parse_event,
 )
-from streamfilter.engine.lines import BlockLines
+from streamfilter.engine.lines import BlockLines, EventIdSpans
 from streamfilter.engine.native import jsonl as _jsonl  # None: msgspec takes every batch
 
 __all__ = ["SCANNER", "EventColumns", "day_ok", "parse_columns", "parse_events"]
@@ -194,7 +194,7 @@ class EventColumns:
 
     user_ids: list[str]
     days: list[str]
-    event_ids: list[str | None]
+    event_ids: list[str | None] | EventIdSpans  # spans: a batch scanned in its block
     features: tuple[str, ...]
     categorical: tuple[bool, ...]
     columns: list[list[Any] | np.ndarray]
@@ -313,17 +313,26 @@ def _scan_columns(
         return None
     names = tuple(name.encode() for name, _ in schema)
     kinds = bytes(cat for _, cat in schema)
-    if isinstance(lines, BlockLines):  # read in place from the source's block
+    if isinstance(lines, BlockLines):  # read in place from the source's block, ids as spans
         scanned = _jsonl.scan_spans(
-            lines.block, lines.starts, lines.ends, names, kinds, _SCAN_LIMITS
+            lines.block, lines.starts, lines.ends, names, kinds, _SCAN_LIMITS, True
         )
     else:
         scanned = _jsonl.scan_columns(lines, names, kinds, _SCAN_LIMITS)
     if scanned is None:
         return None
-    user_ids, days, event_ids, raw = scanned
+    user_ids, days, ids, raw = scanned
     if not all(map(day_ok, set(days))):
         return None
+    event_ids: list[str | None] | EventIdSpans
+    if isinstance(ids, tuple):
+        assert isinstance(lines, BlockLines)
+        id_starts, id_lengths = ids
+        event_ids = EventIdSpans(
+            lines.block, np.frombuffer(id_starts, np.int64), np.frombuffer(id_lengths, np.int32)
+        )
+    else:
+        event_ids = ids
     columns: list[list[Any] | np.ndarray] = [
         col if isinstance(col, list) else np.frombuffer(col, np.float64) for col in raw
     ]

@@ -4,7 +4,9 @@ A file source reads its input in blocks. ``split_lines`` finds the block's lines
 ``(start, end)`` spans, and :class:`BlockLines` is the batch's values as a sequence of bytes over
 those spans: the native scanner reads each line in place (``engine/_jsonl.c``, ``scan_spans``),
 and a ``bytes`` per line is made only when something asks for one (the per-line paths: a reject,
-a batch the scanner does not take). docs/design.md §8.4 gives the cost this saves.
+a batch the scanner does not take). The event ids the scanner finds stay spans of the block too
+(:class:`EventIdSpans`): the event-id index reads them in place (``engine/_pair_set.c``,
+``insert_spans``). docs/design.md §8.4 gives the cost this saves.
 
 The split is the file source's line rule (``runtime/io/files.py``): lines end at ``\\n``; trailing
 ``\\r`` are not part of a line; a blank line (only ASCII whitespace, as ``bytes.strip`` sees it) is
@@ -21,7 +23,7 @@ import numpy as np
 
 from streamfilter.engine.native import jsonl as _jsonl
 
-__all__ = ["BlockLines", "split_lines"]
+__all__ = ["BlockLines", "EventIdSpans", "id_list", "split_lines"]
 
 _PLUS_ONE = (1).__add__  # a line's length with its newline
 
@@ -133,3 +135,82 @@ class BlockLines(Sequence[bytes]):
 
     def __repr__(self) -> str:
         return f"BlockLines({self.lines()!r})"
+
+
+class EventIdSpans(Sequence[str | None]):
+    """A scanned batch's event ids as spans of its block: id ``i`` is
+    ``block[starts[i]:starts[i] + lengths[i]]`` (int64 offsets, int32 lengths; ``-1``: the event
+    has no id). The scanner gives only ASCII ids without escapes (``engine/_jsonl.c``), so an
+    id's bytes are its text. A sequence of ``str | None`` like the list the scanner would
+    otherwise make, and equal to it; each ``str`` is made only when asked for (off the hot path:
+    the event-id index takes the spans themselves)."""
+
+    __slots__ = ("block", "lengths", "starts")
+
+    def __init__(self, block: bytes, starts: np.ndarray, lengths: np.ndarray) -> None:
+        starts = np.ascontiguousarray(starts, np.int64)
+        lengths = np.ascontiguousarray(lengths, np.int32)
+        if starts.shape != lengths.shape or starts.ndim != 1:
+            raise ValueError("EventIdSpans: starts and lengths are vectors of one length")
+        present = lengths >= 0
+        if len(starts) and (
+            (lengths < -1).any()
+            or (starts[present] < 0).any()
+            or (starts[present] + lengths[present] > len(block)).any()
+        ):
+            raise ValueError("EventIdSpans: a span outside its block")
+        self.block = block
+        self.starts = starts
+        self.lengths = lengths
+
+    def without_id(self) -> int:
+        """How many events have no id."""
+        return int(np.count_nonzero(self.lengths < 0))
+
+    def count(self, value: object) -> int:
+        return self.without_id() if value is None else sum(i == value for i in self.tolist())
+
+    def tolist(self) -> list[str | None]:
+        """The ids as a list (a ``str`` each)."""
+        block = self.block
+        return [
+            None if n < 0 else block[a : a + n].decode("ascii")
+            for a, n in zip(self.starts.tolist(), self.lengths.tolist(), strict=True)
+        ]
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    @overload
+    def __getitem__(self, i: int) -> str | None: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> EventIdSpans: ...
+
+    def __getitem__(self, i: int | slice) -> str | EventIdSpans | None:
+        if isinstance(i, slice):
+            return EventIdSpans(self.block, self.starts[i], self.lengths[i])
+        a, n = int(self.starts[i]), int(self.lengths[i])  # IndexError as a list gives it
+        return None if n < 0 else self.block[a : a + n].decode("ascii")
+
+    def __iter__(self) -> Iterator[str | None]:
+        return iter(self.tolist())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, EventIdSpans | list | tuple):
+            return self.tolist() == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"EventIdSpans({self.tolist()!r})"
+
+
+def id_list(event_ids: Sequence[str | None]) -> list[str | None]:
+    """``event_ids`` as a list (itself when it is one)."""
+    if type(event_ids) is list:
+        return event_ids
+    if isinstance(event_ids, EventIdSpans):
+        return event_ids.tolist()
+    return list(event_ids)

@@ -53,6 +53,7 @@ from streamfilter.engine.ledger import (
     pack_ids,
     python_hash,
 )
+from streamfilter.engine.lines import EventIdSpans, id_list
 from streamfilter.engine.native import cell_table as _cell_table  # None: NumpyCells
 from streamfilter.engine.native import pair_set as _pair_set  # None: SeenEventIds' runs
 from streamfilter.engine.native import user_codes as _user_codes  # None: a dict codes them
@@ -257,14 +258,15 @@ class SeenEventIds:
             self._pending = set()
             self.insert(np.array(users, np.int32), list(event_ids))
 
-    def insert(self, users: np.ndarray, event_ids: list[str]) -> np.ndarray:
+    def insert(self, users: np.ndarray, event_ids: list[str] | EventIdSpans) -> np.ndarray:
         """Add each pair not already held; True where the pair is new — neither held before
         nor earlier in the batch."""
         self._flush()
         if len(event_ids) == 0:
             return np.ones(0, bool)
         users = user_codes(users)
-        return self.insert_keyed(_pair_keys(users, event_ids), users, event_ids)
+        ids = cast(list[str], id_list(event_ids))
+        return self.insert_keyed(_pair_keys(users, ids), users, ids)
 
     def insert_keyed(self, keys: np.ndarray, users: np.ndarray, event_ids: list[str]) -> np.ndarray:
         """``insert``, the pairs' keys given (``users``: int32 codes, as ``user_codes`` makes
@@ -351,10 +353,15 @@ class _NativeSeenEventIds:
     def add(self, key: tuple[int, str]) -> None:
         self._set.add(*key)
 
-    def insert(self, users: np.ndarray, event_ids: list[str]) -> np.ndarray:
+    def insert(self, users: np.ndarray, event_ids: list[str] | EventIdSpans) -> np.ndarray:
         """Add each pair not already held; True where the pair is new — neither held before
-        nor earlier in the batch."""
-        new = self._set.insert(user_codes(users), event_ids)
+        nor earlier in the batch. Spans are read in place (no ``str`` per id)."""
+        if isinstance(event_ids, EventIdSpans):
+            new = self._set.insert_spans(
+                user_codes(users), event_ids.block, event_ids.starts, event_ids.lengths
+            )
+        else:
+            new = self._set.insert(user_codes(users), event_ids)
         return np.frombuffer(new, np.bool_).copy()
 
     def insert_keyed(self, keys: np.ndarray, users: np.ndarray, event_ids: list[str]) -> np.ndarray:
@@ -923,7 +930,7 @@ class DayAccumulator:
         return added
 
     def _new_events(
-        self, user_ids: list[str], event_ids: list[str | None]
+        self, user_ids: list[str], event_ids: list[str | None] | EventIdSpans
     ) -> tuple[np.ndarray, np.ndarray]:
         """The user codes of a batch and which of its events count (not a repeated ``event_id``,
         of the day or earlier in the batch); updates the event and duplicate counts."""
@@ -932,7 +939,7 @@ class DayAccumulator:
         keep = np.ones(n, bool)
         without_id = event_ids.count(None)
         if without_id == 0:  # the usual batch: every event has an id
-            keep = self._seen_event_ids.insert(codes, cast(list[str], event_ids))
+            keep = self._seen_event_ids.insert(codes, cast(list[str] | EventIdSpans, event_ids))
         elif without_id < n:
             idx = np.flatnonzero(
                 np.fromiter(map(operator.is_not, event_ids, repeat(None)), bool, n)

@@ -36,11 +36,13 @@ import tempfile
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 
 from streamfilter.engine import event_ids as engine_event_ids
 from streamfilter.engine.event_ids import id_bytes, user_codes
+from streamfilter.engine.lines import EventIdSpans, id_list
 from streamfilter.engine.records import PairRun, new_seen_event_ids
 
 __all__ = ["DEFAULT_MEMORY_PAIRS", "SpillingEventIds"]
@@ -442,7 +444,7 @@ class SpillingEventIds:
         if len(self._added) >= ADDED_MAX:
             self._flush_added()
 
-    def insert(self, users: np.ndarray, event_ids: list[str]) -> np.ndarray:
+    def insert(self, users: np.ndarray, event_ids: list[str] | EventIdSpans) -> np.ndarray:
         """Add each pair not already held; True where the pair is new — neither held before
         nor earlier in the batch."""
         self._check()
@@ -457,6 +459,7 @@ class SpillingEventIds:
             new = self._recent.insert(users, event_ids)
             self._spill_if_full()
             return new
+        event_ids = cast(list[str], id_list(event_ids))
         keys = engine_event_ids.pair_keys(users, event_ids)  # once: segments and memory alike
         spilled = self._spilled(keys, users, event_ids)
         if len(spilled) == 0:

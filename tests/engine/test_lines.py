@@ -1,7 +1,8 @@
 """Lines of a read block (``engine/lines.py``): the native ``split_lines`` gives the same spans as
 the Python rule for any bytes (blank lines, ``\\r``, whitespace, partial last lines, any
 ``need``); ``BlockLines`` is a sequence equal to the list of its lines; the scanner reading the
-lines in place (``scan_spans``) gives what it gives for the same lines as ``bytes``."""
+lines in place (``scan_spans``) gives what it gives for the same lines as ``bytes``, its event ids
+as spans (``EventIdSpans``) a sequence equal to the list of the ids."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streamfilter.engine import ingest, lines, native
-from streamfilter.engine.lines import BlockLines
+from streamfilter.engine.lines import BlockLines, EventIdSpans, id_list
 from tests.native_build import needs
 
 built = needs(native.jsonl, "engine/_jsonl.c")
@@ -95,6 +96,9 @@ def test_block_lines_refuses_spans_outside_the_block(starts, ends):
             st.integers(0, 10**6),
             st.sampled_from(["free", "pro"]),
             st.sampled_from(["", " ", "\r"]),
+            st.sampled_from(
+                ['"event_id":"e{i}",', '"event_id": "x-{i}" ,', '"event_id":null,', ""]
+            ),
         ),
         min_size=1,
         max_size=30,
@@ -103,10 +107,13 @@ def test_block_lines_refuses_spans_outside_the_block(starts, ends):
 )
 @settings(max_examples=200, deadline=None)
 def test_scanning_in_place_equals_scanning_the_lines(events, broken):
+    """``scan_spans`` reads the lines in place as ``scan_columns`` reads them as bytes; with
+    ``id_spans`` the event ids are spans of the block, each the same text (``None``: a null or
+    missing id), and ``parse_columns`` of the block's lines gives the same events either way."""
     text = [
-        f'{{"user_id":"{u}","day":"2026-03-01","event_id":"e{i}","values":{{"m":{v / 100},'
+        f'{{"user_id":"{u}","day":"2026-03-01",{eid.format(i=i)}"values":{{"m":{v / 100},'
         f'"plan":"{p}"}}}}{pad}'
-        for i, (u, v, p, pad) in enumerate(events)
+        for i, (u, v, p, pad, eid) in enumerate(events)
     ]
     if broken:
         text[len(text) // 2] = text[len(text) // 2].replace('"m":', '"m":"')
@@ -122,9 +129,23 @@ def test_scanning_in_place_equals_scanning_the_lines(events, broken):
     by_lines = native.jsonl.scan_columns(in_place.lines(), names, kinds, ingest._SCAN_LIMITS)
     assert by_spans == by_lines
     assert (by_spans is None) == broken
+    with_id_spans = native.jsonl.scan_spans(
+        block, in_place.starts, in_place.ends, names, kinds, ingest._SCAN_LIMITS, True
+    )
+    if by_lines is None:
+        assert with_id_spans is None
+    else:
+        assert with_id_spans is not None
+        users, days, (id_starts, id_lengths), columns = with_id_spans
+        assert (users, days, columns) == (by_lines[0], by_lines[1], by_lines[3])
+        spans = EventIdSpans(
+            block, np.frombuffer(id_starts, np.int64), np.frombuffer(id_lengths, np.int32)
+        )
+        assert spans.tolist() == by_lines[2] and spans.count(None) == by_lines[2].count(None)
     a, b = ingest.parse_columns(in_place), ingest.parse_columns(in_place.lines())
     assert (a is None) == (b is None)
     if a is not None and b is not None:
+        assert isinstance(a.event_ids, EventIdSpans) and isinstance(b.event_ids, list)
         assert a.events() == b.events()
 
 
@@ -137,3 +158,28 @@ def test_scan_spans_refuses_spans_outside_the_block():
         )
     with pytest.raises(ValueError):
         native.jsonl.lines_of(b"{}", np.array([0, 1]), np.array([1]))
+
+
+def test_event_id_spans_are_the_list_of_their_ids():
+    block = b"..abc.d..xyz"
+    spans = EventIdSpans(block, np.array([2, 6, 0, 9]), np.array([3, 1, -1, 3]))
+    want = ["abc", "d", None, "xyz"]
+    assert len(spans) == 4 and spans[0] == "abc" and spans[2] is None and spans[-1] == "xyz"
+    assert spans == want and want == spans and spans == tuple(want) and spans != want[:3]
+    assert list(spans) == want and spans.tolist() == want and id_list(spans) == want
+    assert isinstance(spans[1:3], EventIdSpans) and spans[1:3] == ["d", None]
+    assert spans.count(None) == spans.without_id() == 1 and spans.count("xyz") == 1
+    assert spans.count("nope") == 0 and repr(spans).startswith("EventIdSpans(")
+    assert id_list(want) is want and id_list(("a",)) == ["a"]
+    with pytest.raises(IndexError):
+        spans[4]
+    with pytest.raises(TypeError):
+        hash(spans)
+
+
+@pytest.mark.parametrize(
+    ("starts", "lengths"), [([0], [5]), ([-1], [1]), ([3], [2]), ([0], [-2]), ([0, 1], [1])]
+)
+def test_event_id_spans_refuse_spans_outside_the_block(starts, lengths):
+    with pytest.raises(ValueError):
+        EventIdSpans(b"abcd", np.array(starts), np.array(lengths))

@@ -328,3 +328,89 @@ def test_empty_ids_with_no_text_held():
     assert pairs.contains(1, "") and not pairs.contains(3, "") and not pairs.add(2, "")
     assert pairs.export()[4] == b"" and exported(pairs)[1] == [(1, ""), (2, "")]
     assert pairs.add(1, "x") and exported(pairs)[1] == [(1, ""), (2, ""), (1, "x")]
+
+
+def _spans(ids_: list[str], gaps: list[int]) -> tuple[bytes, np.ndarray, np.ndarray]:
+    """A block holding ``ids_`` among filler bytes, and their spans in it."""
+    block, starts = bytearray(), []
+    for text, gap in zip(ids_, gaps, strict=True):
+        block += b"#" * gap
+        starts.append(len(block))
+        block += text.encode("ascii")
+    lengths = np.array([len(t) for t in ids_], np.int32)
+    return bytes(block), np.array(starts, np.int64), lengths
+
+
+ascii_ids = st.one_of(
+    st.text(st.characters(max_codepoint=0x7F), max_size=12),
+    st.integers(0, 30).map(lambda i: f"e{i}"),
+)
+
+
+@built
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.lists(st.tuples(users, ascii_ids, st.integers(0, 3)), max_size=25).flatmap(
+            lambda b: st.permutations(b + b[: len(b) // 3]) if b else st.just(b)
+        ),
+        max_size=6,
+    )
+)
+def test_spans_are_inserted_as_the_str_ids_they_hold(batches):
+    """``insert_spans`` (ids read in place from a block, engine/lines.py EventIdSpans) answers
+    and stores exactly what ``insert`` of the same ids as ``str`` does: the same new flags, and
+    the same keys (``pair_keys``: the bytes' hash is the str's), users and text held."""
+    by_str, by_span = new_set(), new_set()
+    for batch in batches:
+        codes = np.array([u for u, _, _ in batch], np.int32)
+        texts = [t for _, t, _ in batch]
+        block, starts, lengths = _spans(texts, [g for _, _, g in batch])
+        want = by_str.insert(codes, [fresh(t) for t in texts])
+        assert by_span.insert_spans(codes, block, starts, lengths) == want
+    assert by_span.export() == by_str.export()
+    keys, held = exported(by_span)
+    if held:
+        assert (
+            keys.tolist()
+            == pair_keys(np.array([u for u, _ in held], np.int32), [t for _, t in held]).tolist()
+        )
+
+
+@built
+def test_a_bad_span_batch_changes_nothing():
+    pairs = new_set()
+    pairs.insert(np.array([1, 2], np.int32), ["a", "é"])
+    before = (len(pairs), pairs.export())
+    block = b"abc\xc3\xa9def"
+    one = np.array([1], np.int32)
+    for starts, lengths in (([0], [9]), ([-1], [1]), ([4], [-1]), ([8], [1]), ([2], [2])):
+        # past the end, before the start, no id, past the end, not ASCII (é's bytes)
+        with pytest.raises(ValueError, match=r"outside|ASCII"):
+            pairs.insert_spans(one, block, np.array(starts, np.int64), np.array(lengths, np.int32))
+    with pytest.raises(ValueError, match="one start"):
+        pairs.insert_spans(
+            np.array([1, 2], np.int32), block, np.array([0], np.int64), np.array([1], np.int32)
+        )
+    with pytest.raises(ValueError, match="ASCII"):  # a good span before a bad one adds nothing
+        pairs.insert_spans(
+            np.array([7, 7], np.int32),
+            block,
+            np.array([0, 2], np.int64),
+            np.array([1, 2], np.int32),
+        )
+    for starts, lengths in (
+        (np.array([0], np.int32), np.array([1], np.int32)),
+        (np.array([0], np.int64), np.array([1], np.int64)),
+    ):
+        with pytest.raises(TypeError):
+            pairs.insert_spans(one, block, starts, lengths)
+    assert (len(pairs), pairs.export()) == before
+    assert (
+        pairs.insert_spans(np.zeros(0, np.int32), b"", np.zeros(0, np.int64), np.zeros(0, np.int32))
+        == b""
+    )
+    assert pairs.insert_spans(one, block, np.array([5], np.int64), np.array([3], np.int32)) == (
+        b"\x01"
+    )
+    assert pairs.contains(1, "def")

@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 
 from streamfilter.engine import event_ids, native, records
 from streamfilter.engine.event_ids import EventIdIndex
+from streamfilter.engine.lines import EventIdSpans, id_list
 from streamfilter.runtime import event_ids as spilling
 from streamfilter.runtime.event_ids import SpillingEventIds
 
@@ -86,8 +87,9 @@ def colliding(request, monkeypatch) -> bool:
     return bool(request.param)
 
 
-def _insert_cut(self, users: np.ndarray, ids: list[str]) -> np.ndarray:
-    return self.insert_keyed(records._pair_keys(users, ids), users, ids)
+def _insert_cut(self, users: np.ndarray, ids: list[str] | EventIdSpans) -> np.ndarray:
+    listed = id_list(ids)
+    return self.insert_keyed(records._pair_keys(users, listed), users, listed)
 
 
 def _contains_cut(self, pair: Pair) -> bool:
@@ -100,13 +102,22 @@ def _add_cut(self, pair: Pair) -> None:
     self.insert_keyed(key, np.array([user], np.int32), [event_id])
 
 
-def _insert(index: EventIdIndex, model: set[Pair], batch: list[Pair]) -> None:
+def _insert(index: EventIdIndex, model: set[Pair], batch: list[Pair], spans: bool = False) -> None:
+    """Insert ``batch``, its ids as a list or (``spans``, when they are all ASCII: what the
+    scanner gives) as spans of a block (engine/lines.py ``EventIdSpans``)."""
     expected = []
     for pair in batch:
         expected.append(pair not in model)
         model.add(pair)
     users = np.array([u for u, _ in batch], np.int64)
-    assert index.insert(users, [e for _, e in batch]).tolist() == expected
+    texts = [e for _, e in batch]
+    ids: list[str] | EventIdSpans = texts
+    if spans and all(t.isascii() for t in texts):
+        block = ("|".join(texts)).encode("ascii")
+        lengths = np.array([len(t) for t in texts], np.int32)
+        starts = np.cumsum(lengths + 1, dtype=np.int64) - lengths - 1
+        ids = EventIdSpans(block, starts, lengths)
+    assert index.insert(users, ids).tolist() == expected
 
 
 ids = st.text(st.characters(codec="utf-8"), max_size=3) | st.sampled_from(["", "é", "€x", "😀"])
@@ -134,7 +145,7 @@ def test_the_index_is_a_set(make_index, colliding, batches, data):
                         index.add(pair)
                     model.add(pair)
             else:
-                _insert(index, model, batch)
+                _insert(index, model, batch, data.draw(st.booleans()))
             assert len(index) == len(model)
         probe = [p for b in batches for p in b] + [(0, "zz"), (9, ""), (3, "é")]
         assert [p in index for p in probe] == [p in model for p in probe]
@@ -153,12 +164,14 @@ def test_many_spills_and_merges_answer_like_a_set(make_index, colliding):
     n = 40 if colliding else 300
     try:
         for b in range(30):
+            tail = "é" if b % 2 else "x"  # even batches: all ASCII, inserted as spans
             fresh = [
-                (int(u), f"e{b}-{i}é"[: 2 + i % 6]) for i, u in enumerate(rng.integers(0, 50, n))
+                (int(u), f"e{b}-{i}{tail}"[: 2 + i % 6])
+                for i, u in enumerate(rng.integers(0, 50, n))
             ]
             again = [held[int(j)] for j in rng.integers(0, len(held), n // 10)] if held else []
             batch = fresh + again + fresh[: n // 10]
-            _insert(index, model, batch)
+            _insert(index, model, batch, spans=b % 2 == 0)
             held += fresh
         assert len(index) == len(model)
         probe = [*held[::7], (1, "absent"), (49, "e0-0x"), (0, "")]
