@@ -3,3 +3,6 @@
 import numpy as np
 
 def budget_crcs(users: list[str], spent: np.ndarray, retired: np.ndarray, /) -> bytearray: ...
+def budget_rows(
+    ids: bytes, lengths: bytes, spent: bytes, retired: bytes, /
+) -> list[tuple[str, int, int, int]] | None: ...

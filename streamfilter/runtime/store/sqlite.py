@@ -29,7 +29,6 @@ import os
 import sqlite3
 import uuid
 from collections.abc import Iterator, Sequence
-from operator import itemgetter
 from pathlib import Path
 from typing import IO
 
@@ -57,8 +56,8 @@ from streamfilter.runtime.store.schema import (
     PackedBudgets,
     as_blob,
     as_int,
-    budget_crcs,
     checked_row,
+    fold_rows,
     lookup_budget,
     newest_in_log,
     read_ledger,
@@ -439,15 +438,7 @@ class SQLiteStateStore(StateStore):
             seq, packed, offsets = oldest
             stop = min(folded + n_entries, packed.n_users)
             part = packed.entries(folded, stop, self.path, offsets)
-            users, spent, retired = part.unpack(self.path)
-            crcs = budget_crcs(users, spent, retired)
-            # in key order: the upserts walk the table's B-tree pages in sequence instead of at
-            # random (the day's users come in hash order; a 600k-entry fold took 10 s unsorted);
-            # stable, so a user listed twice keeps their newest entry last
-            rows = sorted(
-                zip(users, spent, map(int, retired), crcs, strict=True), key=itemgetter(0)
-            )
-            db.executemany(BUDGET_UPSERT, rows)
+            db.executemany(BUDGET_UPSERT, fold_rows(part, self.path))  # in key order
             crash_point("mid_compaction")
             n_entries -= stop - folded
             folded = stop
