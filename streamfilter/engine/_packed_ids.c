@@ -37,6 +37,24 @@
  * str, has no UTF-8 form or exceeds ``max_bytes``, or two ids that share a hash (canonical order
  * then breaks the tie by id).
  *
+ * locate_sorted(key, len, woff, words, hashes, lengths, qwoff, qwords) -> (found, pos)
+ *
+ * The ledger's lookup (engine/ledger.py ``BudgetLedger._locate_sorted``) as one merge walk:
+ * ``key`` (int64, ascending), ``len`` (uint16), ``woff`` (int64) and ``words`` (uint64) are the
+ * ledger's entries, ``hashes`` (int64, ascending), ``lengths``, ``qwoff`` (int64) and
+ * ``qwords`` the users' keys (``UserKeys``). ``pos[i]`` is where hash i goes in ``key`` (numpy's
+ * ``searchsorted``, left); ``found[i]`` the first entry of the run of equal keys from there
+ * whose id is the user's (same length, same words), or -1. Hashes out of order, or an id's
+ * words outside their array, are a ValueError.
+ *
+ * merge_entries(key, spent, retired, len, woff, words, nkey, nspent, nretired, nlen, nwoff,
+ *               nwords) -> (key, spent, retired, len, woff, words)
+ *
+ * ``BudgetLedger._insert`` as one merge: the ledger's columns (as above; ``spent`` int64,
+ * ``retired`` bytes 0/1) and new entries sorted by key (``nlen`` int64) into new columns sorted
+ * by key, a new entry after the ledger's entries of its key and new entries of one key in their
+ * order; each id's words copied to its place, ``woff`` the running count of words.
+ *
  * hashes(ids) -> bytearray of int64
  *
  * ``hash(id)`` of each id of a list (ledger.python_hash: the ledger's canonical order), without
@@ -416,11 +434,174 @@ done:
     return result;
 }
 
+/* ``view``'s items as ``itemsize``-byte values: their count, or -1 with ValueError */
+static Py_ssize_t items(const Py_buffer *view, Py_ssize_t itemsize, const char *what)
+{
+    if (view->len % itemsize != 0) {
+        PyErr_Format(PyExc_ValueError, "ledger: %s is not a whole number of items", what);
+        return -1;
+    }
+    return view->len / itemsize;
+}
+
+/* 1 if the ``nw`` words at ``off`` lie within ``n_words`` */
+static inline int words_within(int64_t off, int64_t nw, Py_ssize_t n_words)
+{
+    return off >= 0 && nw >= 0 && off <= (int64_t)n_words - nw;
+}
+
+static PyObject *locate_sorted(PyObject *Py_UNUSED(module), PyObject *args)
+{
+    Py_buffer b[8];
+    memset(b, 0, sizeof b);
+    if (!PyArg_ParseTuple(args, "y*y*y*y*y*y*y*y*:locate_sorted", &b[0], &b[1], &b[2], &b[3],
+                          &b[4], &b[5], &b[6], &b[7]))
+        return NULL;
+    PyObject *result = NULL, *found = NULL, *pos = NULL;
+    Py_ssize_t big_n = items(&b[0], 8, "key"), n = items(&b[4], 8, "hashes");
+    Py_ssize_t n_words = items(&b[3], 8, "words"), n_qwords = items(&b[7], 8, "qwords");
+    if (big_n < 0 || n < 0 || n_words < 0 || n_qwords < 0) goto done;
+    if (b[1].len != 2 * big_n || b[2].len != 8 * big_n || b[5].len != 8 * n ||
+        b[6].len != 8 * n) {
+        PyErr_SetString(PyExc_ValueError, "locate_sorted: columns of different lengths");
+        goto done;
+    }
+    const int64_t *key = b[0].buf, *woff = b[2].buf, *h = b[4].buf, *lengths = b[5].buf,
+                  *qwoff = b[6].buf;
+    const uint16_t *len = b[1].buf;
+    const uint64_t *words = b[3].buf, *qwords = b[7].buf;
+    found = PyByteArray_FromStringAndSize(NULL, n * 8);
+    pos = PyByteArray_FromStringAndSize(NULL, n * 8);
+    if (found == NULL || pos == NULL) goto done;
+    int64_t *found_at = (int64_t *)PyByteArray_AS_STRING(found);
+    int64_t *pos_at = (int64_t *)PyByteArray_AS_STRING(pos);
+    Py_ssize_t j = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (i > 0 && h[i] < h[i - 1]) {
+            PyErr_SetString(PyExc_ValueError, "locate_sorted: the hashes are not sorted");
+            goto done;
+        }
+        while (j < big_n && key[j] < h[i]) j++;
+        pos_at[i] = j;
+        found_at[i] = -1;
+        for (Py_ssize_t k = j; k < big_n && key[k] == h[i]; k++) {
+            if ((int64_t)len[k] != lengths[i]) continue;
+            int64_t nw = (lengths[i] + 7) / 8;
+            if (!words_within(woff[k], nw, n_words) || !words_within(qwoff[i], nw, n_qwords)) {
+                PyErr_SetString(PyExc_ValueError, "locate_sorted: an id outside its words");
+                goto done;
+            }
+            if (nw == 0 || memcmp(words + woff[k], qwords + qwoff[i], (size_t)nw * 8) == 0) {
+                found_at[i] = k;
+                break;
+            }
+        }
+    }
+    result = PyTuple_Pack(2, found, pos);
+done:
+    for (int i = 0; i < 8; i++) PyBuffer_Release(&b[i]);
+    Py_XDECREF(found);
+    Py_XDECREF(pos);
+    return result;
+}
+
+static PyObject *merge_entries(PyObject *Py_UNUSED(module), PyObject *args)
+{
+    Py_buffer b[12];
+    memset(b, 0, sizeof b);
+    if (!PyArg_ParseTuple(args, "y*y*y*y*y*y*y*y*y*y*y*y*:merge_entries", &b[0], &b[1], &b[2],
+                          &b[3], &b[4], &b[5], &b[6], &b[7], &b[8], &b[9], &b[10], &b[11]))
+        return NULL;
+    PyObject *result = NULL, *out[6] = {NULL, NULL, NULL, NULL, NULL, NULL};
+    Py_ssize_t big_n = items(&b[0], 8, "key"), n = items(&b[6], 8, "nkey");
+    Py_ssize_t n_words = items(&b[5], 8, "words"), n_nwords = items(&b[11], 8, "nwords");
+    if (big_n < 0 || n < 0 || n_words < 0 || n_nwords < 0) goto done;
+    if (b[1].len != 8 * big_n || b[2].len != big_n || b[3].len != 2 * big_n ||
+        b[4].len != 8 * big_n || b[7].len != 8 * n || b[8].len != n || b[9].len != 8 * n ||
+        b[10].len != 8 * n) {
+        PyErr_SetString(PyExc_ValueError, "merge_entries: columns of different lengths");
+        goto done;
+    }
+    const int64_t *key = b[0].buf, *spent = b[1].buf, *woff = b[4].buf;
+    const unsigned char *retired = b[2].buf, *nretired = b[8].buf;
+    const uint16_t *len = b[3].buf;
+    const uint64_t *words = b[5].buf, *nwords = b[11].buf;
+    const int64_t *nkey = b[6].buf, *nspent = b[7].buf, *nlen = b[9].buf, *nwoff = b[10].buf;
+    int64_t total_words = 0;
+    for (Py_ssize_t k = 0; k < big_n; k++) {
+        int64_t nw = ((int64_t)len[k] + 7) / 8;
+        if (!words_within(woff[k], nw, n_words)) goto outside;
+        total_words += nw;
+    }
+    for (Py_ssize_t k = 0; k < n; k++) {
+        if (k > 0 && nkey[k] < nkey[k - 1]) {
+            PyErr_SetString(PyExc_ValueError, "merge_entries: the new keys are not sorted");
+            goto done;
+        }
+        if (nlen[k] < 0 || nlen[k] > UINT16_MAX) {
+            PyErr_SetString(PyExc_ValueError, "merge_entries: an id longer than 65535 bytes");
+            goto done;
+        }
+        int64_t nw = (nlen[k] + 7) / 8;
+        if (!words_within(nwoff[k], nw, n_nwords)) goto outside;
+        total_words += nw;
+    }
+    Py_ssize_t m = big_n + n;
+    const Py_ssize_t sizes[6] = {8 * m, 8 * m, m, 2 * m, 8 * m, (Py_ssize_t)(8 * total_words)};
+    for (int c = 0; c < 6; c++) {
+        out[c] = PyByteArray_FromStringAndSize(NULL, sizes[c]);
+        if (out[c] == NULL) goto done;
+    }
+    int64_t *okey = (int64_t *)PyByteArray_AS_STRING(out[0]);
+    int64_t *ospent = (int64_t *)PyByteArray_AS_STRING(out[1]);
+    unsigned char *oretired = (unsigned char *)PyByteArray_AS_STRING(out[2]);
+    uint16_t *olen = (uint16_t *)PyByteArray_AS_STRING(out[3]);
+    int64_t *owoff = (int64_t *)PyByteArray_AS_STRING(out[4]);
+    uint64_t *owords = (uint64_t *)PyByteArray_AS_STRING(out[5]);
+    Py_ssize_t i = 0, j = 0;
+    int64_t w = 0;
+    for (Py_ssize_t k = 0; k < m; k++) {
+        int64_t nw;
+        if (j >= n || (i < big_n && key[i] <= nkey[j])) { /* the ledger's first on a tie */
+            okey[k] = key[i];
+            ospent[k] = spent[i];
+            oretired[k] = retired[i];
+            olen[k] = len[i];
+            nw = ((int64_t)len[i] + 7) / 8;
+            if (nw) memcpy(owords + w, words + woff[i], (size_t)nw * 8);
+            i++;
+        } else {
+            okey[k] = nkey[j];
+            ospent[k] = nspent[j];
+            oretired[k] = nretired[j];
+            olen[k] = (uint16_t)nlen[j];
+            nw = (nlen[j] + 7) / 8;
+            if (nw) memcpy(owords + w, nwords + nwoff[j], (size_t)nw * 8);
+            j++;
+        }
+        owoff[k] = w;
+        w += nw;
+    }
+    result = PyTuple_Pack(6, out[0], out[1], out[2], out[3], out[4], out[5]);
+    goto done;
+outside:
+    PyErr_SetString(PyExc_ValueError, "merge_entries: an id outside its words");
+done:
+    for (int c = 0; c < 12; c++) PyBuffer_Release(&b[c]);
+    for (int c = 0; c < 6; c++) Py_XDECREF(out[c]);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"hashes", hashes, METH_O, "hashes(ids) -> bytearray of int64: hash(id) of each id"},
     {"pack_words", pack_words, METH_VARARGS,
      "pack_words(ids, canonical, max_bytes) -> (words, woff, lengths) or None: see "
      "engine/records.py"},
+    {"locate_sorted", locate_sorted, METH_VARARGS,
+     "locate_sorted(key, len, woff, words, hashes, lengths, qwoff, qwords) -> (found, pos): see "
+     "engine/ledger.py"},
+    {"merge_entries", merge_entries, METH_VARARGS,
+     "merge_entries(ledger columns, new columns) -> merged columns: see engine/ledger.py"},
     {"canonical_users", canonical_users, METH_VARARGS,
      "canonical_users(ids, present, in_order, max_bytes) -> (user_rank, hashes, words, woff, "
      "lengths) or None: see engine/records.py"},

@@ -169,6 +169,11 @@ def _width_groups(
             yield np.flatnonzero(hit), np.arange(w)
 
 
+def _int64(column: np.ndarray) -> np.ndarray:
+    """``column`` as a C-contiguous int64 array (a buffer of the native ledger's)."""
+    return np.ascontiguousarray(column, np.int64)
+
+
 def _is_sorted(a: np.ndarray) -> bool:
     return bool(len(a) < 2 or (a[1:] >= a[:-1]).all())
 
@@ -405,6 +410,18 @@ class BudgetLedger:
         return entries, slots
 
     def _locate_sorted(self, users: np.ndarray, keys: UserKeys) -> tuple[np.ndarray, np.ndarray]:
+        if _packed_ids is not None:  # one merge walk of the two sorted key columns
+            found, pos = _packed_ids.locate_sorted(
+                self._key,
+                self._len,
+                self._woff,
+                self._words,
+                _int64(keys.hashes),
+                _int64(keys.lengths),
+                _int64(keys.woff),
+                np.ascontiguousarray(keys.words, np.uint64),
+            )
+            return np.frombuffer(found, np.int64), np.frombuffer(pos, np.int64)
         h = keys.hashes
         n_entries = len(self._key)
         found = np.full(len(users), -1, np.int64)
@@ -524,6 +541,26 @@ class BudgetLedger:
     ) -> None:
         """Merge new entries (sorted by hash; ``slots``: their left insertion points) into the
         sorted columns, ids included."""
+        if _packed_ids is not None:  # one merge of the sorted columns (slots are where it goes)
+            columns = _packed_ids.merge_entries(
+                self._key,
+                self._spent,
+                self._retired,
+                self._len,
+                self._woff,
+                self._words,
+                _int64(keys.hashes),
+                _int64(spent),
+                np.ascontiguousarray(retired, np.bool_),
+                _int64(keys.lengths),
+                _int64(keys.woff),
+                np.ascontiguousarray(keys.words, np.uint64),
+            )
+            dtypes = (np.int64, np.int64, np.bool_, np.uint16, np.int64, np.uint64)
+            (self._key, self._spent, self._retired, self._len, self._woff, self._words) = (
+                np.frombuffer(column, dtype) for column, dtype in zip(columns, dtypes, strict=True)
+            )
+            return
         h, lengths = keys.hashes, keys.lengths
         n_old, n_new = len(self._key), len(h)
         at = slots.copy()

@@ -353,3 +353,121 @@ def test_matrix_of_a_range_of_users():
                 assert np.array_equal(part, full[a:b])
     with pytest.raises(ValueError, match="out of range"):
         rec.matrix(["x"], rows=(2, 9))
+
+
+def _numpy_path(call):
+    """Run ``call`` with the ledger's native helpers hidden (its numpy path)."""
+    from streamfilter.engine import ledger as ledger_module
+
+    saved = ledger_module._packed_ids
+    ledger_module._packed_ids = None
+    try:
+        return call()
+    finally:
+        ledger_module._packed_ids = saved
+
+
+COLUMNS = ("_key", "_spent", "_retired", "_len", "_woff", "_words")
+
+
+@settings(max_examples=120, deadline=None)
+@given(
+    batches=st.lists(
+        st.lists(st.tuples(IDS, st.integers(0, 2**61), st.booleans()), max_size=30), max_size=6
+    ),
+    queries=st.lists(IDS, max_size=30),
+    hasher=st.sampled_from(HASHERS),
+)
+def test_the_native_merge_walk_and_merge_are_the_numpy_path(batches, queries, hasher):
+    """``_packed_ids.locate_sorted`` and ``merge_entries`` (engine/ledger.py's lookup and insert
+    when built) give the numpy path's answers and columns bit for bit, colliding hashes and
+    users listed twice included."""
+    from streamfilter.engine import ledger as ledger_module
+
+    if ledger_module._packed_ids is None:
+        pytest.skip("engine/_packed_ids.c is not built")
+    native, numpy_ = BudgetLedger(hasher), BudgetLedger(hasher)
+    for batch in batches:
+        users = arr([u for u, _, _ in batch])
+        spent = np.array([s for _, s, _ in batch], np.int64)
+        retired = np.array([r for _, _, r in batch], bool)
+        probe = arr(queries + list(users))
+        located = native.locate(probe)
+        want = _numpy_path(lambda: numpy_.locate(probe))  # noqa: B023
+        assert np.array_equal(located.entries, want.entries)
+        assert np.array_equal(located.slots, want.slots)
+        native.apply(users, spent, retired)
+        _numpy_path(lambda: numpy_.apply(users, spent, retired))  # noqa: B023
+        for name in COLUMNS:
+            a, b = getattr(native, name), getattr(numpy_, name)
+            assert a.dtype == b.dtype and np.array_equal(a, b), name
+
+
+def test_the_native_ledger_refuses_columns_that_do_not_fit():
+    from streamfilter.engine import ledger as ledger_module
+
+    helpers = ledger_module._packed_ids
+    if helpers is None:
+        pytest.skip("engine/_packed_ids.c is not built")
+    key, length = np.array([1, 2], np.int64), np.array([3, 3], np.uint16)
+    woff, words = np.array([0, 1], np.int64), np.zeros(2, np.uint64)
+    one = np.ones(1, np.int64)
+    with pytest.raises(ValueError, match="not sorted"):
+        helpers.locate_sorted(
+            key,
+            length,
+            woff,
+            words,
+            np.array([2, 1]),
+            one.repeat(2) * 3,
+            np.zeros(2, np.int64),
+            words,
+        )
+    with pytest.raises(ValueError, match="outside"):  # the entry's word past the words
+        helpers.locate_sorted(
+            key, length, np.array([0, 5], np.int64), words, 2 * one, 3 * one, 0 * one, words
+        )
+    with pytest.raises(ValueError, match="different lengths"):
+        helpers.locate_sorted(key, length[:1], woff, words, one, one, one, words)
+    new = (np.array([5], np.int64), one, np.zeros(1, bool))
+    with pytest.raises(ValueError, match="65535"):
+        helpers.merge_entries(
+            key,
+            key,
+            np.zeros(2, bool),
+            length,
+            woff,
+            words,
+            *new,
+            np.array([70_000], np.int64),
+            0 * one,
+            words,
+        )
+    with pytest.raises(ValueError, match="outside"):
+        helpers.merge_entries(
+            key,
+            key,
+            np.zeros(2, bool),
+            length,
+            woff,
+            words,
+            *new,
+            np.array([9], np.int64),
+            one,
+            words,
+        )  # 2 words from word 1 of 2
+    with pytest.raises(ValueError, match="not sorted"):
+        helpers.merge_entries(
+            key,
+            key,
+            np.zeros(2, bool),
+            length,
+            woff,
+            words,
+            np.array([5, 4], np.int64),
+            one.repeat(2),
+            np.zeros(2, bool),
+            one.repeat(2),
+            np.zeros(2, np.int64),
+            words,
+        )
