@@ -32,7 +32,8 @@
  * read block, no bytes object per line); every span is checked to lie within the block first.
  * With ``id_spans`` the event ids are not made into str: the third item is (starts, lengths),
  * bytearrays of int64 offsets into the block and int32 lengths (-1: no id), each id an ASCII
- * span without escapes, so its bytes are its text (engine/lines.py, EventIdSpans).
+ * span without escapes, so its bytes are its text (engine/lines.py, EventIdSpans);
+ * ids_of(block, starts, lengths) makes them str (None for -1) when a path needs a list.
  * split_lines(block, need, final) finds those spans: the file source's line rule, in
  * engine/lines.py (split_lines, and its Python twin the tests compare it with). lines_of(block,
  * starts, ends) makes the lines as bytes when a per-line path needs them.
@@ -615,6 +616,54 @@ done:
     return out;
 }
 
+/* ids_of(block, starts, lengths) -> [str | None]: EventIdSpans.tolist (engine/lines.py) */
+static PyObject *ids_of(PyObject *Py_UNUSED(module), PyObject *args)
+{
+    Py_buffer block = {0}, starts = {0}, lengths = {0};
+    if (!PyArg_ParseTuple(args, "y*y*y*:ids_of", &block, &starts, &lengths)) return NULL;
+    PyObject *out = NULL;
+    Py_ssize_t n = starts.len / 8;
+    if (starts.len % 8 != 0 || lengths.len != 4 * n) {
+        PyErr_SetString(PyExc_ValueError, "ids_of: int64 starts and int32 lengths, one each");
+        goto done;
+    }
+    const int64_t *a = starts.buf;
+    const int32_t *len = lengths.buf;
+    const unsigned char *data = block.buf;
+    out = PyList_New(n);
+    if (out == NULL) goto done;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *id;
+        if (len[i] == -1) {
+            id = Py_NewRef(Py_None);
+        } else {
+            if (len[i] < 0 || a[i] < 0 || a[i] > (int64_t)block.len - len[i]) {
+                PyErr_SetString(PyExc_ValueError, "ids_of: a span outside its block");
+                Py_CLEAR(out);
+                goto done;
+            }
+            unsigned char high = 0;
+            for (int32_t j = 0; j < len[i]; j++) high |= data[a[i] + j];
+            if (high & 0x80) {
+                PyErr_SetString(PyExc_ValueError, "ids_of: an id that is not ASCII");
+                Py_CLEAR(out);
+                goto done;
+            }
+            id = ascii_str((const char *)data + a[i], len[i]);
+            if (id == NULL) {
+                Py_CLEAR(out);
+                goto done;
+            }
+        }
+        PyList_SET_ITEM(out, i, id);
+    }
+done:
+    PyBuffer_Release(&block);
+    PyBuffer_Release(&starts);
+    PyBuffer_Release(&lengths);
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"scan_columns", scan_columns, METH_VARARGS,
      "scan_columns(lines, names, kinds, (max_event_bytes, max_id_chars, max_category_chars, "
@@ -627,6 +676,9 @@ static PyMethodDef methods[] = {
      "engine/ingest.py"},
     {"lines_of", lines_of, METH_VARARGS,
      "lines_of(block, starts, ends) -> [block[starts[i]:ends[i]] for each i]"},
+    {"ids_of", ids_of, METH_VARARGS,
+     "ids_of(block, starts, lengths) -> [block[starts[i]:starts[i] + lengths[i]] as str, or None "
+     "where lengths[i] is -1]"},
     {NULL, NULL, 0, NULL},
 };
 

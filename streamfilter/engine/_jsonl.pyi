@@ -35,3 +35,6 @@ def split_lines(
 def lines_of(
     block: bytes, starts: np.ndarray | bytes | bytearray, ends: np.ndarray | bytes | bytearray, /
 ) -> list[bytes]: ...
+def ids_of(
+    block: bytes, starts: np.ndarray | bytes | bytearray, lengths: np.ndarray | bytes | bytearray, /
+) -> list[str | None]: ...

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from itertools import accumulate
-from typing import overload
+from typing import Generic, TypeVar, overload
 
 import numpy as np
 
@@ -26,6 +26,31 @@ from streamfilter.engine.native import jsonl as _jsonl
 __all__ = ["BlockLines", "EventIdSpans", "id_list", "split_lines"]
 
 _PLUS_ONE = (1).__add__  # a line's length with its newline
+
+_T = TypeVar("_T")
+
+
+class _ListLike(Sequence[_T], Generic[_T]):
+    """A sequence that iterates, compares and prints as the list it stands for (``tolist``),
+    and, like a list, has no hash."""
+
+    __slots__ = ()
+
+    def tolist(self) -> list[_T]:
+        raise NotImplementedError
+
+    def __iter__(self) -> Iterator[_T]:
+        return iter(self.tolist())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, _ListLike | list | tuple):
+            return self.tolist() == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.tolist()!r})"
 
 
 def split_lines(
@@ -70,7 +95,7 @@ def _split_lines_py(block: bytes, need: int, final: bool) -> tuple[bytes, bytes,
     )
 
 
-class BlockLines(Sequence[bytes]):
+class BlockLines(_ListLike[bytes]):
     """Line ``i`` is ``block[starts[i]:ends[i]]`` (int64 spans, checked within the block). A
     sequence of ``bytes`` like a list of the lines, and equal to one; the ``bytes`` are made
     once, on first use, and kept."""
@@ -123,21 +148,11 @@ class BlockLines(Sequence[bytes]):
         a, b = int(self.starts[i]), int(self.ends[i])  # IndexError as a list gives it
         return self.block[a:b]
 
-    def __iter__(self) -> Iterator[bytes]:
-        return iter(self.lines())
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, BlockLines | list | tuple):
-            return self.lines() == list(other)
-        return NotImplemented
-
-    __hash__ = None  # type: ignore[assignment]
-
-    def __repr__(self) -> str:
-        return f"BlockLines({self.lines()!r})"
+    def tolist(self) -> list[bytes]:
+        return self.lines()
 
 
-class EventIdSpans(Sequence[str | None]):
+class EventIdSpans(_ListLike[str | None]):
     """A scanned batch's event ids as spans of its block: id ``i`` is
     ``block[starts[i]:starts[i] + lengths[i]]`` (int64 offsets, int32 lengths; ``-1``: the event
     has no id). The scanner gives only ASCII ids without escapes (``engine/_jsonl.c``), so an
@@ -171,7 +186,9 @@ class EventIdSpans(Sequence[str | None]):
         return self.without_id() if value is None else sum(i == value for i in self.tolist())
 
     def tolist(self) -> list[str | None]:
-        """The ids as a list (a ``str`` each)."""
+        """The ids as a list (a ``str`` each): natively when built (``_jsonl.ids_of``)."""
+        if _jsonl is not None:
+            return _jsonl.ids_of(self.block, self.starts, self.lengths)
         block = self.block
         return [
             None if n < 0 else block[a : a + n].decode("ascii")
@@ -192,19 +209,6 @@ class EventIdSpans(Sequence[str | None]):
             return EventIdSpans(self.block, self.starts[i], self.lengths[i])
         a, n = int(self.starts[i]), int(self.lengths[i])  # IndexError as a list gives it
         return None if n < 0 else self.block[a : a + n].decode("ascii")
-
-    def __iter__(self) -> Iterator[str | None]:
-        return iter(self.tolist())
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, EventIdSpans | list | tuple):
-            return self.tolist() == list(other)
-        return NotImplemented
-
-    __hash__ = None  # type: ignore[assignment]
-
-    def __repr__(self) -> str:
-        return f"EventIdSpans({self.tolist()!r})"
 
 
 def id_list(event_ids: Sequence[str | None]) -> list[str | None]:

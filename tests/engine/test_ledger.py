@@ -429,45 +429,14 @@ def test_the_native_ledger_refuses_columns_that_do_not_fit():
         )
     with pytest.raises(ValueError, match="different lengths"):
         helpers.locate_sorted(key, length[:1], woff, words, one, one, one, words)
+    ledger_columns = (key, key, np.zeros(2, bool), length, woff, words)
     new = (np.array([5], np.int64), one, np.zeros(1, bool))
     with pytest.raises(ValueError, match="65535"):
-        helpers.merge_entries(
-            key,
-            key,
-            np.zeros(2, bool),
-            length,
-            woff,
-            words,
-            *new,
-            np.array([70_000], np.int64),
-            0 * one,
-            words,
-        )
-    with pytest.raises(ValueError, match="outside"):
-        helpers.merge_entries(
-            key,
-            key,
-            np.zeros(2, bool),
-            length,
-            woff,
-            words,
-            *new,
-            np.array([9], np.int64),
-            one,
-            words,
-        )  # 2 words from word 1 of 2
+        helpers.merge_entries(*ledger_columns, *new, np.array([70_000]), 0 * one, words)
+    with pytest.raises(ValueError, match="outside"):  # 2 words from word 1 of 2
+        helpers.merge_entries(*ledger_columns, *new, np.array([9]), one, words)
+    unsorted = (np.array([5, 4], np.int64), one.repeat(2), np.zeros(2, bool))
     with pytest.raises(ValueError, match="not sorted"):
         helpers.merge_entries(
-            key,
-            key,
-            np.zeros(2, bool),
-            length,
-            woff,
-            words,
-            np.array([5, 4], np.int64),
-            one.repeat(2),
-            np.zeros(2, bool),
-            one.repeat(2),
-            np.zeros(2, np.int64),
-            words,
+            *ledger_columns, *unsorted, one.repeat(2), np.zeros(2, np.int64), words
         )

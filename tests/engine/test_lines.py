@@ -183,3 +183,43 @@ def test_event_id_spans_are_the_list_of_their_ids():
 def test_event_id_spans_refuse_spans_outside_the_block(starts, lengths):
     with pytest.raises(ValueError):
         EventIdSpans(b"abcd", np.array(starts), np.array(lengths))
+
+
+@given(
+    st.lists(
+        st.one_of(st.none(), st.text(st.characters(max_codepoint=0x7F), max_size=9)), max_size=30
+    ),
+    st.lists(st.integers(0, 3), min_size=30, max_size=30),
+)
+@settings(max_examples=200, deadline=None)
+def test_event_id_spans_make_the_same_list_natively_and_in_python(ids, gaps):
+    block, starts, lengths = bytearray(), [], []
+    for text, gap in zip(ids, gaps, strict=False):
+        block += b"\x00" * gap
+        starts.append(len(block) if text is not None else 0)
+        lengths.append(-1 if text is None else len(text))
+        block += (text or "").encode("ascii")
+    spans = EventIdSpans(bytes(block), np.array(starts, np.int64), np.array(lengths, np.int32))
+    saved = lines._jsonl
+    try:
+        lines._jsonl = None
+        in_python = spans.tolist()
+    finally:
+        lines._jsonl = saved
+    assert spans.tolist() == in_python == ids
+
+
+@built
+def test_ids_of_refuses_spans_outside_the_block_and_non_ascii():
+    assert native.jsonl is not None
+    ids_of = native.jsonl.ids_of
+    one = np.array([1], np.int32)
+    with pytest.raises(ValueError, match="outside"):
+        ids_of(b"abc", np.array([3], np.int64), one)
+    with pytest.raises(ValueError, match="outside"):
+        ids_of(b"abc", np.array([0], np.int64), np.array([-2], np.int32))
+    with pytest.raises(ValueError, match="ASCII"):
+        ids_of("é".encode(), np.array([0], np.int64), one)
+    with pytest.raises(ValueError, match="one each"):
+        ids_of(b"abc", np.array([0, 1], np.int64), one)
+    assert ids_of(b"abc", np.array([1, 0], np.int64), np.array([2, -1], np.int32)) == ["bc", None]
