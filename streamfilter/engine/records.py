@@ -941,6 +941,7 @@ class DayAccumulator:
         if without_id == 0:  # the usual batch: every event has an id
             keep = self._seen_event_ids.insert(codes, cast(list[str] | EventIdSpans, event_ids))
         elif without_id < n:
+            event_ids = id_list(event_ids)  # spans: each id made a str once (ids_of)
             idx = np.flatnonzero(
                 np.fromiter(map(operator.is_not, event_ids, repeat(None)), bool, n)
             )

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from streamfilter.engine import ingest, lines, native
 from streamfilter.engine.lines import BlockLines, EventIdSpans, id_list
+from streamfilter.engine.records import DayAccumulator
 from tests.native_build import needs
 
 built = needs(native.jsonl, "engine/_jsonl.c")
@@ -223,3 +224,46 @@ def test_ids_of_refuses_spans_outside_the_block_and_non_ascii():
     with pytest.raises(ValueError, match="one each"):
         ids_of(b"abc", np.array([0, 1], np.int64), one)
     assert ids_of(b"abc", np.array([1, 0], np.int64), np.array([2, -1], np.int32)) == ["bc", None]
+
+
+@built
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(0, 4),  # user
+            st.one_of(st.none(), st.integers(0, 3)),  # event id (None: the event has none)
+            st.integers(0, 100),
+        ),
+        min_size=1,
+        max_size=40,
+    )
+)
+@settings(max_examples=100, deadline=None)
+def test_a_day_takes_spans_as_it_takes_the_list_of_ids(events):
+    """A block-scanned batch (its event ids spans, some events without one) and the same lines
+    as bytes (ids as ``str``) give a day the same events, duplicates and records."""
+    text = [
+        f'{{"user_id":"u{u}","day":"2026-03-01",'
+        + ("" if e is None else f'"event_id":"e{e}",')
+        + f'"values":{{"m":{v}}}}}'
+        for u, e, v in events
+    ]
+    block = ("\n".join(text) + "\n").encode()
+    starts, ends, *_ = lines.split_lines(block, len(text), True)
+    in_place = BlockLines(block, np.frombuffer(starts, np.int64), np.frombuffer(ends, np.int64))
+    days = []
+    for batch in (ingest.parse_columns(in_place), ingest.parse_columns(in_place.lines())):
+        assert batch is not None
+        acc = DayAccumulator("2026-03-01")
+        acc.add_columns(batch)
+        records = acc.finish()
+        days.append(
+            (
+                acc.events,
+                acc.duplicates,
+                list(records.users),
+                records.value.tolist(),
+                records.user_pos.tolist(),
+            )
+        )
+    assert days[0] == days[1]
