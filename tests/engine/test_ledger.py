@@ -30,6 +30,12 @@ IDS = st.text(
 ) | st.sampled_from(["a", "b", "ab", "ba", "a\x00", "\x00", "é", "e\u0301", "x" * 256, "😀" * 3])
 
 
+#: days of (id, spent units, retired) changes, ids repeated within and across them
+BATCHES = st.lists(
+    st.lists(st.tuples(IDS, st.integers(0, 2**61), st.booleans()), max_size=30), max_size=6
+)
+
+
 def arr(users):
     return np.array(users, dtype=object)
 
@@ -87,13 +93,7 @@ def test_a_user_listed_twice_gets_its_last_state():
 
 
 @settings(max_examples=60, deadline=None)
-@given(
-    batches=st.lists(
-        st.lists(st.tuples(IDS, st.integers(0, 2**61), st.booleans()), max_size=30), max_size=6
-    ),
-    queries=st.lists(IDS, max_size=30),
-    hasher=st.sampled_from(HASHERS),
-)
+@given(batches=BATCHES, queries=st.lists(IDS, max_size=30), hasher=st.sampled_from(HASHERS))
 def test_matches_a_dict(batches, queries, hasher):
     led, model = BudgetLedger(hasher), {}
     for batch in batches:
@@ -371,13 +371,7 @@ COLUMNS = ("_key", "_spent", "_retired", "_len", "_woff", "_words")
 
 
 @settings(max_examples=120, deadline=None)
-@given(
-    batches=st.lists(
-        st.lists(st.tuples(IDS, st.integers(0, 2**61), st.booleans()), max_size=30), max_size=6
-    ),
-    queries=st.lists(IDS, max_size=30),
-    hasher=st.sampled_from(HASHERS),
-)
+@given(batches=BATCHES, queries=st.lists(IDS, max_size=30), hasher=st.sampled_from(HASHERS))
 def test_the_native_merge_walk_and_merge_are_the_numpy_path(batches, queries, hasher):
     """``_packed_ids.locate_sorted`` and ``merge_entries`` (engine/ledger.py's lookup and insert
     when built) give the numpy path's answers and columns bit for bit, colliding hashes and
