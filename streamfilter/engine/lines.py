@@ -215,6 +215,4 @@ def id_list(event_ids: Sequence[str | None]) -> list[str | None]:
     """``event_ids`` as a list (itself when it is one)."""
     if type(event_ids) is list:
         return event_ids
-    if isinstance(event_ids, EventIdSpans):
-        return event_ids.tolist()
-    return list(event_ids)
+    return event_ids.tolist() if isinstance(event_ids, _ListLike) else list(event_ids)
