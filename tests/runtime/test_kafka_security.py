@@ -1,4 +1,4 @@
-"""Secured clusters (issue #20, points 2-4): the daemon over SASL_SSL end to end, one clear
+"""Secured clusters: the daemon over SASL_SSL end to end, one clear
 line and a fast exit for every TLS / SASL / ACL failure, and least privilege.
 
 One secured broker for the session (``kafka_secured``: SASL_SSL, a CA made by kafka-up.sh,
