@@ -34,7 +34,7 @@ test-deps:
 test: lint test-deps
 	$(BIN)/pytest
 
-# The suite writes benchmarks/results.{json,md} (README "Benchmarks"); each entry is the median of
+# The suite writes benchmarks/results.{json,md} (docs/performance.md); each entry is the median of
 # >= 5 runs next to its baseline. The Kafka entry starts its own broker the way the tests do
 # (deploy/kafka, free ports) unless KAFKA_BOOTSTRAP names one; `make bench` fails without one.
 bench: $(STAMP)

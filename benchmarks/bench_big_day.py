@@ -1,6 +1,6 @@
 """``big_day``: one very large day end to end — time, peak RSS and where the time goes.
 
-Issue #17 asks for a 10M-user day and a 100M-event day through the whole operation a user runs:
+A 10M-user day and a 100M-event day, each through the whole operation a user runs:
 ``streamfilter run --until-end`` on a JSONL file (a new process: imports, config, SQLite state,
 file source and sink, the day's close with the privacy filter, noise, the durable commit and the
 releases). The stream is the one of ``bench_e2e`` (``active``, ``minutes`` with two decimals,

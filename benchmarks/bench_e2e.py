@@ -16,8 +16,8 @@ strongest single-machine alternative a user would pick for the same file:
 
 Each arm runs in its own child process (``--child``), which reports its wall time and peak RSS
 (``ru_maxrss`` of its own child); arms alternate which goes first. ratio = median over the pairs
-of (streamfilter seconds ÷ DuckDB seconds); the peak-RSS ratio is reported beside it. Target
-(issue #17): ≤ 2 for both.
+of (streamfilter seconds ÷ DuckDB seconds); the peak-RSS ratio is reported beside it. Target:
+≤ 2 for both.
 """
 
 from __future__ import annotations

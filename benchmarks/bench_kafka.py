@@ -13,7 +13,7 @@ each measured back to back (alternating which goes first):
 
 Both are timed in-process, start-up excluded (clients, assignment, seeks; for the daemon also the
 stale-state check's one read of its releases topic). ratio = median over the pairs of (daemon
-events/s ÷ bare events/s); target (issue #7) ≥ 0.8. The detail also gives the same ratio in CPU
+events/s ÷ bare events/s); target ≥ 0.8. The detail also gives the same ratio in CPU
 seconds of this process (less sensitive to other load on a shared machine).
 
 Two more arms in every pair, so that the ratio is not flattered:

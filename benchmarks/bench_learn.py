@@ -1,4 +1,4 @@
-"""Seconds per step of the learning systems (issue #19), each beside the plain full-batch step.
+"""Seconds per step of the learning systems, each beside the plain full-batch step.
 
 Arms, on the same data and model (softmax regression), single process:
 

@@ -10,9 +10,8 @@ then the day's records are built (``finish``). Each size runs in its own process
 which first sets the daemon's memory policy (``runtime.memory``, as ``streamfilter run`` does)
 and reports its peak RSS (``VmHWM``) and the seconds spent.
 
-value = peak RSS at ``10·n`` events, baseline = at ``n`` events; ratio = value ÷ baseline (target,
-issue #17: ≤ 1.2, i.e.
-memory bounded by the (user, coordinate) cells, not by the events). Reported beside it: the
+value = peak RSS at ``10·n`` events, baseline = at ``n`` events; ratio = value ÷ baseline (target
+≤ 1.2, i.e. memory bounded by the (user, coordinate) cells, not by the events). Reported beside it: the
 bytes per event the open day holds, and the same ratio with categorical values only (which the
 accumulator folds into per-cell counts as they arrive).
 

@@ -14,7 +14,7 @@ mode, metrics on).
   rest of the file (the producer went on while the daemon was down), start it again; time from
   the restart → day ``D``'s releases in the release file.
 
-ratio = recovery ÷ uninterrupted (lower is better; no target in issue #7). Only closed days are
+ratio = recovery ÷ uninterrupted (lower is better; no target). Only closed days are
 durable (one transaction per closed day, docs/design.md §5), so after a crash the open day is read
 again from its first offset: recovery is bounded below by restart + re-reading the day.
 """

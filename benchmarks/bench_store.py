@@ -16,7 +16,7 @@ detail gives the commit alone.
 engine's hash order lists them, with ``budget_log_max_rows = n`` (the default at 1 M): each day's
 commit, and each upkeep call the daemon makes after an input batch
 (``compact(batch records)``, the default batch being 50,000 records) until the day's entries
-are folded (issue #17, point 4; once every fifth such day folded 1.25 M log entries inside one
+are folded (a bounded stall is the point: once every fifth such day folded 1.25 M log entries inside one
 commit: 5.09 s at 1 M users on this machine; later each commit folded what it appended).
 
 Baseline — the lower bound for writing the day's rows through Python's ``sqlite3``: the same

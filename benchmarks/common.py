@@ -2,7 +2,7 @@
 
 Every entry is a dict with the keys ``run.py`` writes (``name, value, unit, baseline,
 baseline_value, ratio``) plus what the table needs to be read correctly: ``ratio_definition``,
-``target`` / ``target_met`` (None when issue #7 sets no target), ``runs`` (how many timed runs the
+``target`` / ``target_met`` (None when the entry has no target), ``runs`` (how many timed runs the
 median is over) and ``size``. Nothing here asserts a time.
 """
 

@@ -4,8 +4,8 @@
 Writes ``benchmarks/results.json`` — a list of ``{name, value, unit, baseline, baseline_value,
 ratio, machine, ...}`` (``machine``: CPU model, cores, RAM, Python, OS; ``module_seconds`` and
 ``module_cpu_seconds``: the whole module's wall time, set-up included, and its processes' CPU) —
-and ``benchmarks/results.md``, the table the README includes (a full run also rewrites it
-between the README's include markers). ``--quick`` (CI smoke, under a minute:
+and ``benchmarks/results.md``, the table docs/performance.md includes (a full run also rewrites
+it between that page's include markers). ``--quick`` (CI smoke, under a minute:
 ``tests/test_bench_quick.py`` holds it to that) uses smaller sizes and fewer runs and writes
 ``results-quick.json``/``results-quick.md`` instead (not committed); ``--out-dir`` writes them
 elsewhere. Each module runs in its own interpreter (a module that fails, e.g. killed for memory,
@@ -38,14 +38,14 @@ MODULES = [
     "benchmarks.bench_noise",
     "benchmarks.bench_store",
     "benchmarks.bench_kafka",
-    "benchmarks.bench_cluster",  # cluster_workers: 1, 2, 3 workers over Kafka + PostgreSQL (#18)
+    "benchmarks.bench_cluster",  # cluster_workers: 1, 2, 3 workers over Kafka + PostgreSQL
     "benchmarks.bench_recovery",
     "benchmarks.bench_local",
     "benchmarks.bench_sparse",
-    "benchmarks.bench_learn",  # learn_*_step_* (issue #19)
+    "benchmarks.bench_learn",  # learn_*_step_*: the learning systems' seconds per step
 ]
 HERE = Path(__file__).resolve().parent
-#: README.md includes benchmarks/results.md between these markers (rewritten by a full run)
+#: docs/performance.md includes benchmarks/results.md between these markers (a full run rewrites it)
 BEGIN = "<!-- benchmarks/results.md: begin -->"
 END = "<!-- benchmarks/results.md: end -->"
 
@@ -161,13 +161,13 @@ def main() -> None:
         "--out-dir",
         type=Path,
         default=HERE,
-        help="where results[-quick].{json,md} are written (default: benchmarks/; the README "
+        help="where results[-quick].{json,md} are written (default: benchmarks/; docs/performance.md "
         "is rewritten only by a full run into benchmarks/)",
     )
     parser.add_argument(
         "--render",
         action="store_true",
-        help="only rewrite results.md (and README) from results.json",
+        help="only rewrite results.md (and docs/performance.md) from results.json",
     )
     args = parser.parse_args()
     if args.render:
@@ -176,7 +176,7 @@ def main() -> None:
         text = table(saved, saved[0]["machine"] if saved else machine(), args.quick)
         (args.out_dir / f"results{suffix}.md").write_text(text)
         if not args.quick and args.out_dir.resolve() == HERE:
-            include_in_readme(text)
+            include_in_performance_page(text)
         return
     if args.child:  # inside _run_module's subprocess
         module = importlib.import_module(args.child[0])
@@ -218,20 +218,20 @@ def main() -> None:
     text = table(entries, where, args.quick)
     (args.out_dir / f"results{suffix}.md").write_text(text)
     if not args.quick and args.out_dir.resolve() == HERE:
-        include_in_readme(text)
+        include_in_performance_page(text)
 
 
-def include_in_readme(text: str) -> None:
-    """Put the table between the README's include markers (the full figures only)."""
-    readme = HERE.parent / "README.md"
+def include_in_performance_page(text: str) -> None:
+    """Put the table between docs/performance.md's include markers (the full figures only)."""
+    page = HERE.parent / "docs" / "performance.md"
     try:
-        current = readme.read_text()
+        current = page.read_text()
     except OSError:
         return
     start, end = current.find(BEGIN), current.find(END)
     if start < 0 or end < start:
         return
-    readme.write_text(current[: start + len(BEGIN)] + "\n" + text + current[end:])
+    page.write_text(current[: start + len(BEGIN)] + "\n" + text + current[end:])
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Issue #16 point 7: each release and ``guarantee`` state Corollary 4.7's ℓ∞ bound for the
+"""Each release and ``guarantee`` state Corollary 4.7's ℓ∞ bound for the
 active set at a stated failure probability, beside σ and the 95% half-width."""
 
 import json

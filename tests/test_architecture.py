@@ -57,13 +57,13 @@ RUNTIME_LAYERS: dict[str, int] = {
     "io": 1,
     "store": 1,
     "observe": 1,
-    "event_ids": 1,  # the day's event-id index that spills to disk (issue #17 point 2)
+    "event_ids": 1,  # the day's event-id index that spills to disk
     "active_set": 2,
-    "coverage": 2,  # coverage with every release (issue #16 point 1)
+    "coverage": 2,  # coverage with every release
     "daemon": 2,
-    "cluster": 2,  # the cluster worker: the daemon loop over a consumer group (issue #18)
+    "cluster": 2,  # the cluster worker: the daemon loop over a consumer group
     "budget": 2,
-    "notebook": 2,  # PersistentMonitor: Monitor + the state store (issue #16)
+    "notebook": 2,  # PersistentMonitor: Monitor + the state store
     "app": 3,
 }
 

@@ -210,7 +210,7 @@ def test_command_line_prints_the_result_as_json(capsys):
     assert {"epsilon_lower_bound", "epsilon_claimed", "delta", "threshold"} <= out.keys()
 
 
-# ---------------------------------------------------------------------------- coverage (#16)
+# ---------------------------------------------------------------------------------- coverage
 COVERAGE = AuditConfig(coverage_rho=0.05)
 
 

@@ -1,4 +1,4 @@
-"""Issue #16 point 2: no query that cannot be answered goes unnoticed.
+"""No query that cannot be answered goes unnoticed.
 
 At registration (``run``, ``Monitor``) a query whose full contribution can never be admitted
 (clip² > B_norm under skip/retire), or that a user active every day can afford on fewer than

@@ -1,6 +1,6 @@
-"""Coverage with every release, through the daemon, the report and Chromium (issue #16 point 1).
+"""Coverage with every release, through the daemon, the report and Chromium.
 
-The story of the issue: true daily actives are flat, but the released ``dau`` falls because
+The story: true daily actives are flat, but the released ``dau`` falls because
 heavy users run out of budget — and a sum whose clip² exceeds ``b_norm`` admits nobody's full
 contribution. Every query's release now says how many users it covers; the report plots it
 beside the series, shades the days below ``[report] low_coverage_fraction`` and flags the

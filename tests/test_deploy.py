@@ -299,7 +299,7 @@ def _cluster_settings(env: dict[str, str], monkeypatch):
 
 
 def test_cluster_compose_runs_n_workers_of_one_configuration(monkeypatch):
-    """deploy/cluster/docker-compose.yml (issue #18): N replicas of the same `run --config
+    """deploy/cluster/docker-compose.yml: N replicas of the same `run --config
     cluster.toml` over Kafka + PostgreSQL; the worker role is created by postgres-init.sh; every
     replica is a Prometheus target under the job the alerts expect."""
     compose = yaml.safe_load((CLUSTER / "docker-compose.yml").read_text())

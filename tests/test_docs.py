@@ -23,6 +23,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -263,4 +264,251 @@ def test_references_are_parsed_with_their_sections() -> None:
     assert [(r.path, r.sections) for r in refs] == [
         ("docs/design.md", ("6.9", "6.10")),
         ("SECURITY.md", ("2",)),
+    ]
+
+
+# ------------------------------------------------------------------------------- the README
+
+
+def _fenced_blocks(markdown: str, heading: str) -> list[str]:
+    """The fenced code blocks of the section whose ``##`` heading starts with ``heading``."""
+    m = re.search(rf"^## {re.escape(heading)}.*?$(.*?)(?=^## |\Z)", markdown, re.M | re.S)
+    assert m is not None, f"no section {heading!r}"
+    return re.findall(r"^```[^\n]*\n(.*?)^```", m.group(1), re.M | re.S)
+
+
+README_TEXT = (ROOT / "README.md").read_text(encoding="utf-8")
+
+
+def architecture_problems(readme: str, package: Path) -> list[str]:
+    """What the README's architecture tree gets wrong about ``package``.
+
+    The tree is the first code block under "## Architecture": one line per subpackage (a name
+    ending in ``/``, indented two spaces per level) or top-level module, with a description that
+    may end with its main module in parentheses, ``(day.py)``. Every listed path must exist and
+    every subpackage (a directory with ``__init__.py``) must be listed."""
+    block = _fenced_blocks(readme, "Architecture")[0]
+    lines = [line for line in block.splitlines() if line.strip()]
+    assert lines[0].strip() == f"{package.name}/", lines[0]
+    problems: list[str] = []
+    listed: set[Path] = set()
+    stack: list[str] = []
+    for line in lines[1:]:
+        depth = (len(line) - len(line.lstrip(" "))) // 2
+        name, _, description = line.strip().partition(" ")
+        stack = [*stack[: depth - 1], name.rstrip("/")]
+        path = package.joinpath(*stack)
+        if name.endswith("/"):
+            listed.add(path)
+            if not (path / "__init__.py").is_file():
+                problems.append(f"{name} is listed but {path} is not a package")
+            main = re.search(r"\(([\w./]+\.py)\)\s*$", description)
+            if main is None:
+                problems.append(f"{name} names no main module")
+            elif not (path / main.group(1)).is_file():
+                problems.append(f"{name}: no module {main.group(1)} in {path}")
+        elif not path.is_file():
+            problems.append(f"{name} is listed but {path} does not exist")
+    for init in sorted(package.rglob("__init__.py")):
+        sub = init.parent
+        if sub != package and "__pycache__" not in sub.parts and sub not in listed:
+            problems.append(f"subpackage {sub.relative_to(package.parent)} is not listed")
+    return problems
+
+
+def test_the_readme_architecture_tree_matches_the_package() -> None:
+    problems = architecture_problems(README_TEXT, ROOT / "streamfilter")
+    assert not problems, "README.md's architecture tree is stale:\n" + "\n".join(problems)
+
+
+def test_the_architecture_check_fails_a_stale_tree(tmp_path: Path) -> None:
+    pkg = tmp_path / "streamfilter"
+    for sub in ("engine", "runtime", "runtime/io", "cli"):
+        (pkg / sub).mkdir(parents=True)
+        (pkg / sub / "__init__.py").write_text("", encoding="utf-8")
+    (pkg / "engine" / "day.py").write_text("", encoding="utf-8")
+    (pkg / "errors.py").write_text("", encoding="utf-8")
+    readme = (
+        "## Architecture\n\n```\nstreamfilter/\n  errors.py   errors\n"
+        "  engine/     the day step (day.py)\n  runtime/    adapters (gone.py)\n"
+        "    io/       sources\n  config.py   settings\n```\n"
+    )
+    assert architecture_problems(readme, pkg) == [
+        "runtime/: no module gone.py in " + str(pkg / "runtime"),
+        "io/ names no main module",
+        f"config.py is listed but {pkg / 'config.py'} does not exist",
+        "subpackage streamfilter/cli is not listed",
+    ]
+
+
+def _commands(block: str) -> list[str]:
+    """The command lines of a code block: output (``$`` prompts, log lines) and comments cut."""
+    out = []
+    for line in block.splitlines():
+        line = re.sub(r"\s+#\s.*$", "", line).strip()
+        if line.startswith("$ "):
+            line = line[2:]
+        elif any(line.startswith(p) for p in ("...", "streamfilter check —", "(days:")):
+            continue
+        if line:
+            out.append(line)
+    return out
+
+
+def _readme_commands() -> list[str]:
+    blocks = re.findall(r"^```\n(.*?)^```", README_TEXT, re.M | re.S)
+    return [c for block in blocks for c in _commands(block)]
+
+
+#: placeholders of the README's synopsis lines, and a value each
+_PLACEHOLDERS = {"PATH": "x.toml", "ID": "u-17", "N": "10", "D": "2", "DIR": "out"}
+
+
+def test_every_streamfilter_command_of_the_readme_parses() -> None:
+    from streamfilter.cli.main import build_parser
+
+    commands = [c for c in _readme_commands() if c.startswith("streamfilter ")]
+    assert len(commands) >= 10, commands
+    parser = build_parser()
+    for command in commands:
+        words = re.sub(r"\[[^\]]*\]", "", command).split()[1:]  # optional parts dropped
+        words = [_PLACEHOLDERS.get(w, w) for w in words]
+        parser.parse_args(words)  # exits (SystemExit) on an unknown command or option
+        optional = re.findall(r"\[([^\]]*)\]", command)
+        if optional:  # and with every optional part given
+            full = words + [_PLACEHOLDERS.get(w, w) for o in optional for w in o.split()]
+            parser.parse_args(full)
+
+
+def test_every_make_target_and_path_of_the_readme_exists() -> None:
+    makefiles = [ROOT / "Makefile", *ROOT.glob("deploy/*/*.mk")]
+    targets = {
+        m.group(1)
+        for f in makefiles
+        for m in re.finditer(r"^([\w.-]+):", f.read_text(encoding="utf-8"), re.M)
+    }
+    make_words = re.findall(r"\bmake ([\w-]+)", README_TEXT)
+    assert {"demo", "test", "kafka-up", "kafka-down"} <= set(make_words)
+    assert set(make_words) <= targets, set(make_words) - targets
+    paths = set(
+        re.findall(
+            r"(?<![\w./-])((?:examples|deploy|docs|benchmarks|tests|\.ci)/[\w./-]*\w)", README_TEXT
+        )
+    )
+    paths |= set(re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", README_TEXT))  # relative links
+    missing = sorted(p for p in paths if not (ROOT / p).exists())
+    assert not missing, missing
+
+
+def test_the_readme_file_quickstart_runs_as_written(tmp_path: Path) -> None:
+    import shutil
+    import subprocess
+    import sys
+
+    shutil.copytree(ROOT / "examples", tmp_path / "examples")
+    (block,) = _fenced_blocks(README_TEXT, "Quickstart: files")[:1]
+    commands = _commands(block)
+    assert commands[0] == "streamfilter check --config examples/file.toml"
+    for command in commands:
+        args = command.split()[1:]
+        proc = subprocess.run(
+            [sys.executable, "-m", "streamfilter", *args],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert proc.returncode == 0, f"{command}: exit {proc.returncode}\n{proc.stderr}"
+    releases = (tmp_path / "examples" / "out" / "releases.jsonl").read_text().splitlines()
+    assert len(releases) == 6
+    assert (tmp_path / "report.html").stat().st_size > 0
+
+
+def test_the_readme_python_api_runs_as_written() -> None:
+    (block,) = re.findall(r"^```python\n(.*?)^```", README_TEXT, re.M | re.S)
+    events = [{"user_id": "u-17", "day": "2026-01-05", "values": {"active": 1}}]
+    scope: dict[str, Any] = {"events": events}
+    exec(compile(block, "README.md", "exec"), scope)  # the README's own example, as written
+    assert len(scope["releases"]) == 1
+    assert scope["m"].spent("u-17") == 1.0
+
+
+def test_the_readme_stays_a_page_for_users() -> None:
+    """Logs of measurements belong to docs/performance.md (current figures) and git history."""
+    assert README_TEXT.count("\n") <= 300
+    assert "<!-- benchmarks/results.md: begin -->" not in README_TEXT
+
+
+# ------------------------------------------------------------------- docs/performance.md, §3.5
+
+
+def test_the_performance_page_includes_the_current_results_table() -> None:
+    from benchmarks.run import BEGIN, END
+
+    page = (ROOT / "docs" / "performance.md").read_text(encoding="utf-8")
+    start, end = page.index(BEGIN) + len(BEGIN) + 1, page.index(END)
+    results = (ROOT / "benchmarks" / "results.md").read_text(encoding="utf-8")
+    assert page[start:end] == results, "python -m benchmarks.run --render rewrites the page"
+
+
+def test_every_configuration_key_is_in_the_design_table() -> None:
+    from pydantic import BaseModel
+
+    from streamfilter.config import Settings
+
+    design = (ROOT / "docs" / "design.md").read_text(encoding="utf-8")
+    rows = {
+        m.group(1): m.group(2) for m in re.finditer(r"^\| `\[([\w.]+)\]` \|(.*)$", design, re.M)
+    }
+    missing = []
+    for section, field in Settings.model_fields.items():
+        model = field.annotation
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+            model = next(a for a in getattr(model, "__args__", ()) if a is not type(None))
+        for key, sub in model.model_fields.items():
+            is_table = isinstance(sub.annotation, type) and issubclass(sub.annotation, BaseModel)
+            row = rows.get(section, "")
+            if f"`{key}`" not in row and not (is_table and f"`[{section}.{key}]`" in row):
+                missing.append(f"[{section}] {key}")
+    assert not missing, "docs/design.md §3.5 lacks: " + ", ".join(missing)
+
+
+# ------------------------------------------------------------------------- no issue numbers
+
+#: an issue number ("issue" and a number, or "#" and one or two digits), not an HTML entity
+_ISSUE = re.compile(r"issue #?[0-9]+|(?<![&\w])#[0-9]{1,2}\b", re.I)
+#: where issue numbers must not appear: the package, its tests, benchmarks and documents
+NO_ISSUES = ("streamfilter", "tests", "benchmarks", "docs", "deploy", "examples", "README.md")
+
+
+def issue_number_mentions(root: Path, scanned: tuple[str, ...] = NO_ISSUES) -> list[str]:
+    found = []
+    for path in _scanned_files(root, scanned):
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError):
+            continue  # compiled extensions and data
+        for m in _ISSUE.finditer(text):
+            line = text.count("\n", 0, m.start()) + 1
+            found.append(f"{path.relative_to(root)}:{line}: {m.group(0)}")
+    return found
+
+
+def test_no_issue_numbers_in_code_tests_or_documents() -> None:
+    """A comment says the reason, not the ticket that asked for it: the ticket's number means
+    nothing to a reader of the code and outlives its tracker."""
+    found = issue_number_mentions(ROOT)
+    assert not found, "say the reason instead:\n" + "\n".join(found)
+
+
+def test_the_issue_number_check_finds_them(fake_tree: Path) -> None:
+    hash_ = "#"
+    (fake_tree / "pkg" / "a.py").write_text(
+        f'"""Fixed (Issue {hash_}16 point 2)."""\nx = 1  # since {hash_}7\n'
+        f"y = '&{hash_}39;'  # an HTML entity, {hash_}1f77b4 a colour, {hash_}123 a count\n",
+        encoding="utf-8",
+    )
+    assert issue_number_mentions(fake_tree, ("pkg",)) == [
+        f"pkg/a.py:1: Issue {hash_}16",
+        f"pkg/a.py:2: {hash_}7",
     ]

@@ -1,4 +1,4 @@
-"""Issue #16 point 9: the example configurations under examples/ are shipped and each runs."""
+"""The example configurations under examples/ are shipped and each runs."""
 
 import json
 import shutil

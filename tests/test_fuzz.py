@@ -160,7 +160,7 @@ near_event_dicts = event_dict_strategy(near_day_like)
 
 
 def _check_event(ev: Event) -> None:
-    """The contract of an accepted event (README "Formats")."""
+    """The contract of an accepted event (docs/design.md §3.1)."""
     assert isinstance(ev.user_id, str) and 1 <= len(ev.user_id) <= 256
     assert isinstance(ev.day, str) and dt.date.fromisoformat(ev.day).isoformat() == ev.day
     assert ev.event_id is None or (isinstance(ev.event_id, str) and 1 <= len(ev.event_id) <= 256)
@@ -551,7 +551,7 @@ def toml_documents(draw):
             if section == "privacy" and not keys & {"rho", "epsilon"}:
                 keys.add("rho")
             if section == "privacy":
-                keys.add("b_norm")  # required (issue #16): without it every document is refused
+                keys.add("b_norm")  # required: without it every document is refused
             for key in sorted(keys):
                 choices = CONFIG_SCHEMA[section][key]
                 value = draw(st.one_of(st.just(choices[0]), st.sampled_from(choices), toml_values))

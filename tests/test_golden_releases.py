@@ -1,4 +1,4 @@
-"""Releases under a test seed are pinned byte for byte (issue #14: no behaviour change).
+"""Releases under a test seed are pinned byte for byte: a refactoring changes no released byte.
 
 ``tests/data/golden/*.releases.jsonl`` were produced by commit d101528, *before* the package was
 rearranged into its current rooms, from the inputs and configurations beside them
@@ -7,15 +7,13 @@ policies, rejects, duplicates-free multi-event days, every query kind and the op
 estimate. A change that alters any released byte fails here; a deliberate change of the release
 format must replace these files in the same commit and say why.
 
-Issue #16 added Corollary 4.7's bound to each release (``linf_bound``,
-``linf_failure_probability``): the files were regenerated then, the ones before kept as
-``*.releases.before16.jsonl``, and a test shows that without the two keys every release is the
-old one byte for byte. (``dg_skip_activeset.toml`` states the telemetry amounts it was pinned
-with, since #16 made their defaults fractions of the query ρ.)
-Issue #16 point 1 then added the
-private coverage estimate to each query's release (``coverage``, drawn from its own per-release
-noise key): the files were regenerated again, and the same test shows that every other byte is
-still the one pinned before #16.
+Adding Corollary 4.7's bound to each release (``linf_bound``, ``linf_failure_probability``)
+regenerated the files, the ones before kept as ``*.releases.before16.jsonl``, and a test shows
+that without the two keys every release is the old one byte for byte.
+(``dg_skip_activeset.toml`` states the telemetry amounts it was pinned with, since their
+defaults became fractions of the query ρ.) Adding the private coverage estimate to each query's
+release (``coverage``, drawn from its own per-release noise key) regenerated them again, and the
+same test shows that every other byte is still the one pinned before either was added.
 """
 
 import json
@@ -45,15 +43,16 @@ def test_releases_are_byte_identical_to_the_ones_produced_before_the_moves(name,
     assert produced == (GOLDEN / f"{name}.releases.jsonl").read_bytes()
 
 
-#: fields issue #16 added to each release (Corollary 4.7's bound, the coverage estimate); every
+#: fields added to each release after the old files were pinned (Corollary 4.7's bound, the
+#: coverage estimate); every
 #: other byte is unchanged
-ADDED_BY_16 = ("linf_bound", "linf_failure_probability", "coverage")
+ADDED_FIELDS = ("linf_bound", "linf_failure_probability", "coverage")
 
 
 @pytest.mark.parametrize("name", RUNS)
 def test_the_noisy_values_did_not_move_when_the_accuracy_statement_was_added(name):
-    """``*.releases.before16.jsonl`` are the files pinned before issue #16 changed the release
-    format: without the added keys, every release is byte for byte the old one (value, sigma,
+    """``*.releases.before16.jsonl`` are the files pinned before the bound and coverage were
+    added to the release format: without the added keys, every release is byte for byte the old one (value, sigma,
     ci95 and the rest); the added bound is Corollary 4.7's for the release's d, and every query
     release (not the ``_active_set`` telemetry) carries a coverage estimate."""
     from streamfilter.privacy.accuracy import linf_bound_for_variance
@@ -63,7 +62,7 @@ def test_the_noisy_values_did_not_move_when_the_accuracy_statement_was_added(nam
     assert len(new) == len(old)
     for new_line, old_line in zip(new, old, strict=True):
         rel = json.loads(new_line)
-        added = {k: rel.pop(k) for k in ADDED_BY_16 if k in rel}
+        added = {k: rel.pop(k) for k in ADDED_FIELDS if k in rel}
         assert json.dumps(rel) == old_line
         if rel["query_id"] == "_active_set":
             assert added == {}  # the binary-tree estimate states no bound and no coverage

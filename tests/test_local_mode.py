@@ -357,7 +357,7 @@ def test_local_server_restarts_after_sigkill_with_identical_releases(tmp_path):
 
 
 def test_local_noise_guarantee_matches_the_releases_and_local_path_defaults(tmp_path, capsys):
-    """Issue #16 point 6: ``[local] path`` defaults beside the state; ``guarantee`` for
+    """``[local] path`` defaults beside the state; ``guarantee`` for
     ``local_noise`` states no central σ and the variance each release's σ is built from."""
     text = config_text(tmp_path, "local").replace(
         f'[local]\npath = "{tmp_path}/contributions.jsonl"\n',
@@ -382,7 +382,7 @@ def test_local_noise_guarantee_matches_the_releases_and_local_path_defaults(tmp_
 
 
 def test_sigma_local_calibrates_from_a_per_device_target(tmp_path, capsys):
-    """Issue #16 point 6: ``device_rho`` (or ``device_epsilon`` + ``device_delta``) gives the
+    """``device_rho`` (or ``device_epsilon`` + ``device_delta``) gives the
     σ_local whose per-device guarantee meets the target (the lattice only rounds it safer)."""
     base = config_text(tmp_path, "local")
     for target, check in (

@@ -1,4 +1,4 @@
-"""Issue #16 point 3: nothing silent that loses data.
+"""Nothing silent that loses data.
 
 A configured query source that does not exist is a configuration error (exit 2) like a missing
 events file; a run without any query source needs an explicit ``[queries] kind = "none"``; a

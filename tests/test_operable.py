@@ -1,4 +1,4 @@
-"""Issue #16 point 5: operable by default.
+"""Operable by default.
 
 ``run`` serves ``/metrics``, ``/healthz``, ``/readyz`` unless told not to; INFO logs at start-up
 (no secrets), per day close and at shutdown; ``-v``/``--log-level``/``--log-format json`` on every
@@ -158,7 +158,7 @@ def test_a_run_without_the_native_helpers_warns_and_releases_the_same(tmp_path):
 @pytest.mark.parametrize("mechanism", ["gaussian", "discrete_gaussian"])
 @pytest.mark.parametrize("events", [False, True], ids=["start", "whole-run"])
 def test_a_run_imports_no_scipy(tmp_path, mechanism, events):
-    """#17 point 6: a run starts (its start-up line logged), closes its days with their error
+    """A run starts (its start-up line logged), closes its days with their error
     bars and coverage intervals, and ends without importing scipy (~0.4 s of imports at start,
     0.2 s more at the first close): the released half-widths use ``privacy.normal`` and
     ``privacy.continual.fft_convolve`` (numpy), the start-up line states ρ without the (ε, δ)

@@ -1,9 +1,9 @@
-"""README.md's exit-code and reject-reason tables come from the code (issue #14 points 6-7).
+"""The documents' exit-code and reject-reason tables come from the code, so they cannot drift.
 
-The tables sit between ``<!-- NAME:begin -->`` and ``<!-- NAME:end -->`` markers and must equal
-what :func:`render` builds from ``streamfilter.errors.EXIT_CODES`` and
-``streamfilter.engine.contract.RejectReason``. After changing either, rewrite them with
-``python -m tests.test_readme_tables``.
+README.md shows the exit codes, docs/design.md §3.4 the reject reasons. Each table sits between
+``<!-- NAME:begin -->`` and ``<!-- NAME:end -->`` markers and must equal what :func:`render`
+builds from ``streamfilter.errors.EXIT_CODES`` and ``streamfilter.engine.contract.RejectReason``.
+After changing either, rewrite them with ``python -m tests.test_readme_tables``.
 """
 
 import re
@@ -15,7 +15,7 @@ import pytest
 from streamfilter.engine.contract import REJECT_REASON_MEANING, RejectReason
 from streamfilter.errors import EXIT_CODES, ExitCode, StreamfilterError
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _exit_codes() -> str:
@@ -45,6 +45,8 @@ def _reject_reasons() -> str:
 
 
 TABLES = {"exit-codes": _exit_codes, "reject-reasons": _reject_reasons}
+#: the document each table lives in (one place each)
+DOCUMENT = {"exit-codes": ROOT / "README.md", "reject-reasons": ROOT / "docs" / "design.md"}
 
 
 def _section(text: str, name: str) -> str | None:
@@ -64,10 +66,27 @@ def render(text: str) -> str:
 
 
 @pytest.mark.parametrize("name", sorted(TABLES))
-def test_readme_table_matches_the_code(name):
-    found = _section(README.read_text(), name)
-    assert found is not None, f"README.md lacks the {name} markers"
-    assert found == TABLES[name](), f"README.md's {name} table is stale: python -m {__name__}"
+def test_document_table_matches_the_code(name):
+    doc = DOCUMENT[name]
+    found = _section(doc.read_text(), name)
+    assert found is not None, f"{doc.name} lacks the {name} markers"
+    assert found == TABLES[name](), f"{doc.name}'s {name} table is stale: python -m {__name__}"
+
+
+@pytest.mark.parametrize("name", sorted(TABLES))
+def test_each_table_is_in_one_document_only(name):
+    holders = [
+        p.name
+        for p in (ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")))
+        if f"<!-- {name}:begin -->" in p.read_text()
+    ]
+    assert holders == [DOCUMENT[name].name], holders
+
+
+def test_render_rewrites_a_stale_table():
+    stale = "x\n<!-- exit-codes:begin -->\n| old |\n<!-- exit-codes:end -->\ny\n"
+    assert _section(render(stale), "exit-codes") == _exit_codes()
+    assert render(stale).startswith("x\n") and render(stale).endswith("y\n")
 
 
 def test_every_reason_has_a_meaning_and_every_exit_code_a_line():
@@ -83,5 +102,6 @@ def test_an_unknown_reason_cannot_be_emitted():
 
 
 if __name__ == "__main__":
-    README.write_text(render(README.read_text()))
+    for doc in set(DOCUMENT.values()):
+        doc.write_text(render(doc.read_text()))
     sys.exit(0)

@@ -273,7 +273,7 @@ b_norm = 2.0
 rho = 0.5
 granularity = 0.00390625
 [metrics]
-enabled = false  # served by default since #16: an ephemeral port would differ between the runs
+enabled = false  # served by default: an ephemeral port would differ between the runs
 [testing]
 noise_seed = 11
 """
@@ -315,7 +315,7 @@ def test_cli_logs_of_exhausted_and_absent_user_are_identical(tmp_path):
             timeout=120,
         )
         assert proc.returncode == 0, proc.stderr
-        # the start-up line (#16) names the configured paths, which differ by the run's directory
+        # the start-up line names the configured paths, which differ by the run's directory
         text = proc.stderr.replace(str(work), "<work>")
         for pattern, repl in _TIMING:
             text = pattern.sub(repl, text)

@@ -1,4 +1,4 @@
-"""Issue #16 point 4: safe, strict privacy settings.
+"""Safe, strict privacy settings.
 
 ``b_norm`` and the privacy level are required; the privacy section is strictly typed; implausible
 values warn; typos suggest the key meant; the telemetry budget defaults to a stated fraction of

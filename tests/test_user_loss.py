@@ -1,4 +1,4 @@
-"""One formula for a user's realized loss (issue #14 point 4).
+"""One formula for a user's realized loss, so every report of it agrees.
 
 Every place that reports a user's ρ — ``streamfilter budget``, the device odometer, the run's
 effective guarantee — goes through ``privacy.odometer.rho_of_units`` with the variance of the

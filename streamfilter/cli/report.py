@@ -606,7 +606,7 @@ def _query_section(
 
 
 def _linf_note(rel: Release) -> str:
-    """Corollary 4.7's statement, as the release carries it (issue #16 point 7)."""
+    """Corollary 4.7's statement, as the release carries it."""
     if rel.linf_bound is None or rel.linf_failure_probability is None:
         return ""
     return (

@@ -1,7 +1,7 @@
 """User-side mode: each device runs its own individual filter (Feldman & Zrnic Remark 4.6).
 
 Imports only the pure privacy core, numpy and the standard library, so it can ship to devices
-without the server's dependencies. See README "Local mode" and SECURITY.md for the trust model.
+without the server's dependencies. See docs/local-mode.md and SECURITY.md for the trust model.
 """
 
 from streamfilter.client.core import DeviceConfig, Variant, answer_day

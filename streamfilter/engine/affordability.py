@@ -1,10 +1,11 @@
-"""What a query costs a user, and how long a user can afford it (issue #16 point 2).
+"""What a query costs a user, and how long a user can afford it: no unanswerable query unnoticed.
 
 Pure arithmetic on public settings — the clip, ``B_norm``, the lattice — never on data. A user
 who contributes a full-norm vector (‖r‖ = clip) to a query pays ``clip²`` of ``B_norm`` per day
 (exactly ``floor(clip²/γ²)`` lattice units, :func:`~streamfilter.privacy.lattice.max_cost_units`),
 so ``floor(B_norm/clip²)`` such days exhaust them. Two warnings follow (``run``, ``Monitor`` and
-``streamfilter check`` show them; the query is still registered — documented in the README):
+``streamfilter check`` show them; the query is still registered: a small-valued user can still
+be answered by it):
 
 * ``clip² > B_norm`` under ``skip``/``retire``: no user's full contribution can ever be admitted;
   only users whose vectors are small stay in the answer (under ``retire`` a refusal retires them);

@@ -59,7 +59,7 @@ _EVENT_KEYS = frozenset({"user_id", "day", "values", "event_id"})
 
 class RejectReason(StrEnum):
     """Every reason a record can be refused for: the one closed list (reject records, the
-    ``streamfilter_rejects_total{reason}`` label, README.md and docs/design.md §3.4 come from it).
+    ``streamfilter_rejects_total{reason}`` label, and docs/design.md §3.4's table come from it).
     A value is a stable short code; :data:`REJECT_REASON_MEANING` says what each means."""
 
     # events (a line of a file or one Kafka message)
@@ -96,7 +96,7 @@ class RejectReason(StrEnum):
     IMPLAUSIBLE_NORM = "implausible_norm"
 
 
-#: what each reject reason means, as README.md's table shows it (a test keeps them in step)
+#: what each reject reason means, as docs/design.md §3.4's table shows it (a test keeps them in step)
 REJECT_REASON_MEANING: dict[RejectReason, str] = {
     RejectReason.MALFORMED_JSON: "not valid UTF-8 JSON",
     RejectReason.NOT_AN_OBJECT: "valid JSON, but not an object",

@@ -1,4 +1,4 @@
-"""The papers' learning systems (issue #19), kept apart from the monitoring runtime.
+"""The papers' learning systems, kept apart from the monitoring runtime.
 
 * :mod:`.gd` — private gradient descent (Feldman & Zrnic, Algorithm 6) and private gradient
   descent with individual filtering (Algorithm 7), accounted by Propositions 5.1 / 5.2;

@@ -1,4 +1,4 @@
-"""Issue #15, point 4: bounded inputs and bounded rejects, in process (the same probes on the
+"""Bounded inputs and bounded rejects, in process (the same probes on the
 real broker are in ``test_bounded_inputs_kafka.py``).
 
 Failed before: the reject of a 300 KB line of ``\\x01`` bytes was a 1.8 MB record (JSON escapes

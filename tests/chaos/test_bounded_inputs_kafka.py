@@ -1,7 +1,7 @@
-"""Issue #15, point 4 on the real broker: a 5 MB message, a 300 KB line of ``\\x01`` bytes and
-the issue's 4096 × 4096 linear query (84 MB of JSON) over [limits] max_query_bytes are rejects
+"""Bounded inputs on the real broker: a 5 MB message, a 300 KB line of ``\\x01`` bytes and
+a 4096 × 4096 linear query (84 MB of JSON) over [limits] max_query_bytes are rejects
 with bounded records; no crash, every other event counted. (With the ``crc32c`` C extension, a
-dependency since #17, the 84 MB record takes seconds to produce and consume; kafka-python's pure
+dependency, the 84 MB record takes seconds to produce and consume; kafka-python's pure
 Python CRC-32C needed about three minutes.)
 
 Failed before: the reject of the ``\\x01`` line (1.8 MB once JSON-escaped) and of the 5 MB

@@ -1,4 +1,4 @@
-"""Issue #15, point 6: the broker SIGKILLed right after a day committed, back 20 s later; the
+"""The broker SIGKILLed right after a day committed, back 20 s later; the
 same daemon process publishes the day by itself (no restart), one value per (day, query).
 
 Failed before: ``lag()`` timed out on ``end_offsets`` after the commit and the daemon exited 1

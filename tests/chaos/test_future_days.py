@@ -1,4 +1,4 @@
-"""Issue #15, point 3: one event dated far ahead must not hold days open, close days to come,
+"""One event dated far ahead must not hold days open, close days to come,
 or pin the resume position (failed before: the 2099 line made the partition count as past every
 day, so a backfill's days closed before their events were read; ``--until-end`` closed every day
 up to 2099).

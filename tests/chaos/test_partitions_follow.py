@@ -1,4 +1,4 @@
-"""Issue #15, point 1: partitions added to the events topic while the daemon runs are read
+"""Partitions added to the events topic while the daemon runs are read
 from their beginning, and every open day waits for them; a log line says so.
 
 Failed before: the daemon kept reading the partitions it had when it started; the day the new

@@ -1,7 +1,7 @@
-"""Issue #15, point 5: the Kafka query feed reads the queries topic to the end offsets captured
+"""The Kafka query feed reads the queries topic to the end offsets captured
 when a day becomes closable, not one fetch.
 
-The issue's probe: 10,000 queries (about 3.5 MB, more than three times what one fetch of a
+The probe: 10,000 queries (about 3.5 MB, more than three times what one fetch of a
 partition returns) wait on the topic; the last one starts on the first day. Failed before: one
 fetch (``poll(timeout 0)``) left most of the backlog unread when the days closed, so the last
 query had no release and would be refused as ``closed_day`` when read later. (Registering them

@@ -1,4 +1,4 @@
-"""Issue #15, point 2: records deleted from a partition's start beyond the stored position
+"""Records deleted from a partition's start beyond the stored position
 (``delete_records`` here; retention while the daemon was down alike) are never skipped silently.
 
 Failed before: the restart sought to the new beginning (``max(stored, beginning)``), released

@@ -1,4 +1,4 @@
-"""Issue #15, point 7: the state file deleted while the daemon runs is noticed before the next
+"""The state file deleted while the daemon runs is noticed before the next
 commit: exit 4 (fail closed), nothing of the next day published.
 
 Failed before: the daemon kept committing to the unlinked file, published the next days and

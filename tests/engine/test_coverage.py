@@ -1,4 +1,4 @@
-"""Coverage with every release (issue #16 point 1; docs/design.md §2.11): the exact per-day
+"""Coverage with every release (docs/design.md §2.11): the exact per-day
 counts, the unbounded epoch counters, their accounting and their noise, statistically."""
 
 import json

@@ -1,4 +1,4 @@
-"""Issue #16 point 8: the notebook API is discoverable and forgiving in the right places."""
+"""The notebook API is discoverable and forgiving in the right places."""
 
 import datetime as dt
 

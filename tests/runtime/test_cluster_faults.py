@@ -1,4 +1,4 @@
-"""Cluster mode under faults (issue #18, point 4), each on a real Kafka broker, a real PostgreSQL
+"""Cluster mode under faults, each on a real Kafka broker, a real PostgreSQL
 server and real worker processes: workers SIGKILLed at random moments, PostgreSQL restarted
 mid-run, the broker stopped for 30 s.
 

@@ -1,4 +1,4 @@
-"""Cluster mode is operable like one process (issue #18): every worker serves its configured
+"""Cluster mode is operable like one process: every worker serves its configured
 ``/metrics``, ``/healthz`` and ``/readyz`` (the port was ignored in cluster mode before), and
 the partitions the workers own add up to the topic's, which the ``StreamfilterPartitionsUnowned``
 alert compares (deploy/prometheus/alerts.yml)."""

@@ -74,7 +74,7 @@ def run_child(cwd: Path, preexec_fn: Callable[[], None] | None) -> subprocess.Co
 def assert_failed_closed(proc, work: Path, published: bytes, *words: str) -> str:
     """Exit 4, one clear line without data, nothing new released, the state unchanged."""
     assert proc.returncode == 4, proc.stderr
-    # one clear error line, last, after the INFO/WARNING log lines (logging is on by default, #16)
+    # one clear error line, last, after the INFO/WARNING log lines (logging is on by default)
     *logs, line = proc.stderr.strip().splitlines()
     assert all(" INFO " in x or " WARNING " in x for x in logs), proc.stderr
     assert not any(x.startswith("streamfilter: ") for x in logs), proc.stderr

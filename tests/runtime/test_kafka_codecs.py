@@ -1,5 +1,5 @@
 """Every codec producers use, written by a non-Python client (kcat / librdkafka), is read; a batch
-the client cannot decode is a reject and the run goes on (issue #20, point 1)."""
+the client cannot decode is a reject and the run goes on."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Fenced publishing (issue #20, point 5): releases go out in Kafka transactions under the
+"""Fenced publishing: releases go out in Kafka transactions under the
 releases topic's own transactional id, so a second instance fences the first and only then
 compares the topic with its state.
 

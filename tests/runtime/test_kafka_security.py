@@ -1,4 +1,4 @@
-"""Secured clusters (issue #20, points 2-4): the daemon over SASL_SSL end to end, one clear
+"""Secured clusters: the daemon over SASL_SSL end to end, one clear
 line and a fast exit for every TLS / SASL / ACL failure, and least privilege.
 
 One secured broker for the session (``kafka_secured``: SASL_SSL, a CA made by kafka-up.sh,
@@ -80,7 +80,7 @@ def test_the_daemon_runs_end_to_end_over_sasl_ssl(kafka_secured, tmp_path):
     for rec in read_topic(broker.bootstrap, topics["releases"], client=broker.client()):
         got.setdefault(rec.key.decode(), set()).add(rec.value)
     assert got == {f"{d}/{q}": {v} for (d, q), v in expected.items()}
-    # README: reading the releases with a non-Python client (kcat), committed records only
+    # docs/kafka.md: reading the releases with a non-Python client (kcat), committed records only
     require(shutil.which("kcat") is not None, "kcat (Debian package kcat) is not installed")
     # (PLAIN: Debian bookworm's kcat, librdkafka 2.0.2, fails SCRAM against Kafka 4.4)
     c = broker.client(mechanism="PLAIN")

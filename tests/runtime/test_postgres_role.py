@@ -1,4 +1,4 @@
-"""Issue #18, point 5: streamfilter runs as a restricted PostgreSQL role, created by the
+"""Least privilege: streamfilter runs as a restricted PostgreSQL role, created by the
 operator's script ``deploy/cluster/postgres-init.sh`` (``deploy/cluster/worker-role.sql``; the
 compose file and the Kubernetes manifests run the same script when the database first starts) (no superuser, no CREATEDB/CREATEROLE, no
 replication, no BYPASSRLS; it owns one schema and may connect). The seeded golden run publishes

@@ -135,7 +135,7 @@ def test_restored_stale_copy_is_refused_then_the_newest_state_resumes(tmp_path, 
     assert mirror(work)["seq"] == 3
     proc = cli(*RUN, cwd=work, check=False)
     assert proc.returncode == 4, proc.stderr
-    # one clear error line, last, after the INFO start-up and shutdown lines (issue #16)
+    # one clear error line, last, after the INFO start-up and shutdown lines (logging is on by default)
     *logs, line = proc.stderr.strip().splitlines()
     assert line.startswith("streamfilter: ") and not any("ERROR" in x for x in logs)
     assert all(" INFO " in x or " WARNING " in x for x in logs) and "u-" not in "".join(logs)
