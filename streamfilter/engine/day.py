@@ -25,8 +25,10 @@ from streamfilter.engine.coverage import (
 )
 from streamfilter.engine.ledger import BudgetLedger, KeyedUsers
 from streamfilter.engine.params import LINF_FAILURE_PROBABILITY, PrivacyParams
+from streamfilter.engine.population import POPULATION_NOISE_PREFIX, PopulationTracker
 from streamfilter.engine.queries import AnyQuery
 from streamfilter.engine.records import DayRecords
+from streamfilter.privacy.departed import filter_departures
 from streamfilter.privacy.individual import filter_totals, query_vectors
 from streamfilter.privacy.noise import RandomBits, SeededRandomBits, discrete_gaussian, gaussian
 
@@ -90,6 +92,9 @@ class DayOutcome:
     #: coverage tracker after this day (``[telemetry] coverage``; None when off). Its state
     #: holds exact partial counts: stored with the day, never published.
     coverage: CoverageTracker | None = None
+    #: population estimate's departed counters after this day (None when off). Their state
+    #: holds exact partial sums: stored with the day, never published.
+    population: PopulationTracker | None = None
 
     @property
     def active_set_state(self) -> bytes | None:
@@ -158,10 +163,12 @@ def _filter_day(
     params: PrivacyParams,
     spent: np.ndarray,
     retired: np.ndarray,
+    departed: list[np.ndarray] | None = None,
 ) -> tuple[list[np.ndarray], list[int], list[int]]:
     """The day's queries over all users, on blocks of users: (sums, admitted, refused) per query.
 
-    Every step is row-wise (each user's own queries stay in order) and sums are exact, so blocks
+    With ``departed`` (one zero vector per query), users follow the departure rule of
+    ``privacy.departed`` and the departing vectors are summed into it. Every step is row-wise (each user's own queries stay in order) and sums are exact, so blocks
     change no result; they bound the temporaries. ``spent``/``retired`` are updated in place.
     """
     lattice = params.lattice
@@ -179,6 +186,15 @@ def _filter_day(
         spent_b, retired_b = spent[start:stop], retired[start:stop]  # views: updated in place
         for j, query in enumerate(queries):
             x = _query_vectors(dense, query_cols[j], weights[j])
+            if departed is not None:
+                dep = filter_departures(x, query.clip, lattice, spent_b, retired_b, budget)
+                totals[j] += dep.total_units
+                departed[j] += dep.departed_units
+                spent_b += dep.cost_units
+                nonzero = (x != 0).any(axis=1)
+                admitted_n[j] += int(np.count_nonzero(dep.admitted & nonzero))
+                refused_n[j] += int(np.count_nonzero(~dep.admitted & nonzero))
+                continue
             step = filter_totals(
                 x, query.clip, lattice, spent_b, retired_b, budget, params.exhaustion
             )
@@ -219,8 +235,12 @@ def close_day(
     bits: RandomBits,
     active_set: ActiveSetTracker | None = None,
     coverage: CoverageTracker | None = None,
+    population: PopulationTracker | None = None,
 ) -> DayOutcome:
     """Algorithm 3 for one day (Theorem 4.5); see ``privacy.individual`` for the argument.
+
+    With ``population``, users follow the departure rule (``privacy.departed``) and each query's
+    release carries its population estimate (``engine.population``; noise from its own key).
 
     With ``active_set`` (opt-in), the day's departures from the active set are counted into it
     and its ``_active_set`` release follows the queries' releases (``engine.active_set``). With
@@ -234,11 +254,23 @@ def close_day(
     spent, retired = ledger.state_at(located)
     spent_before, retired_before = spent.copy(), retired.copy()
     budget = params.budget_units
-    totals, admitted_n, refused_n = _filter_day(records, queries, params, spent, retired)
+    departed = (
+        None if population is None else [np.zeros(q.weights().shape[1], np.int64) for q in queries]
+    )
+    totals, admitted_n, refused_n = _filter_day(records, queries, params, spent, retired, departed)
     releases = [
         noisy_release(records.day, query, total, params, bits)
         for query, total in zip(queries, totals, strict=True)
     ]
+    populated = None
+    if population is not None and departed is not None:
+        states = {}
+        for i, (release, dep) in enumerate(zip(releases, departed, strict=True)):
+            key = POPULATION_NOISE_PREFIX + release.query_id
+            releases[i], states[release.query_id] = population.step(
+                release, dep, params, _bits_for(bits, records.day, key)
+            )
+        populated = population.advanced(states)
     admitted_counts = {q.query_id: a for q, a in zip(queries, admitted_n, strict=True)}
     refused_counts = {q.query_id: r for q, r in zip(queries, refused_n, strict=True)}
     tracker = None
@@ -274,6 +306,7 @@ def close_day(
         ),
         active_set=tracker,
         coverage=covered,
+        population=populated,
     )
 
 

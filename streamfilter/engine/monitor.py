@@ -14,6 +14,7 @@ from streamfilter.engine.coverage import CoverageSpec, CoverageTracker
 from streamfilter.engine.day import DayOutcome, SeededPerRelease
 from streamfilter.engine.engine import Engine, RejectedRecord
 from streamfilter.engine.params import PrivacyParams
+from streamfilter.engine.population import PopulationSpec, PopulationTracker
 from streamfilter.engine.queries import AnyQuery
 from streamfilter.engine.records import DayAccumulator
 from streamfilter.privacy.accounting import Guarantee
@@ -34,6 +35,8 @@ class Monitor:
     active-set estimate ``_active_set`` (``engine.active_set``); its ρ adds to the run's.
     ``coverage`` (opt-in here; on by default in ``streamfilter run``) makes every query's release
     carry its coverage estimate (``engine.coverage``, docs/design.md §2.11); its ρ adds too.
+    ``population`` (opt-in) makes every query's release carry its population estimate
+    (``engine.population``, docs/design.md §2.12), paid inside each user's own filter.
     """
 
     def __init__(
@@ -49,6 +52,7 @@ class Monitor:
         test_seed: int | None = None,
         active_set: ActiveSetSpec | None = None,
         coverage: CoverageSpec | None = None,
+        population: PopulationSpec | None = None,
     ) -> None:
         self.params = PrivacyParams.create(
             b_norm=b_norm,
@@ -66,6 +70,8 @@ class Monitor:
             self._engine.active_set = ActiveSetTracker.create(active_set, self.params)
         if coverage is not None:
             self._engine.coverage = CoverageTracker.create(coverage, self.params)
+        if population is not None:
+            self._engine.population = PopulationTracker.create(population, self.params)
         self.rejects: list[RejectedRecord] = []
 
     def add_query(self, query: dict[str, Any] | str | bytes) -> AnyQuery:

@@ -1,0 +1,93 @@
+"""The population estimate beside every release (engine.population, docs/design.md §2.12)."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import numpy as np
+import pytest
+
+from streamfilter.engine.contract import Release
+from streamfilter.engine.monitor import Monitor
+from streamfilter.engine.population import MODEL, PopulationSpec
+
+USERS, DAYS, B_NORM, CLIP, RHO = 20_000, 30, 40.0, 4.0, 0.5
+
+
+def _scenario(decline_from: int | None) -> list[tuple[float, Release]]:
+    """A stationary population: every user has a record every day, sessions ~ Poisson(λ_i) with
+    λ_i log-normal (σ = 2, mean 0.1115: 22.3k sessions/day per 200k users); from day
+    ``decline_from`` every rate falls by 30%. Returns (exact clipped truth, release) per day."""
+    rng = np.random.default_rng(2026)
+    sigma_ln, mean_rate = 2.0, 0.1115
+    rate = rng.lognormal(np.log(mean_rate) - sigma_ln**2 / 2, sigma_ln, USERS)
+    m = Monitor(b_norm=B_NORM, rho=RHO, population=PopulationSpec(), test_seed=7)
+    m.add_query(
+        {
+            "query_id": "engaged",
+            "kind": "sum",
+            "features": ["sessions"],
+            "clip": CLIP,
+            "from_day": "2026-01-01",
+        }
+    )
+    out = []
+    for t in range(DAYS):
+        day = (dt.date(2026, 1, 1) + dt.timedelta(days=t)).isoformat()
+        factor = 0.7 if decline_from is not None and t >= decline_from else 1.0
+        sessions = rng.poisson(rate * factor)
+        truth = float(np.minimum(sessions, CLIP).sum())
+        events = [
+            {"user_id": f"u{i}", "day": day, "values": {"sessions": int(s)}}
+            for i, s in enumerate(sessions.tolist())
+        ]
+        (release,) = m.close_day(day, events)
+        out.append((truth, release))
+    return out
+
+
+@pytest.fixture(scope="module")
+def flat() -> list[tuple[float, Release]]:
+    return _scenario(None)
+
+
+def test_a_flat_truth_stays_flat_in_population_while_the_release_falls(
+    flat: list[tuple[float, Release]],
+) -> None:
+    truths = np.array([t for t, _ in flat])
+    released = np.array([r.value[0] for _, r in flat])
+    pops = [r.population for _, r in flat]
+    assert all(p is not None and p.model == MODEL for p in pops)
+    population = np.array([p.value[0] for p in pops if p is not None])
+    half = np.array([p.ci95[0] for p in pops if p is not None])
+    # the truth is flat (±5% of its mean every day) ...
+    assert np.all(np.abs(truths / truths.mean() - 1) < 0.05)
+    # ... the release loses more than 40% ...
+    assert released[-1] < 0.6 * released[0]
+    # ... more than half of the value is refused by day 30 ...
+    assert released[-1] < 0.5 * truths[-1]
+    # ... while the population estimate stays within 10% of the truth every day
+    assert np.all(np.abs(population / truths - 1) < 0.10)
+    covered = np.abs(population - truths) <= half
+    assert covered.mean() >= 0.9, covered
+
+
+def test_a_real_30_percent_decline_shows_in_population() -> None:
+    days = _scenario(15)
+    population = np.array([r.population.value[0] for _, r in days if r.population is not None])
+    truths = np.array([t for t, _ in days])
+    half = max(r.population.ci95[0] for _, r in days if r.population is not None)
+    before, after = population[5:15].mean(), population[20:].mean()
+    # a decline far beyond the noise (the departed users' part keeps their old value: the
+    # estimate falls by less than the truth, never rises)
+    assert after < before - 3 * half, (before, after, half)
+    assert after > truths[20:].mean() * 0.95
+
+
+def test_population_off_leaves_the_release_format_unchanged() -> None:
+    m = Monitor(b_norm=4.0, rho=0.5, test_seed=1)
+    m.add_query(
+        {"query_id": "a", "kind": "sum", "features": ["x"], "clip": 1.0, "from_day": "2026-01-01"}
+    )
+    (rel,) = m.close_day("2026-01-01", [{"user_id": "u", "day": "2026-01-01", "values": {"x": 1}}])
+    assert rel.population is None and "population" not in rel.to_json()
