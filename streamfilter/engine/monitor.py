@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 from collections.abc import Iterable
+from fractions import Fraction
 from typing import Any
 
 from streamfilter.engine.active_set import ActiveSetSpec, ActiveSetTracker
@@ -17,8 +18,9 @@ from streamfilter.engine.params import PrivacyParams
 from streamfilter.engine.population import PopulationSpec, PopulationTracker
 from streamfilter.engine.queries import AnyQuery
 from streamfilter.engine.records import DayAccumulator
-from streamfilter.privacy.accounting import Guarantee
+from streamfilter.privacy.accounting import Guarantee, guarantee
 from streamfilter.privacy.noise import RandomBits, SystemRandomBits
+from streamfilter.privacy.rounding import float_up
 
 __all__ = ["Monitor"]
 
@@ -129,11 +131,13 @@ class Monitor:
     def __repr__(self) -> str:
         """The settings and the schedule — never a data-dependent count (no number of users)."""
         p = self.params
-        g = p.guarantee()
+        g = self.guarantee()
+        parts = " + ".join(f"{k} {v:g}" for k, v in self.rho_parts().items())
         queries = ", ".join(q.query_id for q in self._engine.queries) or "none"
         seeded = ", test_seed set: NOT private" if self._test_seed is not None else ""
         return (
-            f"<Monitor {g.rho:g}-zCDP per user (({g.epsilon:.4g}, {g.delta:g})-DP), "
+            f"<Monitor {g.rho:g}-zCDP per user in total ({parts}; ({g.epsilon:.4g}, "
+            f"{g.delta:g})-DP), "
             f"b_norm={p.b_norm:g}, {p.mechanism} σ={p.sigma_released:.4g} (95% ±"
             f"{p.ci95_halfwidth:.4g}), exhaustion={p.exhaustion}, queries: {queries}; last "
             f"closed day {self._engine.last_closed_day or 'none'}{seeded}>"
@@ -146,8 +150,22 @@ class Monitor:
         """
         return float(self._engine.ledger.spent_units(user_id)) * self.params.granularity**2
 
+    def rho_parts(self) -> dict[str, float]:
+        """Each part of the total ρ: the queries, and the opt-in estimates' own ρ (the
+        population estimate is paid inside each user's filter: it adds nothing)."""
+        parts = {"queries": self.params.guarantee().rho}
+        if self._engine.coverage is not None:
+            parts["coverage"] = self._engine.coverage.rho
+        if self._engine.active_set is not None:
+            parts["active set"] = self._engine.active_set.rho
+        return parts
+
     def guarantee(self) -> Guarantee:
-        return self.params.guarantee()
+        """The whole run's guarantee: the queries' ρ plus coverage's and the active set's
+        (zCDP composes additively, Bun & Steinke 2016 Lemma 2.3; the sum rounded up)."""
+        p = self.params
+        total = float_up(sum((Fraction(v) for v in self.rho_parts().values()), Fraction(0)))
+        return guarantee(p.b_norm, total, p.sigma_released, p.mechanism, p.delta)
 
     @property
     def releases(self) -> list[Release]:
