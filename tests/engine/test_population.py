@@ -91,3 +91,43 @@ def test_population_off_leaves_the_release_format_unchanged() -> None:
     )
     (rel,) = m.close_day("2026-01-01", [{"user_id": "u", "day": "2026-01-01", "values": {"x": 1}}])
     assert rel.population is None and "population" not in rel.to_json()
+
+
+def write_figure(png: str) -> None:
+    """docs/img/population.png: the report of the flat scenario, rendered by headless Chromium
+    (``python -m tests.engine.test_population docs/img/population.png``)."""
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    from streamfilter.cli.report import ReportData, render_report
+    from streamfilter.config import load_config
+    from tests.test_report import CHROMIUM_FLAGS
+
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = Path(tmp) / "c.toml"
+        cfg.write_text(f'[privacy]\nb_norm = {B_NORM}\nrho = {RHO}\n[queries]\nkind = "none"\n')
+        releases = [r for _, r in _scenario(None)]
+        days = [r.day for r in releases]
+        page = Path(tmp) / "report.html"
+        data = ReportData(releases, days, "tests/engine/test_population.py (flat truth)")
+        page.write_text(render_report(load_config(cfg), data), encoding="utf-8")
+        subprocess.run(
+            [
+                "chromium",
+                *CHROMIUM_FLAGS,
+                f"--user-data-dir={tmp}/profile",
+                f"--screenshot={Path(png).resolve()}",
+                "--window-size=1200,1500",
+                page.as_uri(),
+            ],
+            check=True,
+            capture_output=True,
+            timeout=180,
+        )
+
+
+if __name__ == "__main__":
+    import sys
+
+    write_figure(sys.argv[1])
