@@ -102,6 +102,11 @@ class DayOutcome:
         return None if self.active_set is None else self.active_set.to_json().encode()
 
     @property
+    def population_state(self) -> bytes | None:
+        """The population counters to store atomically with the day (``None`` when off)."""
+        return None if self.population is None else self.population.to_json().encode()
+
+    @property
     def coverage_state(self) -> bytes | None:
         """The coverage tracker to store atomically with the day (``None`` when off)."""
         return None if self.coverage is None else self.coverage.to_json().encode()
