@@ -263,6 +263,16 @@ def close_day(
         None if population is None else [np.zeros(q.weights().shape[1], np.int64) for q in queries]
     )
     totals, admitted_n, refused_n = _filter_day(records, queries, params, spent, retired, departed)
+    absent = None
+    if population is not None and population.pending:
+        # yesterday's newly departing users without a record today leave with a zero vector
+        absent = _pending_departures(population.pending, users, queries, ledger, params)
+        if absent is not None:
+            users = np.concatenate([np.asarray(users, dtype=object), absent[0]])
+            spent_before = np.concatenate([spent_before, absent[1]])
+            retired_before = np.concatenate([retired_before, absent[2]])
+            spent = np.concatenate([spent, absent[3]])
+            retired = np.concatenate([retired, absent[2]])
     releases = [
         noisy_release(records.day, query, total, params, bits)
         for query, total in zip(queries, totals, strict=True)
@@ -275,7 +285,8 @@ def close_day(
             releases[i], states[release.query_id] = population.step(
                 release, dep, params, _bits_for(bits, records.day, key)
             )
-        populated = population.advanced(states)
+        pending = users[_departing_next(queries, params, spent, retired)]
+        populated = population.advanced(states, pending)
     admitted_counts = {q.query_id: a for q, a in zip(queries, admitted_n, strict=True)}
     refused_counts = {q.query_id: r for q, r in zip(queries, refused_n, strict=True)}
     tracker = None
@@ -294,14 +305,18 @@ def close_day(
             records.day, releases[: len(queries)], queries, coverage, counts, params, bits
         )
     changed = np.flatnonzero((spent != spent_before) | (retired != retired_before))
-    return DayOutcome(
-        day=records.day,
-        releases=releases,
-        changed_users=KeyedUsers.wrap(
+    if absent is None:
+        changed_users = KeyedUsers.wrap(
             users if len(changed) == len(users) else users[changed],  # every user: no copy
             keys.take(changed),
             located.take(changed),
-        ),
+        )
+    else:
+        changed_users = KeyedUsers.wrap(users[changed], ledger.keys_of(users[changed]))
+    return DayOutcome(
+        day=records.day,
+        releases=releases,
+        changed_users=changed_users,
         spent_units=spent[changed],
         retired=retired[changed],
         exact_stats=ExactDayStats(
@@ -313,6 +328,45 @@ def close_day(
         coverage=covered,
         population=populated,
     )
+
+
+def _departing_next(
+    queries: Sequence[AnyQuery], params: PrivacyParams, spent: np.ndarray, retired: np.ndarray
+) -> np.ndarray:
+    """Users who, after the day, depart some query at their next step (``c_q <= R < 2c_q``)."""
+    remaining = params.budget_units - spent
+    out = np.zeros(len(spent), dtype=bool)
+    for query in queries:
+        full = params.lattice.max_cost_units(query.clip)
+        out |= (remaining >= full) & (remaining < 2 * full)
+    return out & ~retired
+
+
+def _pending_departures(
+    pending: Sequence[str],
+    present: np.ndarray,
+    queries: Sequence[AnyQuery],
+    ledger: BudgetLedger,
+    params: PrivacyParams,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+    """The departure step of ``privacy.departed`` with a zero vector for the users due to
+    depart today (they entered a departure window yesterday) who sent no record: they leave the
+    query with what they contributed today, nothing, so a user active on some days only is not
+    counted at the value of a day with a record. Returns ``(users, spent_before, retired,
+    spent_after)`` or ``None``."""
+    seen = set(np.asarray(present, dtype=object).tolist())
+    absent = np.array([u for u in pending if u not in seen], dtype=object)
+    if not len(absent):
+        return None
+    spent, retired = ledger.state_at(ledger.locate(absent))
+    after = spent.copy()
+    budget = params.budget_units
+    for query in queries:
+        full = params.lattice.max_cost_units(query.clip)
+        remaining = budget - after
+        leaving = ~retired & (remaining >= full) & (remaining < 2 * full)
+        after += np.where(leaving, remaining - full + 1, 0)
+    return absent, spent, retired, after
 
 
 @dataclass(frozen=True)

@@ -52,6 +52,9 @@ class PopulationTracker:
     spec: PopulationSpec
     sigma2_units: int
     states: dict[str, DepartedState] = field(default_factory=dict)
+    #: users due to depart some query at their next step (SENSITIVE: stored, never published):
+    #: if they send no record that day they leave with a zero vector (``engine.day``)
+    pending: tuple[str, ...] = ()
 
     @classmethod
     def create(cls, spec: PopulationSpec, params: PrivacyParams) -> PopulationTracker:
@@ -86,8 +89,11 @@ class PopulationTracker:
         )
         return replace(release, population=estimate), after
 
-    def advanced(self, states: dict[str, DepartedState]) -> PopulationTracker:
-        return PopulationTracker(self.spec, self.sigma2_units, {**self.states, **states})
+    def advanced(self, states: dict[str, DepartedState], pending: np.ndarray) -> PopulationTracker:
+        pending_ids = tuple(str(u) for u in np.asarray(pending, dtype=object).tolist())
+        return PopulationTracker(
+            self.spec, self.sigma2_units, {**self.states, **states}, pending_ids
+        )
 
     # -- persistence (the state is sensitive: store it, never publish it) ----------------------
     def to_json(self) -> str:
@@ -95,6 +101,7 @@ class PopulationTracker:
             "first_epoch_days": self.spec.first_epoch_days,
             "sigma2_units": self.sigma2_units,
             "states": {q: s.to_json_dict() for q, s in self.states.items()},
+            "pending": list(self.pending),
         }
         return json.dumps(obj, sort_keys=True)
 
@@ -102,4 +109,5 @@ class PopulationTracker:
     def from_json(cls, text: str | bytes) -> PopulationTracker:
         obj = json.loads(text)
         states = {q: DepartedState.from_json_dict(s) for q, s in obj["states"].items()}
-        return cls(PopulationSpec(obj["first_epoch_days"]), obj["sigma2_units"], states)
+        pending = tuple(str(u) for u in obj.get("pending", []))
+        return cls(PopulationSpec(obj["first_epoch_days"]), obj["sigma2_units"], states, pending)
