@@ -68,6 +68,12 @@ class Monitor:
         self._test_seed = test_seed
         bits: RandomBits = SystemRandomBits() if test_seed is None else SeededPerRelease(test_seed)
         self._engine = Engine(self.params, bits)
+        #: the ρ each opt-in estimate charges, as the daemon charges its telemetry ledger
+        self._charged = {
+            name: spec.rho
+            for name, spec in (("coverage", coverage), ("active set", active_set))
+            if spec is not None
+        }
         if active_set is not None:
             self._engine.active_set = ActiveSetTracker.create(active_set, self.params)
         if coverage is not None:
@@ -151,14 +157,10 @@ class Monitor:
         return float(self._engine.ledger.spent_units(user_id)) * self.params.granularity**2
 
     def rho_parts(self) -> dict[str, float]:
-        """Each part of the total ρ: the queries, and the opt-in estimates' own ρ (the
+        """Each part of the total ρ: the queries, and what each opt-in estimate is charged (its
+        configured ρ, an upper bound on its effective ρ, as ``streamfilter run`` charges it; the
         population estimate is paid inside each user's filter: it adds nothing)."""
-        parts = {"queries": self.params.guarantee().rho}
-        if self._engine.coverage is not None:
-            parts["coverage"] = self._engine.coverage.rho
-        if self._engine.active_set is not None:
-            parts["active set"] = self._engine.active_set.rho
-        return parts
+        return {"queries": self.params.guarantee().rho, **self._charged}
 
     def guarantee(self) -> Guarantee:
         """The whole run's guarantee: the queries' ρ plus coverage's and the active set's
