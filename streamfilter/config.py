@@ -493,8 +493,11 @@ class TelemetrySection(_Section):
     every release (``coverage``, on by default in central mode, not available in local mode)
     costs ``coverage_rho`` (default two fifths of ``rho``) once for the whole, unbounded run; it
     tracks ``coverage_levels`` thresholds ``b_norm/2^k`` with epochs of ``coverage_epoch_days``,
-    doubling (docs/design.md §2.11). Defaults are resolved by :func:`load_config`
-    (:func:`_resolve_telemetry`).
+    doubling (docs/design.md §2.11). ``population`` (opt-in, central single-process mode) makes
+    every release carry its population estimate; it costs no ρ — each departing vector is paid
+    inside its user's own filter — and its counters start with epochs of
+    ``population_epoch_days`` (docs/design.md §2.12). Defaults are resolved by
+    :func:`load_config` (:func:`_resolve_telemetry`).
     """
 
     rho_fraction: float = Field(0.1, gt=0, le=1, allow_inf_nan=False)
@@ -509,8 +512,10 @@ class TelemetrySection(_Section):
     coverage_rho: float = Field(0.02, gt=0, allow_inf_nan=False)
     coverage_levels: int = Field(8, ge=1, le=16)
     coverage_epoch_days: int = Field(128, ge=1, le=1 << 20)
+    population: bool = False
+    population_epoch_days: int = Field(32, ge=1, le=1 << 20)
 
-    @field_validator("coverage_epoch_days")
+    @field_validator("coverage_epoch_days", "population_epoch_days")
     @classmethod
     def _power_of_two(cls, value: int) -> int:
         if value & (value - 1):
@@ -582,6 +587,10 @@ class Settings(BaseSettings):
                 raise ValueError(
                     "telemetry.coverage needs per-user state; it is not available in local mode "
                     "(docs/local-mode.md)"
+                )
+            if self.telemetry.population:
+                raise ValueError(
+                    "telemetry.population needs per-user state; it is not available in local mode"
                 )
             self.telemetry.coverage = False
         elif self.telemetry.coverage is None:

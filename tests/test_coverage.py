@@ -199,9 +199,10 @@ def test_the_report_plots_coverage_and_flags_low_and_noise_only_series(run_dir, 
     assert dau.count('class="low-coverage"') == 2 * 9
     assert "9 day(s) with coverage below 0.6" in dau
     # day 12: nobody left who can afford it — that day alone is flagged, not the series
-    assert "Noise only on 1 day(s)" in dau and 'class="tag noise-only"' not in dau
-    assert 'class="tag noise-only"' in wide and 'class="flag noise-only"' in wide
-    assert "Nobody admissible in full:</b> clip² of wide exceeds B_norm" in wide
+    assert "Partial answers on 1 day(s)" in dau and 'class="tag partial"' not in dau
+    assert "noise only" not in page.lower()  # small vectors are still answered: never noise
+    assert 'class="tag partial"' in wide and 'class="flag partial"' in wide
+    assert "Answers users with ‖x‖ ≤ " in wide and "clip² of wide exceeds B_norm" in wide
     assert wide.count('class="low-coverage"') == 2 * 12  # nobody can afford it: every day
 
 
@@ -222,8 +223,8 @@ def test_the_report_shows_coverage_in_headless_chromium(run_dir, tmp_path):
     # after rendering: both queries' coverage plots, the shaded low-coverage days, the flags
     assert dom.count("coverage (noisy users who can afford a full contribution)") >= 2
     assert dom.count('class="low-coverage"') == 2 * 9 + 2 * 12
-    assert dom.count('class="flag noise-only"') == 2  # dau's last day; every day of wide
-    assert dom.count('class="tag noise-only"') == 1  # the series flagged: wide
+    assert dom.count('class="flag partial"') == 2  # dau's last day; every day of wide
+    assert dom.count('class="tag partial"') == 1  # the series flagged: wide
     shot = tmp_path / "report.png"
     out = subprocess.run(
         [*base, f"--screenshot={shot}", "--window-size=1200,2400", url],
@@ -239,7 +240,7 @@ def test_the_report_shows_coverage_in_headless_chromium(run_dir, tmp_path):
     assert pixels((44, 160, 44)) > 200  # the green coverage line is drawn
     # the low-coverage shading: #e8590c at 14% over the plot area #fbfbfd ≈ (248, 228, 219)
     assert pixels((248, 228, 219), tol=9) > 2000
-    # the noise-only banner background #fdecea
+    # the partial-answers banner background #fdecea
     assert pixels((253, 236, 234), tol=3) > 2000
 
 
@@ -263,8 +264,9 @@ def test_a_series_whose_coverage_is_indistinguishable_from_zero_is_flagged(tmp_p
     page = render_report(settings, ReportData(releases, days, "test"))
     ghost = page[page.index('id="q-ghost"') : page.index('id="q-fine"')]
     fine = page[page.index('id="q-fine"') : page.index('id="telemetry"')]
-    assert 'class="tag noise-only"' in ghost and "Noise only:</b> on every day of ghost" in ghost
-    assert "noise-only" not in fine
+    assert 'class="tag partial"' in ghost and "Partial answers:</b> on every day of ghost" in ghost
+    assert 'class="flag partial"' not in fine and 'class="tag partial"' not in fine
+    assert "answers users with ‖x‖ ≤ 1 in full" in ghost
 
 
 def test_coverage_turned_on_mid_run_counts_the_users_the_state_already_holds(tmp_path):

@@ -542,3 +542,21 @@ def test_real_prometheus_scrapes_a_running_daemon(tmp_path):
         daemon_log.close()
         prom_log.close()
     assert code == 0, (tmp_path / "daemon.log").read_text()  # SIGTERM drains and exits 0
+
+
+def test_the_dashboard_shows_coverage_and_population_on_axes_that_include_zero():
+    dash = json.loads(DASHBOARD.read_text())
+    exprs = " ".join(_exprs_of_dashboard())
+    for name in (
+        "streamfilter_release_population",
+        "streamfilter_release_coverage_users",
+        "streamfilter_release_coverage_ci95",
+        "streamfilter_privacy_rho_total",
+    ):
+        assert name in exprs, name
+    for panel in dash["panels"]:
+        if panel["type"] == "timeseries":
+            custom = panel["fieldConfig"]["defaults"]["custom"]
+            assert custom.get("axisSoftMin") == 0, panel["title"]
+    coverage = [p for p in dash["panels"] if p["title"] == "Coverage $query_id"]
+    assert coverage and "popcount" in coverage[0]["description"]

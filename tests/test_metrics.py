@@ -460,3 +460,51 @@ def test_the_privacy_gauges_are_computed_at_the_first_scrape_once(monkeypatch):
     for text in (first, second):
         assert f"streamfilter_privacy_epsilon {g.epsilon!r}" in text
         assert f"streamfilter_privacy_rho {g.rho!r}" in text
+
+
+def test_coverage_and_population_are_gauges_of_the_noisy_releases():
+    from streamfilter.engine.contract import Coverage, Population, Release
+    from streamfilter.engine.day import ExactDayStats
+
+    reg = CollectorRegistry()
+    obs = PrometheusObserver(reg, PARAMS, telemetry_rho=0.05)
+    rel = Release(
+        "2026-01-01",
+        "active",
+        ["active"],
+        [12.5],
+        2.0,
+        [3.9],
+        "discrete_gaussian",
+        1.0,
+        coverage=Coverage(41, 5.0, 9.8, 0.8, 50, 1.0),
+        population=Population([20.25], 6.0, [11.75], "m"),
+    )
+    obs.day_closed("2026-01-01", 0.1, [rel], ExactDayStats(3))
+    obs.published(1)
+    key = {"query_id": "active", "coordinate": "active"}
+    assert reg.get_sample_value("streamfilter_release_population", key) == 20.25
+    assert reg.get_sample_value("streamfilter_release_population_ci95", key) == 11.75
+    q = {"query_id": "active"}
+    assert reg.get_sample_value("streamfilter_release_coverage_users", q) == 41
+    assert reg.get_sample_value("streamfilter_release_coverage_ci95", q) == 9.8
+    # the headline total is a gauge too: ρ + telemetry ρ, as `streamfilter guarantee` says
+    assert reg.get_sample_value("streamfilter_privacy_rho_total") == pytest.approx(
+        PARAMS.guarantee().rho + 0.05
+    )
+
+
+def test_exact_operational_counts_are_labelled_operator_data_in_help_and_design():
+    """Records read and rejects by reason are exact, data-dependent counts: exported by default
+    as trusted-operator data, and both the HELP text and docs/design.md §6.9 say so."""
+    from pathlib import Path
+
+    reg = CollectorRegistry()
+    PrometheusObserver(reg, PARAMS)
+    helps = {m.name: m.documentation for m in reg.collect()}
+    design = (Path(__file__).parent.parent / "docs" / "design.md").read_text()
+    section = design[design.index("### 6.9") : design.index("### 6.10")]
+    for name in ("streamfilter_records_consumed", "streamfilter_rejects"):
+        assert helps[name].startswith("OPERATOR DATA (exact, not differentially private"), name
+        assert f"{name}_total" in section
+    assert "trusted-operator data" in section

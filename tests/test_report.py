@@ -328,3 +328,78 @@ def test_report_renders_in_headless_chromium(run_dir, tmp_path):
     assert dom.count("<svg") == 10
     assert dom.count('class="band"') >= 3 and dom.count('class="series"') >= 5
     Path(tmp_path / "screenshot-path.txt").write_text(str(shot))
+
+
+def _population_releases(n_days: int = 10) -> tuple[list[str], list]:
+    """A flat population of 1000 whose release falls to 40% of it by the last day."""
+    from streamfilter.engine.contract import Coverage, Population, Release
+
+    days = [f"2026-06-{d:02d}" for d in range(1, n_days + 1)]
+    out = []
+    for k, day in enumerate(days):
+        value = 1000.0 - 60.0 * k
+        pop = Population([1000.0 + (-1) ** k * 10], 12.0, [30.0], "a user who has left ...")
+        cov = Coverage(900 - 10 * k, 5.0, 10.0, 0.9 - 0.01 * k, 1000, 1.0)
+        out.append(
+            Release(
+                day,
+                "engaged",
+                ["engaged"],
+                [value],
+                2.0,
+                [4.0],
+                "discrete_gaussian",
+                1.0,
+                coverage=cov,
+                population=pop,
+            )
+        )
+    return days, out
+
+
+def test_the_report_plots_population_and_shades_by_value_coverage(tmp_path):
+    from streamfilter.cli.report import ReportData
+
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[privacy]\nb_norm = 16.0\nrho = 0.5\n[queries]\nkind = "none"\n')
+    days, releases = _population_releases()
+    page = render_report(load_config(cfg), ReportData(releases, days, "test"))
+    section = page[page.index('id="q-engaged"') : page.index('id="telemetry"')]
+    assert "engaged — population" in section and "Population on 2026-06-10" in section
+    # head-count coverage stays above 0.8 (never shaded by it); the VALUE coverage
+    # (released ÷ population) falls below 0.5 from day 10 - 1000·0.5/60 ≈ day 9.3 on
+    value_low = [d for d, r in zip(days, releases, strict=True) if r.value[0] / 1000.0 < 0.5]
+    assert section.count('class="low-coverage"') == 2 * len(value_low) == 2 * 1
+    assert "below 0.5 of the population estimate are shaded" in section
+
+
+def test_value_axes_start_at_zero_and_an_oversized_clip_says_which_users_it_answers(tmp_path):
+    """Clip 50 under B_norm 16: nobody affords a full contribution, but vectors of norm ≤ 4 are
+    still answered — the report says so and never calls the series noise only."""
+    from streamfilter.cli.report import ReportData
+    from streamfilter.engine.contract import Coverage, Release
+
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[privacy]\nb_norm = 16.0\nrho = 0.5\n[queries]\nkind = "none"\n')
+    days = ["2026-06-01", "2026-06-02", "2026-06-03"]
+    releases = [
+        Release(
+            d,
+            "wide",
+            ["wide"],
+            [v],
+            2.0,
+            [7.8],
+            "discrete_gaussian",
+            1.0,
+            coverage=Coverage(0, 0.0, 0.0, 0.0, 100, None),
+        )
+        for d, v in zip(days, (354.6, 330.0, 341.0), strict=True)
+    ]
+    page = render_report(load_config(cfg), ReportData(releases, days, "test"))
+    section = page[page.index('id="q-wide"') : page.index('id="telemetry"')]
+    assert "noise only" not in section.lower()
+    assert "answers users with ‖x‖ ≤ 4" in section and "Answers users with ‖x‖ ≤ 4" in section
+    svg = section[section.index("<svg") : section.index("</svg>")]
+    ticks = [t for t in re.findall(r'class="tick">([^<]+)</text>', svg) if "-" not in t[1:]]
+    assert ticks[0] == "0", ticks  # the value axis starts at zero, not near 330

@@ -48,6 +48,9 @@ path = "releases.jsonl"
 [state]
 path = "state.db"
 
+[telemetry]
+population = true         # costs no ρ: paid inside each user's filter (docs/design.md §2.12)
+
 [metrics]
 enabled = false           # a one-shot run: nothing to scrape
 """
@@ -87,8 +90,8 @@ def run_demo(out_dir: Path, users: int, days: int, p_active: float) -> int:
         f"focus (adaptive: next day's count of yesterday's top plan)\n\n"
     )
     w(
-        f"{'day':<11} {'active':>9} {'free':>9} {'pro':>9} {'team':>9} {'hours':>9} "
-        f"{'covered (active)':>22}  focus\n"
+        f"{'day':<11} {'active':>9} {'population':>16} {'free':>9} {'pro':>9} {'team':>9} "
+        f"{'hours':>9} {'covered (active)':>22}  focus\n"
     )
 
     def cell(rel: dict[str, object] | None, i: int = 0) -> str:
@@ -97,6 +100,13 @@ def run_demo(out_dir: Path, users: int, days: int, p_active: float) -> int:
         value = rel["value"]
         assert isinstance(value, list)
         return f"{value[i]:>9.1f}"
+
+    def population(rel: dict[str, object] | None) -> str:
+        pop = None if rel is None else rel.get("population")
+        if not isinstance(pop, dict):
+            return f"{'-':>16}"
+        text = f"{pop['value'][0]:.1f} ±{pop['ci95'][0]:.0f}"
+        return f"{text:>16}"
 
     def covered(rel: dict[str, object] | None) -> str:
         cov = None if rel is None else rel.get("coverage")
@@ -116,7 +126,8 @@ def run_demo(out_dir: Path, users: int, days: int, p_active: float) -> int:
             assert isinstance(labels, list) and isinstance(value, list)
             focus_txt = f"{labels[0]} {value[0]:.1f}"
         w(
-            f"{day:<11} {cell(r.get('active'))} {cell(r.get('plans'), 0)} {cell(r.get('plans'), 1)} "
+            f"{day:<11} {cell(r.get('active'))} {population(r.get('active'))} "
+            f"{cell(r.get('plans'), 0)} {cell(r.get('plans'), 1)} "
             f"{cell(r.get('plans'), 2)} {cell(r.get('hours'))} {covered(r.get('active'))}  "
             f"{focus_txt}\n"
         )
@@ -124,6 +135,9 @@ def run_demo(out_dir: Path, users: int, days: int, p_active: float) -> int:
     w(
         f"\nevery value ± {params.ci95_halfwidth:.2f} (95%); answers cover the active set (users "
         f"whose budget still admits the query)\n"
+        f"population: the value over all users counted so far (95% ± of the noise), if a user "
+        f"who has left keeps contributing what they contributed on the day they left; no extra "
+        f"ρ: each departing value is paid inside its user's own filter\n"
         f"covered: noisy users who can still afford a full contribution to active (their share "
         f"of the users counted so far), paid from telemetry "
         f"{settings.telemetry.coverage_rho:g} of {settings.telemetry.rho:g}\n"

@@ -33,6 +33,8 @@ def cmd_guarantee(args: argparse.Namespace) -> int:
         out.update(with_telemetry(float(out["rho"]), settings.telemetry.rho, params.delta))
         if settings.telemetry.coverage:  # paid from the telemetry budget (docs/design.md §2.11)
             out["rho_coverage"] = settings.telemetry.coverage_rho
+        if settings.telemetry.population:  # paid inside each user's filter (§2.12): no ρ
+            out["rho_population"] = 0.0
     if settings.mode.kind == "local":
         out["local_variant"] = settings.local.variant
         s2_local = settings.sigma2_local_units()
@@ -119,6 +121,11 @@ def _guarantee_text(g: dict[str, object]) -> str:
         lines.append(
             f"  telemetry ({coverage}budget-stats, active-set estimate): at most "
             f"{g['rho_telemetry_max']:.6g}-zCDP over the state's life ([telemetry] rho)"
+        )
+    if "rho_population" in g:
+        lines.append(
+            "  population estimate with every release: no extra ρ (each departing value is "
+            "paid inside its user's own filter, docs/design.md §2.12)"
         )
     if g.get("mode") == "local":
         lines.append(f"  local mode, variant {g['local_variant']}: devices run the filter")

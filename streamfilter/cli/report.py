@@ -18,9 +18,12 @@ What goes on the page, and where it comes from:
 * **Coverage** — beside each query's values, the private estimate each release carries of the
   users it covers (docs/design.md §2.11): users counted so far who can still afford a full
   contribution, with its 95% band. Days whose coverage fraction is below
-  ``[report] low_coverage_fraction`` are shaded on both plots; a series whose coverage is
-  indistinguishable from 0 (or where nobody can afford a full contribution) is flagged as
-  noise only.
+  ``[report] low_coverage_fraction`` are shaded on both plots; a series where nobody measurably
+  can afford a full contribution is flagged with the users it still answers ("answers users with
+  ‖x‖ ≤ …"), never as noise only: a vector that fits the remaining budget is still summed.
+* **Population** — when releases carry it (docs/design.md §2.12), each coordinate's population
+  estimate is plotted beside its released value, and days are shaded by VALUE coverage
+  (released ÷ population) instead of head count: heavy users leave first.
 * **Rejects by reason** — exact counts of malformed input from the reject file. They are
   operator data (not differentially private) and the page labels them as such.
 """
@@ -218,7 +221,8 @@ def _line_chart(
     pw, ph = width - left - right, height - top - bottom
     lows = [v - c for s in series for v, c in s.points.values()]
     highs = [v + c for s in series for v, c in s.points.values()]
-    ticks = _nice_ticks(min(lows, default=0.0), max(highs, default=1.0))
+    # every value axis includes zero: a panel starting at 300 reads a small change as a big one
+    ticks = _nice_ticks(min([0.0, *lows]), max([1e-9, *highs]))
     y0, y1 = ticks[0], ticks[-1]
     n = len(days)
 
@@ -461,10 +465,10 @@ th:first-child,td:first-child{text-align:left}
 svg.plot{width:100%;height:auto;display:block}
 svg .tick{font-size:12px;fill:#5b6474}
 .flag{margin:6px 0 0;padding:6px 10px;border-radius:6px;font-size:13px}
-.flag.noise-only{background:#fdecea;color:#8a1c12;border-left:4px solid #d62728}
+.flag.partial{background:#fdecea;color:#8a1c12;border-left:4px solid #d62728}
 .flag.low{background:#fff4e6;color:#7a4a0c;border-left:4px solid #e8590c}
-.tag.noise-only{background:#fdecea;color:#8a1c12}
-td.noise-only{color:#8a1c12;font-weight:600}
+.tag.partial{background:#fdecea;color:#8a1c12}
+td.partial{color:#8a1c12;font-weight:600}
 """
 
 
@@ -491,14 +495,26 @@ def _coverage_text(c: Coverage) -> str:
     )
 
 
+def _answered(c: Coverage, b_norm: float) -> str:
+    """Which users a release answers in full, from its coverage (public: the threshold is a
+    function of the clip and B; the users are noisy)."""
+    if c.threshold is None:
+        return f"answers users with ‖x‖ ≤ {_fmt(math.sqrt(b_norm))}"
+    return f"answers users with ‖x‖ ≤ {_fmt(math.sqrt(c.threshold))} in full"
+
+
 def _coverage_block(
     query_id: str,
     releases: list[Release],
     plot_days: list[str],
     low: list[str],
     low_fraction: float,
+    b_norm: float = 0.0,
 ) -> str:
-    """The coverage plot beside a series, the low-coverage days and the noise-only flag."""
+    """The coverage plot beside a series, the low-coverage days and which users are answered.
+
+    A value is never called noise only because few users can afford a *full* contribution: a
+    user whose vector fits their remaining budget is still answered (exhaustion ``skip``)."""
     covered = [r for r in releases if r.coverage is not None]
     if not covered:
         return ""
@@ -516,22 +532,22 @@ def _coverage_block(
     flag = ""
     if all(r.coverage is not None and r.coverage.threshold is None for r in covered):
         flag = (
-            f'<p class="flag noise-only"><b>Nobody admissible in full:</b> clip² of '
-            f"{_esc(query_id)} exceeds B_norm, so no user can ever afford a full contribution; "
-            "only users whose vectors are small enough to fit their remaining budget are in "
-            "these values. Where they sit near 0 they are noise only, not a measurement.</p>"
+            f'<p class="flag partial"><b>Answers users with ‖x‖ ≤ '
+            f"{_esc(_fmt(math.sqrt(b_norm)))}:</b> clip² of {_esc(query_id)} exceeds B_norm, so "
+            "no user can afford a full contribution; the values sum the users whose vector fits "
+            "their remaining budget (at most √B_norm), not everyone's.</p>"
         )
     elif len(noise_only) == len(covered):
         flag = (
-            f'<p class="flag noise-only"><b>Noise only:</b> on every day of {_esc(query_id)} the '
-            "coverage is indistinguishable from 0 (or nobody can afford a full contribution): "
-            "the values above are noise around 0, not a measurement.</p>"
+            f'<p class="flag partial"><b>Partial answers:</b> on every day of {_esc(query_id)} '
+            "the users who can afford a full contribution are indistinguishable from 0; the "
+            "values sum the users whose vector fits their remaining budget, not everyone's.</p>"
         )
     elif noise_only:
         flag = (
-            f'<p class="flag noise-only"><b>Noise only on {len(noise_only)} day(s)</b> '
-            f"({_esc(noise_only[0])} … {_esc(noise_only[-1])}): coverage indistinguishable "
-            "from 0.</p>"
+            f'<p class="flag partial"><b>Partial answers on {len(noise_only)} day(s)</b> '
+            f"({_esc(noise_only[0])} … {_esc(noise_only[-1])}): nobody measurably can afford "
+            "a full contribution; the values sum the users whose vector still fits.</p>"
         )
     low_note = ""
     if low:
@@ -552,20 +568,56 @@ def _coverage_block(
     )
 
 
+def _value_coverage_days(releases: Sequence[Release], low_fraction: float) -> list[str]:
+    """Days whose VALUE coverage (released ÷ population, summed over the coordinates) is below
+    ``low_fraction`` — post-processing of two noisy values."""
+    out = []
+    for rel in releases:
+        p = rel.population
+        if p is not None and sum(p.value) > 0 and sum(rel.value) / sum(p.value) < low_fraction:
+            out.append(rel.day)
+    return out
+
+
+def _population_note(releases: Sequence[Release]) -> str:
+    last = next((r for r in reversed(releases) if r.population is not None), None)
+    if last is None or last.population is None:
+        return ""
+    p = last.population
+    share = sum(last.value) / sum(p.value) if sum(p.value) > 0 else float("nan")
+    return (
+        f'<p class="note population">Population on {_esc(last.day)}: '
+        f"{_esc(', '.join(_fmt(v) for v in p.value[:MAX_SERIES_PER_PLOT]))} ± "
+        f"{_esc(_fmt(p.ci95[0]))} (95%, noise only) — the value over all users counted so far, "
+        f"if {_esc(p.model)}; the release is {_esc(f'{share:.0%}')} of it. Paid inside each "
+        "user's own filter (docs/design.md §2.12).</p>"
+    )
+
+
 def _query_section(
-    query_id: str, releases: list[Release], days: list[str], low_fraction: float = 0.5
+    query_id: str,
+    releases: list[Release],
+    days: list[str],
+    low_fraction: float = 0.5,
+    b_norm: float = 0.0,
 ) -> str:
     last = releases[-1]
     labels = list(last.labels)
-    shown = labels[:MAX_SERIES_PER_PLOT]
+    populated = any(r.population is not None for r in releases)
+    shown = labels[: MAX_SERIES_PER_PLOT // 2 if populated else MAX_SERIES_PER_PLOT]
     series = []
     for k, label in enumerate(shown):
         points: dict[str, tuple[float, float]] = {}
+        pop: dict[str, tuple[float, float]] = {}
         for rel in releases:
             if label in rel.labels:
                 j = rel.labels.index(label)
                 points[rel.day] = (float(rel.value[j]), float(rel.ci95[j]))
+                if rel.population is not None:
+                    pop[rel.day] = (rel.population.value[j], rel.population.ci95[j])
         series.append(_Series(label, PALETTE[k], points))
+        if pop:
+            series.append(_Series(f"{label} — population", PALETTE[-1 - k], pop))
     first_day, last_day = releases[0].day, releases[-1].day
     plot_days = [d for d in days if first_day <= d <= last_day]
     legend = "".join(
@@ -583,11 +635,21 @@ def _query_section(
         for j, label in enumerate(labels[:MAX_SERIES_PER_PLOT])
     )
     title = f"{query_id}: released values with 95% bands, {first_day} to {last_day}"
-    low = _low_coverage_days(releases, low_fraction)
-    cov = _coverage_block(query_id, releases, plot_days, low, low_fraction)
+    if populated:  # shade by VALUE coverage: heavy users leave first, head counts mislead
+        low = _value_coverage_days(releases, low_fraction)
+    else:
+        low = _low_coverage_days(releases, low_fraction)
+    cov = _coverage_block(query_id, releases, plot_days, low, low_fraction, b_norm)
+    cov = _population_note(releases) + cov
+    if populated and low:
+        cov += (
+            f'<p class="flag low">{len(low)} day(s) where the release is below '
+            f"{_esc(_fmt(low_fraction))} of the population estimate are shaded: a falling "
+            "value there is users running out of budget, not a trend.</p>"
+        )
     covered = [r.coverage for r in releases if r.coverage is not None]
     noise_tag = (
-        '<span class="tag noise-only">noise only</span>'
+        f'<span class="tag partial">{_esc(_answered(covered[-1], b_norm))}</span>'
         if covered and all(c.noise_only for c in covered)
         else ""
     )
@@ -620,7 +682,7 @@ def _coverage_cell(rel: Release) -> str:
     c = rel.coverage
     if c is None:
         return "<td>—</td>"
-    cls = ' class="noise-only"' if c.noise_only else ""
+    cls = ' class="partial"' if c.noise_only else ""
     return f"<td{cls}>{_esc(_fmt(c.users))} ± {_esc(_fmt(c.ci95))}</td>"
 
 
@@ -651,11 +713,12 @@ def _single_release_section(releases: list[Release], days: list[str]) -> str:
         for rel in releases
         for label, value, ci95 in zip(rel.labels, rel.value, rel.ci95, strict=False)
     )
-    noise_only = [r.query_id for r in releases if r.coverage is not None and r.coverage.noise_only]
-    if noise_only:
+    partial = [r.query_id for r in releases if r.coverage is not None and r.coverage.noise_only]
+    if partial:
         more += (
-            f'<p class="flag noise-only"><b>Noise only:</b> {_esc(", ".join(noise_only))} — '
-            "coverage indistinguishable from 0 (or nobody can afford a full contribution).</p>"
+            f'<p class="flag partial"><b>Partial answers:</b> {_esc(", ".join(partial))} — '
+            "nobody measurably can afford a full contribution; the values sum the users whose "
+            "vector still fits their remaining budget.</p>"
         )
     title = f"{len(releases)} queries with a single release, {first} to {last}"
     return (
@@ -729,7 +792,7 @@ def render_report(
 
     if by_query:
         queries = "".join(
-            _query_section(q, rels, data.days, settings.report.low_coverage_fraction)
+            _query_section(q, rels, data.days, settings.report.low_coverage_fraction, params.b_norm)
             for q, rels in by_query.items()
             if len(rels) > 1
         )

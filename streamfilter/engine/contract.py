@@ -37,6 +37,7 @@ __all__ = [
     "Coverage",
     "Event",
     "EventModel",
+    "Population",
     "Query",
     "Reject",
     "RejectReason",
@@ -486,6 +487,22 @@ class Coverage:
 
 
 @dataclass(frozen=True)
+class Population:
+    """The query's value over ALL users counted so far, a private estimate (docs/design.md
+    §2.12): the release plus the noisy total of what the users who left it contributed on the
+    day they left. ``value``/``ci95`` per coordinate (data units; the interval covers the noise,
+    not the model); ``model``: the one assumption it rests on."""
+
+    value: list[float]
+    sigma: float
+    ci95: list[float]
+    model: str
+
+    def to_json_dict(self) -> dict[str, object]:
+        return {"value": self.value, "sigma": self.sigma, "ci95": self.ci95, "model": self.model}
+
+
+@dataclass(frozen=True)
 class Release:
     """One noisy answer for one (day, query). ``value``/``ci95`` are in data units, length d."""
 
@@ -503,6 +520,8 @@ class Release:
     linf_failure_probability: float | None = None
     #: private estimate of the users this value covers (None: not tracked, e.g. local mode)
     coverage: Coverage | None = None
+    #: private estimate of the value over all users counted so far (None: not tracked)
+    population: Population | None = None
 
     def to_json(self) -> str:
         """The exact bytes that leave the process (key order fixed by the contract)."""
@@ -521,6 +540,8 @@ class Release:
             obj["linf_failure_probability"] = self.linf_failure_probability
         if self.coverage is not None:
             obj["coverage"] = self.coverage.to_json_dict()
+        if self.population is not None:
+            obj["population"] = self.population.to_json_dict()
         return json.dumps(obj, allow_nan=False)
 
     @classmethod
@@ -528,4 +549,6 @@ class Release:
         obj = json.loads(text)
         if obj.get("coverage") is not None:
             obj["coverage"] = Coverage(**obj["coverage"])
+        if obj.get("population") is not None:
+            obj["population"] = Population(**obj["population"])
         return cls(**obj)

@@ -25,8 +25,10 @@ from streamfilter.engine.coverage import (
 )
 from streamfilter.engine.ledger import BudgetLedger, KeyedUsers
 from streamfilter.engine.params import LINF_FAILURE_PROBABILITY, PrivacyParams
+from streamfilter.engine.population import POPULATION_NOISE_PREFIX, PopulationTracker
 from streamfilter.engine.queries import AnyQuery
 from streamfilter.engine.records import DayRecords
+from streamfilter.privacy.departed import filter_departures
 from streamfilter.privacy.individual import filter_totals, query_vectors
 from streamfilter.privacy.noise import RandomBits, SeededRandomBits, discrete_gaussian, gaussian
 
@@ -90,11 +92,19 @@ class DayOutcome:
     #: coverage tracker after this day (``[telemetry] coverage``; None when off). Its state
     #: holds exact partial counts: stored with the day, never published.
     coverage: CoverageTracker | None = None
+    #: population estimate's departed counters after this day (None when off). Their state
+    #: holds exact partial sums: stored with the day, never published.
+    population: PopulationTracker | None = None
 
     @property
     def active_set_state(self) -> bytes | None:
         """The tracker to store atomically with the day (``None`` when the estimate is off)."""
         return None if self.active_set is None else self.active_set.to_json().encode()
+
+    @property
+    def population_state(self) -> bytes | None:
+        """The population counters to store atomically with the day (``None`` when off)."""
+        return None if self.population is None else self.population.to_json().encode()
 
     @property
     def coverage_state(self) -> bytes | None:
@@ -158,10 +168,12 @@ def _filter_day(
     params: PrivacyParams,
     spent: np.ndarray,
     retired: np.ndarray,
+    departed: list[np.ndarray] | None = None,
 ) -> tuple[list[np.ndarray], list[int], list[int]]:
     """The day's queries over all users, on blocks of users: (sums, admitted, refused) per query.
 
-    Every step is row-wise (each user's own queries stay in order) and sums are exact, so blocks
+    With ``departed`` (one zero vector per query), users follow the departure rule of
+    ``privacy.departed`` and the departing vectors are summed into it. Every step is row-wise (each user's own queries stay in order) and sums are exact, so blocks
     change no result; they bound the temporaries. ``spent``/``retired`` are updated in place.
     """
     lattice = params.lattice
@@ -179,6 +191,15 @@ def _filter_day(
         spent_b, retired_b = spent[start:stop], retired[start:stop]  # views: updated in place
         for j, query in enumerate(queries):
             x = _query_vectors(dense, query_cols[j], weights[j])
+            if departed is not None:
+                dep = filter_departures(x, query.clip, lattice, spent_b, retired_b, budget)
+                totals[j] += dep.total_units
+                departed[j] += dep.departed_units
+                spent_b += dep.cost_units
+                nonzero = (x != 0).any(axis=1)
+                admitted_n[j] += int(np.count_nonzero(dep.admitted & nonzero))
+                refused_n[j] += int(np.count_nonzero(~dep.admitted & nonzero))
+                continue
             step = filter_totals(
                 x, query.clip, lattice, spent_b, retired_b, budget, params.exhaustion
             )
@@ -219,8 +240,12 @@ def close_day(
     bits: RandomBits,
     active_set: ActiveSetTracker | None = None,
     coverage: CoverageTracker | None = None,
+    population: PopulationTracker | None = None,
 ) -> DayOutcome:
     """Algorithm 3 for one day (Theorem 4.5); see ``privacy.individual`` for the argument.
+
+    With ``population``, users follow the departure rule (``privacy.departed``) and each query's
+    release carries its population estimate (``engine.population``; noise from its own key).
 
     With ``active_set`` (opt-in), the day's departures from the active set are counted into it
     and its ``_active_set`` release follows the queries' releases (``engine.active_set``). With
@@ -234,11 +259,34 @@ def close_day(
     spent, retired = ledger.state_at(located)
     spent_before, retired_before = spent.copy(), retired.copy()
     budget = params.budget_units
-    totals, admitted_n, refused_n = _filter_day(records, queries, params, spent, retired)
+    departed = (
+        None if population is None else [np.zeros(q.weights().shape[1], np.int64) for q in queries]
+    )
+    totals, admitted_n, refused_n = _filter_day(records, queries, params, spent, retired, departed)
+    absent = None
+    if population is not None and population.pending:
+        # yesterday's newly departing users without a record today leave with a zero vector
+        absent = _pending_departures(population.pending, users, queries, ledger, params)
+        if absent is not None:
+            users = np.concatenate([np.asarray(users, dtype=object), absent[0]])
+            spent_before = np.concatenate([spent_before, absent[1]])
+            retired_before = np.concatenate([retired_before, absent[2]])
+            spent = np.concatenate([spent, absent[3]])
+            retired = np.concatenate([retired, absent[2]])
     releases = [
         noisy_release(records.day, query, total, params, bits)
         for query, total in zip(queries, totals, strict=True)
     ]
+    populated = None
+    if population is not None and departed is not None:
+        states = {}
+        for i, (release, dep) in enumerate(zip(releases, departed, strict=True)):
+            key = POPULATION_NOISE_PREFIX + release.query_id
+            releases[i], states[release.query_id] = population.step(
+                release, dep, params, _bits_for(bits, records.day, key)
+            )
+        pending = users[_departing_next(queries, params, spent, retired)]
+        populated = population.advanced(states, pending)
     admitted_counts = {q.query_id: a for q, a in zip(queries, admitted_n, strict=True)}
     refused_counts = {q.query_id: r for q, r in zip(queries, refused_n, strict=True)}
     tracker = None
@@ -257,14 +305,18 @@ def close_day(
             records.day, releases[: len(queries)], queries, coverage, counts, params, bits
         )
     changed = np.flatnonzero((spent != spent_before) | (retired != retired_before))
-    return DayOutcome(
-        day=records.day,
-        releases=releases,
-        changed_users=KeyedUsers.wrap(
+    if absent is None:
+        changed_users = KeyedUsers.wrap(
             users if len(changed) == len(users) else users[changed],  # every user: no copy
             keys.take(changed),
             located.take(changed),
-        ),
+        )
+    else:
+        changed_users = KeyedUsers.wrap(users[changed], ledger.keys_of(users[changed]))
+    return DayOutcome(
+        day=records.day,
+        releases=releases,
+        changed_users=changed_users,
         spent_units=spent[changed],
         retired=retired[changed],
         exact_stats=ExactDayStats(
@@ -274,7 +326,47 @@ def close_day(
         ),
         active_set=tracker,
         coverage=covered,
+        population=populated,
     )
+
+
+def _departing_next(
+    queries: Sequence[AnyQuery], params: PrivacyParams, spent: np.ndarray, retired: np.ndarray
+) -> np.ndarray:
+    """Users who, after the day, depart some query at their next step (``c_q <= R < 2c_q``)."""
+    remaining = params.budget_units - spent
+    out = np.zeros(len(spent), dtype=bool)
+    for query in queries:
+        full = params.lattice.max_cost_units(query.clip)
+        out |= (remaining >= full) & (remaining < 2 * full)
+    return out & ~retired
+
+
+def _pending_departures(
+    pending: Sequence[str],
+    present: np.ndarray,
+    queries: Sequence[AnyQuery],
+    ledger: BudgetLedger,
+    params: PrivacyParams,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+    """The departure step of ``privacy.departed`` with a zero vector for the users due to
+    depart today (they entered a departure window yesterday) who sent no record: they leave the
+    query with what they contributed today, nothing, so a user active on some days only is not
+    counted at the value of a day with a record. Returns ``(users, spent_before, retired,
+    spent_after)`` or ``None``."""
+    seen = set(np.asarray(present, dtype=object).tolist())
+    absent = np.array([u for u in pending if u not in seen], dtype=object)
+    if not len(absent):
+        return None
+    spent, retired = ledger.state_at(ledger.locate(absent))
+    after = spent.copy()
+    budget = params.budget_units
+    for query in queries:
+        full = params.lattice.max_cost_units(query.clip)
+        remaining = budget - after
+        leaving = ~retired & (remaining >= full) & (remaining < 2 * full)
+        after += np.where(leaving, remaining - full + 1, 0)
+    return absent, spent, retired, after
 
 
 @dataclass(frozen=True)

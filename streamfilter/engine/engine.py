@@ -25,6 +25,7 @@ from streamfilter.engine.event_ids import EventIdIndex
 from streamfilter.engine.ingest import EventColumns, parse_columns, parse_events
 from streamfilter.engine.ledger import BudgetLedger
 from streamfilter.engine.params import PrivacyParams
+from streamfilter.engine.population import PopulationTracker
 from streamfilter.engine.queries import AnyQuery, QueryBook
 from streamfilter.engine.records import DayAccumulator, DaySize
 from streamfilter.privacy.noise import RandomBits
@@ -62,6 +63,7 @@ class Engine:
         *,
         active_set: ActiveSetTracker | None = None,
         coverage: CoverageTracker | None = None,
+        population: PopulationTracker | None = None,
         event_id_index: Callable[[str], EventIdIndex] | None = None,
     ) -> None:
         """``event_id_index(day)``: a new day's repeated-event index (the runtime's spills to
@@ -76,6 +78,8 @@ class Engine:
         self.active_set = active_set
         #: coverage with every release (``engine.coverage``); None = off
         self.coverage = coverage
+        #: population estimate with every release (``engine.population``); None = off
+        self.population = population
         self.event_id_index = event_id_index
         # the size of the days before the next one, which its tables are allocated for at once
         # (``DayAccumulator.reserve``): the last day prepared and the newest day opened
@@ -225,6 +229,7 @@ class Engine:
             self.bits,
             self.active_set,
             self.coverage,
+            self.population,
         )
 
     def commit_day(self, outcome: DayOutcome) -> None:
@@ -237,3 +242,5 @@ class Engine:
             self.active_set = outcome.active_set
         if outcome.coverage is not None:
             self.coverage = outcome.coverage
+        if outcome.population is not None:
+            self.population = outcome.population

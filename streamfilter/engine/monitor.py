@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 from collections.abc import Iterable
+from fractions import Fraction
 from typing import Any
 
 from streamfilter.engine.active_set import ActiveSetSpec, ActiveSetTracker
@@ -14,10 +15,12 @@ from streamfilter.engine.coverage import CoverageSpec, CoverageTracker
 from streamfilter.engine.day import DayOutcome, SeededPerRelease
 from streamfilter.engine.engine import Engine, RejectedRecord
 from streamfilter.engine.params import PrivacyParams
+from streamfilter.engine.population import PopulationSpec, PopulationTracker
 from streamfilter.engine.queries import AnyQuery
 from streamfilter.engine.records import DayAccumulator
-from streamfilter.privacy.accounting import Guarantee
+from streamfilter.privacy.accounting import Guarantee, guarantee
 from streamfilter.privacy.noise import RandomBits, SystemRandomBits
+from streamfilter.privacy.rounding import float_up
 
 __all__ = ["Monitor"]
 
@@ -34,6 +37,8 @@ class Monitor:
     active-set estimate ``_active_set`` (``engine.active_set``); its ρ adds to the run's.
     ``coverage`` (opt-in here; on by default in ``streamfilter run``) makes every query's release
     carry its coverage estimate (``engine.coverage``, docs/design.md §2.11); its ρ adds too.
+    ``population`` (opt-in) makes every query's release carry its population estimate
+    (``engine.population``, docs/design.md §2.12), paid inside each user's own filter.
     """
 
     def __init__(
@@ -49,6 +54,7 @@ class Monitor:
         test_seed: int | None = None,
         active_set: ActiveSetSpec | None = None,
         coverage: CoverageSpec | None = None,
+        population: PopulationSpec | None = None,
     ) -> None:
         self.params = PrivacyParams.create(
             b_norm=b_norm,
@@ -62,10 +68,18 @@ class Monitor:
         self._test_seed = test_seed
         bits: RandomBits = SystemRandomBits() if test_seed is None else SeededPerRelease(test_seed)
         self._engine = Engine(self.params, bits)
+        #: the ρ each opt-in estimate charges, as the daemon charges its telemetry ledger
+        self._charged = {
+            name: spec.rho
+            for name, spec in (("coverage", coverage), ("active set", active_set))
+            if spec is not None
+        }
         if active_set is not None:
             self._engine.active_set = ActiveSetTracker.create(active_set, self.params)
         if coverage is not None:
             self._engine.coverage = CoverageTracker.create(coverage, self.params)
+        if population is not None:
+            self._engine.population = PopulationTracker.create(population, self.params)
         self.rejects: list[RejectedRecord] = []
 
     def add_query(self, query: dict[str, Any] | str | bytes) -> AnyQuery:
@@ -123,11 +137,13 @@ class Monitor:
     def __repr__(self) -> str:
         """The settings and the schedule — never a data-dependent count (no number of users)."""
         p = self.params
-        g = p.guarantee()
+        g = self.guarantee()
+        parts = " + ".join(f"{k} {v:g}" for k, v in self.rho_parts().items())
         queries = ", ".join(q.query_id for q in self._engine.queries) or "none"
         seeded = ", test_seed set: NOT private" if self._test_seed is not None else ""
         return (
-            f"<Monitor {g.rho:g}-zCDP per user (({g.epsilon:.4g}, {g.delta:g})-DP), "
+            f"<Monitor {g.rho:g}-zCDP per user in total ({parts}; ({g.epsilon:.4g}, "
+            f"{g.delta:g})-DP), "
             f"b_norm={p.b_norm:g}, {p.mechanism} σ={p.sigma_released:.4g} (95% ±"
             f"{p.ci95_halfwidth:.4g}), exhaustion={p.exhaustion}, queries: {queries}; last "
             f"closed day {self._engine.last_closed_day or 'none'}{seeded}>"
@@ -140,8 +156,18 @@ class Monitor:
         """
         return float(self._engine.ledger.spent_units(user_id)) * self.params.granularity**2
 
+    def rho_parts(self) -> dict[str, float]:
+        """Each part of the total ρ: the queries, and what each opt-in estimate is charged (its
+        configured ρ, an upper bound on its effective ρ, as ``streamfilter run`` charges it; the
+        population estimate is paid inside each user's filter: it adds nothing)."""
+        return {"queries": self.params.guarantee().rho, **self._charged}
+
     def guarantee(self) -> Guarantee:
-        return self.params.guarantee()
+        """The whole run's guarantee: the queries' ρ plus coverage's and the active set's
+        (zCDP composes additively, Bun & Steinke 2016 Lemma 2.3; the sum rounded up)."""
+        p = self.params
+        total = float_up(sum((Fraction(v) for v in self.rho_parts().values()), Fraction(0)))
+        return guarantee(p.b_norm, total, p.sigma_released, p.mechanism, p.delta)
 
     @property
     def releases(self) -> list[Release]:

@@ -18,6 +18,7 @@ from streamfilter.engine.event_ids import EventIdIndex
 from streamfilter.engine.ingest import SCANNER
 from streamfilter.engine.local import LocalEngine
 from streamfilter.engine.params import PrivacyParams
+from streamfilter.engine.population import PopulationSpec, PopulationTracker
 from streamfilter.errors import ConfigError, StreamfilterError
 from streamfilter.privacy.noise import RandomBits, SystemRandomBits
 from streamfilter.runtime.active_set import load_active_set
@@ -107,6 +108,7 @@ def _engine(
     bits: RandomBits,
     active_set: ActiveSetTracker | None,
     coverage: CoverageTracker | None,
+    population: PopulationTracker | None = None,
 ) -> Engine:
     if settings.mode.kind == "local":  # no per-user state on the server: no active-set estimate
         return LocalEngine(params, bits, settings.local.variant, settings.sigma2_local_units())
@@ -115,8 +117,25 @@ def _engine(
         bits,
         active_set=active_set,
         coverage=coverage,
+        population=population,
         event_id_index=_event_id_index(settings),
     )
+
+
+def _population(
+    settings: Settings, params: PrivacyParams, stored: bytes | None
+) -> PopulationTracker | None:
+    """The population counters the engine runs (``[telemetry] population``; no ρ is charged:
+    docs/design.md §2.12), resumed from the state when it holds them."""
+    if not settings.telemetry.population:
+        return None
+    if stored is not None:
+        return PopulationTracker.from_json(stored)
+    try:
+        spec = PopulationSpec(settings.telemetry.population_epoch_days)
+        return PopulationTracker.create(spec, params)
+    except ValueError as exc:
+        raise ConfigError(f"telemetry.population: {exc}") from None
 
 
 def _source(settings: Settings, follow: bool) -> Source:
@@ -315,7 +334,14 @@ def build_daemon(
         metrics = metrics_endpoint(settings, params)
     w = settings.window
     daemon = Daemon(
-        _engine(settings, params, bits, active_set, coverage),
+        _engine(
+            settings,
+            params,
+            bits,
+            active_set,
+            coverage,
+            _population(settings, params, state.population_state),
+        ),
         store,
         source,
         feed,
@@ -381,6 +407,11 @@ def _serve_metrics(settings: Settings, parts: Components) -> None:
 def _build_worker(settings: Settings, params: PrivacyParams, bits: RandomBits) -> Components:
     """Cluster mode (docs/design.md §7): a worker over the group's partitions and the shared
     ledger; the release sink is built only if this worker becomes the releaser."""
+    if settings.telemetry.population:
+        raise ConfigError(
+            "telemetry.population is not available in cluster mode yet (the partial days "
+            "carry no departed sums); run a single process or set population = false"
+        )
     from streamfilter.runtime.cluster import ClusterDaemon
     from streamfilter.runtime.io.kafka import KafkaGroupSource
     from streamfilter.runtime.io.kafka_errors import check_group_access, kafka_access

@@ -788,6 +788,7 @@ class Daemon:
                 positions=positions,
                 active_set_state=outcome.active_set_state,
                 coverage_state=outcome.coverage_state,
+                population_state=outcome.population_state,
             )
         )
         self.observer.committed(time.perf_counter() - commit_started, self.store.size_bytes())

@@ -153,3 +153,27 @@ def test_permuting_users_changes_nothing(perm_seed):
         m.add_query(MIX)
         outs.append([r.to_json() for r in m.close_day(day(1), evs)])
     assert outs[0] == outs[1]
+
+
+def test_repr_and_guarantee_give_the_total_rho_with_coverage_and_active_set() -> None:
+    from streamfilter.engine.active_set import ActiveSetSpec
+    from streamfilter.engine.coverage import CoverageSpec
+    from streamfilter.engine.population import PopulationSpec
+
+    for cov, act in [(None, None), (0.02, None), (None, 0.03), (0.02, 0.03)]:
+        m = Monitor(
+            b_norm=4,
+            rho=0.5,
+            coverage=None if cov is None else CoverageSpec(rho=cov),
+            active_set=None if act is None else ActiveSetSpec(rho=act),
+            population=PopulationSpec(),
+        )
+        g = m.guarantee()
+        parts = m.rho_parts()
+        assert set(parts) == {"queries"} | ({"coverage"} if cov else set()) | (
+            {"active set"} if act else set()
+        )
+        assert sum(parts.values()) <= g.rho <= (0.5 + (cov or 0.0) + (act or 0.0)) * (1 + 1e-12)
+        assert g.rho >= 0.5 + 0.9 * ((cov or 0.0) + (act or 0.0))
+        assert repr(m).startswith(f"<Monitor {g.rho:g}-zCDP per user in total")
+        assert f"({g.epsilon:.4g}, " in repr(m)

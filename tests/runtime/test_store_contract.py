@@ -1,5 +1,6 @@
 """Contract suite for StateStore: every implementation runs these tests."""
 
+import dataclasses
 import sqlite3
 import subprocess
 import sys
@@ -82,6 +83,21 @@ def test_day_commit_round_trips(make_store):
     assert state.positions == {"p0": Position(20, 25)}
     assert state.releases == [b'{"v":1}', b'{"v":2}', b'{"v":3}']
     assert store.spent_units("a") == (9, False) and store.spent_units("zz") is None
+
+
+def test_the_population_counters_are_stored_with_their_day(make_store):
+    """The population estimate's state (exact partial sums: sensitive) is committed with the day
+    and returned by load(); a day without it keeps the last one."""
+    store = make_store()
+    assert store.load().population_state is None
+    first = dataclasses.replace(commit("2026-01-01", ["a"], [5], []), population_state=b'{"s":1}')
+    store.commit_day(first)
+    store.commit_day(commit("2026-01-02", ["a"], [6], []))
+    assert store.load().population_state == b'{"s":1}'
+    store.commit_day(
+        dataclasses.replace(commit("2026-01-03", ["a"], [7], []), population_state=b'{"s":3}')
+    )
+    assert store.load().population_state == b'{"s":3}'
 
 
 def test_outbox_until_marked_sent(make_store):

@@ -10,9 +10,11 @@ Which metric is which
 
 *Operational* metrics are exported by default. They describe the process and the input stream
 as the operator already sees it (broker offsets, the state file on disk, published releases);
-none carries a user id, a raw value or a pre-noise sum. They are **not** differentially
-private — input volume and the state's size move when users send data — so the scrape endpoint
-belongs to operators (bind it to a private interface; see ``docs/observability.md``).
+none carries a user id, a raw value or a pre-noise sum. They are **trusted-operator data, not
+differentially private** — input volume, rejects and the state's size are exact counts that move
+when users send data — so the scrape endpoint belongs to operators (bind it to a private
+interface; see ``docs/observability.md``; docs/design.md §6.9). The exact counts of the input
+stream say so in their HELP text (``OPERATOR DATA``).
 
 =====================================================  =======  ===================================
 metric                                                 type     meaning
@@ -49,8 +51,13 @@ metric                                                 type     meaning
 ``streamfilter_privacy_granularity``                   gauge    lattice step γ
 ``streamfilter_privacy_ci95_halfwidth``                gauge    95% half-width per coordinate
 ``streamfilter_privacy_telemetry_rho``                 gauge    ``[telemetry] rho``
+``streamfilter_privacy_rho_total``                     gauge    ρ + telemetry ρ: the headline
 ``streamfilter_release_value{query_id,coordinate}``    gauge    latest *noisy* release (public)
 ``streamfilter_release_ci95{query_id,coordinate}``     gauge    its 95% half-width
+``streamfilter_release_coverage_users{query_id}``      gauge    noisy users it covers (public)
+``streamfilter_release_coverage_ci95{query_id}``       gauge    its 95% half-width
+``streamfilter_release_population{query_id,coord.}``   gauge    noisy population estimate (public)
+``streamfilter_release_population_ci95{query_id,c.}``  gauge    its 95% half-width
 =====================================================  =======  ===================================
 
 *Exact* metrics are data-dependent counts of users (``ExactDayStats``). They are statistics of
@@ -73,12 +80,14 @@ never become one — it may be shown to that user only (docs/design.md §6.11).
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import logging
 import platform
 import threading
 import time
 from collections.abc import Callable, Sequence
+from fractions import Fraction
 from typing import TYPE_CHECKING, ClassVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -89,6 +98,7 @@ from streamfilter import __version__
 from streamfilter.engine.contract import RejectReason, Release
 from streamfilter.engine.day import ExactDayStats
 from streamfilter.engine.params import PrivacyParams
+from streamfilter.privacy.rounding import float_up
 from streamfilter.runtime.observe.observer import DaemonObserver
 
 if TYPE_CHECKING:
@@ -175,13 +185,15 @@ class PrometheusObserver(DaemonObserver):
         # -- input and output volume ------------------------------------------------------
         self.records_consumed = Counter(
             "streamfilter_records_consumed_total",
-            "Input records read from the source (including rejected and duplicate ones).",
+            "OPERATOR DATA (exact, not differentially private; docs/design.md §6.9): input "
+            "records read from the source (including rejected and duplicate ones).",
             ["partition"],
             registry=r,
         )
         self.rejects = Counter(
             "streamfilter_rejects_total",
-            "Input records and queries refused before any accounting, by reason code.",
+            "OPERATOR DATA (exact, not differentially private; docs/design.md §6.9): input "
+            "records and queries refused before any accounting, by reason code.",
             ["reason"],
             registry=r,
         )
@@ -302,6 +314,13 @@ class PrometheusObserver(DaemonObserver):
                 "total guarantee is at most streamfilter_privacy_rho plus this.",
                 registry=r,
             ).set(telemetry_rho)
+        Gauge(
+            "streamfilter_privacy_rho_total",
+            "The headline: each user's total zCDP for the whole run, queries plus at most the "
+            "[telemetry] budget (coverage, active set, budget-stats); the population estimate "
+            "is paid inside each user's filter and adds nothing.",
+            registry=r,
+        ).set(float_up(Fraction(params.rho) + Fraction(telemetry_rho or 0.0)))
         # -- published (noisy) releases: public by construction ---------------------------
         self.release_value = Gauge(
             "streamfilter_release_value",
@@ -312,6 +331,31 @@ class PrometheusObserver(DaemonObserver):
         self.release_ci95 = Gauge(
             "streamfilter_release_ci95",
             "95% half-width of the latest published value of a query coordinate, data units.",
+            ["query_id", "coordinate"],
+            registry=r,
+        )
+        self.release_coverage = Gauge(
+            "streamfilter_release_coverage_users",
+            "Noisy users the latest release covers (can still afford a full contribution).",
+            ["query_id"],
+            registry=r,
+        )
+        self.release_coverage_ci95 = Gauge(
+            "streamfilter_release_coverage_ci95",
+            "95% half-width of streamfilter_release_coverage_users (it follows the binary "
+            "digits of the day number: docs/design.md §2.11).",
+            ["query_id"],
+            registry=r,
+        )
+        self.release_population = Gauge(
+            "streamfilter_release_population",
+            "Noisy estimate of a query coordinate over all users counted so far, data units.",
+            ["query_id", "coordinate"],
+            registry=r,
+        )
+        self.release_population_ci95 = Gauge(
+            "streamfilter_release_population_ci95",
+            "95% half-width of streamfilter_release_population, data units.",
             ["query_id", "coordinate"],
             registry=r,
         )
@@ -483,14 +527,29 @@ class PrometheusObserver(DaemonObserver):
         for rel in releases:
             qid = _label(rel.query_id)
             coords = list(zip(rel.labels, rel.value, rel.ci95, strict=False))
-            for coordinate, value, ci95 in coords[:MAX_RELEASE_COORDINATES]:
+            for j, (coordinate, value, ci95) in enumerate(coords[:MAX_RELEASE_COORDINATES]):
                 key = (qid, _label(coordinate))
                 self.release_value.labels(*key).set(value)
                 self.release_ci95.labels(*key).set(ci95)
+                if rel.population is not None:
+                    self.release_population.labels(*key).set(rel.population.value[j])
+                    self.release_population_ci95.labels(*key).set(rel.population.ci95[j])
                 fresh.add(key)
+            if rel.coverage is not None:
+                self.release_coverage.labels(qid).set(rel.coverage.users)
+                self.release_coverage_ci95.labels(qid).set(rel.coverage.ci95)
         for key in self._release_series - fresh:  # queries that no longer run
-            self.release_value.remove(*key)
-            self.release_ci95.remove(*key)
+            for gauge in (
+                self.release_value,
+                self.release_ci95,
+                self.release_population,
+                self.release_population_ci95,
+            ):
+                with contextlib.suppress(KeyError):
+                    gauge.remove(*key)
+            for gauge in (self.release_coverage, self.release_coverage_ci95):
+                with contextlib.suppress(KeyError):
+                    gauge.remove(key[0])
         self._release_series = fresh
 
     def failing_closed(self, message: str) -> None:

@@ -111,6 +111,7 @@ class DayCommit:
     positions: dict[str, Position]
     active_set_state: bytes | None = None  # opt-in telemetry tracker after this day (sensitive)
     coverage_state: bytes | None = None  # coverage tracker after this day (sensitive)
+    population_state: bytes | None = None  # population counters after this day (sensitive)
 
 
 @dataclass
@@ -124,6 +125,7 @@ class StoredState:
     releases: list[bytes] = field(default_factory=list)  # every stored release, day order
     active_set_state: bytes | None = None  # the opt-in active-set tracker, if ever started
     coverage_state: bytes | None = None  # the coverage tracker, if ever started
+    population_state: bytes | None = None  # the population counters, if ever started
 
 
 class StateStore(abc.ABC):

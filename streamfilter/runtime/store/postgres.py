@@ -216,6 +216,8 @@ class PostgresStateStore(StateStore):
                 state.active_set_state = None if active is None else active.encode()
                 coverage = meta.get("coverage_state")
                 state.coverage_state = None if coverage is None else coverage.encode()
+                population = meta.get("population_state")
+                state.population_state = None if population is None else population.encode()
                 return state
         except self._psycopg.Error as exc:
             raise StoreError(
@@ -272,6 +274,8 @@ class PostgresStateStore(StateStore):
                 self._set_meta(cur, "active_set_state", commit.active_set_state.decode())
             if commit.coverage_state is not None:
                 self._set_meta(cur, "coverage_state", commit.coverage_state.decode())
+            if commit.population_state is not None:
+                self._set_meta(cur, "population_state", commit.population_state.decode())
         return seq
 
     def _write_positions(self, cur: Any, positions: dict[str, Position]) -> None:

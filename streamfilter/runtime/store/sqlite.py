@@ -314,6 +314,8 @@ class SQLiteStateStore(StateStore):
             state.active_set_state = None if active_set is None else active_set.encode()
             coverage = self._meta("coverage_state")
             state.coverage_state = None if coverage is None else coverage.encode()
+            population = self._meta("population_state")
+            state.population_state = None if population is None else population.encode()
             return state
         except sqlite3.Error as exc:
             raise StoreError(
@@ -382,6 +384,8 @@ class SQLiteStateStore(StateStore):
                 self._set_meta(db, "active_set_state", commit.active_set_state.decode())
             if commit.coverage_state is not None:
                 self._set_meta(db, "coverage_state", commit.coverage_state.decode())
+            if commit.population_state is not None:
+                self._set_meta(db, "population_state", commit.population_state.decode())
         self._log_users = log_users
         # 6. mirror the sequence outside the store (a crash here leaves it behind: repaired)
         crash_point("before_mirror")

@@ -1,0 +1,185 @@
+"""The population estimate beside every release (engine.population, docs/design.md §2.12)."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import numpy as np
+import pytest
+
+from streamfilter.engine.contract import Release
+from streamfilter.engine.monitor import Monitor
+from streamfilter.engine.population import MODEL, PopulationSpec
+
+USERS, DAYS, B_NORM, CLIP, RHO = 20_000, 30, 40.0, 4.0, 0.5
+
+
+def _scenario(
+    decline_from: int | None, every_day: bool = True, users: int = USERS
+) -> list[tuple[float, Release]]:
+    """A stationary population: sessions ~ Poisson(λ_i) a day with λ_i log-normal (σ = 2, mean
+    0.1115: 22.3k sessions/day per 200k users); ``every_day``: every user sends a record every
+    day (else only on days with a session); from day ``decline_from`` every rate falls by 30%.
+    Returns (exact clipped truth, release) per day."""
+    rng = np.random.default_rng(2026)
+    sigma_ln, mean_rate = 2.0, 0.1115
+    rate = rng.lognormal(np.log(mean_rate) - sigma_ln**2 / 2, sigma_ln, users)
+    m = Monitor(b_norm=B_NORM, rho=RHO, population=PopulationSpec(), test_seed=7)
+    m.add_query(
+        {
+            "query_id": "engaged",
+            "kind": "sum",
+            "features": ["sessions"],
+            "clip": CLIP,
+            "from_day": "2026-01-01",
+        }
+    )
+    out = []
+    for t in range(DAYS):
+        day = (dt.date(2026, 1, 1) + dt.timedelta(days=t)).isoformat()
+        factor = 0.7 if decline_from is not None and t >= decline_from else 1.0
+        sessions = rng.poisson(rate * factor)
+        truth = float(np.minimum(sessions, CLIP).sum())
+        events = [
+            {"user_id": f"u{i}", "day": day, "values": {"sessions": int(s)}}
+            for i, s in enumerate(sessions.tolist())
+            if every_day or s
+        ]
+        (release,) = m.close_day(day, events)
+        out.append((truth, release))
+    return out
+
+
+@pytest.fixture(scope="module")
+def flat() -> list[tuple[float, Release]]:
+    return _scenario(None)
+
+
+def test_a_flat_truth_stays_flat_in_population_while_the_release_falls(
+    flat: list[tuple[float, Release]],
+) -> None:
+    truths = np.array([t for t, _ in flat])
+    released = np.array([r.value[0] for _, r in flat])
+    pops = [r.population for _, r in flat]
+    assert all(p is not None and p.model == MODEL for p in pops)
+    population = np.array([p.value[0] for p in pops if p is not None])
+    half = np.array([p.ci95[0] for p in pops if p is not None])
+    # the truth is flat (±5% of its mean every day) ...
+    assert np.all(np.abs(truths / truths.mean() - 1) < 0.05)
+    # ... the release loses more than 40% ...
+    assert released[-1] < 0.6 * released[0]
+    # ... more than half of the value is refused by day 30 ...
+    assert released[-1] < 0.5 * truths[-1]
+    # ... while the population estimate stays within 10% of the truth every day
+    assert np.all(np.abs(population / truths - 1) < 0.10)
+    covered = np.abs(population - truths) <= half
+    assert covered.mean() >= 0.9, covered
+
+
+def test_a_real_30_percent_decline_shows_in_population() -> None:
+    days = _scenario(15)
+    population = np.array([r.population.value[0] for _, r in days if r.population is not None])
+    truths = np.array([t for t, _ in days])
+    half = max(r.population.ci95[0] for _, r in days if r.population is not None)
+    before, after = population[5:15].mean(), population[20:].mean()
+    # a decline far beyond the noise (the departed users' part keeps their old value: the
+    # estimate falls by less than the truth, never rises)
+    assert after < before - 3 * half, (before, after, half)
+    assert after > truths[20:].mean() * 0.95
+
+
+def test_users_active_on_some_days_only_are_not_overcounted() -> None:
+    """Records only on days with a session: a user due to depart who sends nothing that day
+    leaves with a zero vector, so population is not the value of a day *with* a record times
+    every day (which overshoots by 15% and growing here)."""
+    days = _scenario(None, every_day=False)
+    truths = np.array([t for t, _ in days])
+    population = np.array([r.population.value[0] for _, r in days if r.population is not None])
+    released = np.array([r.value[0] for _, r in days])
+    assert released[-1] < 0.5 * truths[-1]
+    assert np.all(np.abs(population / truths - 1) < 0.05), population / truths
+
+
+def test_population_off_leaves_the_release_format_unchanged() -> None:
+    m = Monitor(b_norm=4.0, rho=0.5, test_seed=1)
+    m.add_query(
+        {"query_id": "a", "kind": "sum", "features": ["x"], "clip": 1.0, "from_day": "2026-01-01"}
+    )
+    (rel,) = m.close_day("2026-01-01", [{"user_id": "u", "day": "2026-01-01", "values": {"x": 1}}])
+    assert rel.population is None and "population" not in rel.to_json()
+
+
+def write_figure(png: str) -> None:
+    """docs/img/population.png: the report of the flat scenario, rendered by headless Chromium
+    (``python -m tests.engine.test_population docs/img/population.png``)."""
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    from streamfilter.cli.report import ReportData, render_report
+    from streamfilter.config import load_config
+    from tests.test_report import CHROMIUM_FLAGS
+
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = Path(tmp) / "c.toml"
+        cfg.write_text(f'[privacy]\nb_norm = {B_NORM}\nrho = {RHO}\n[queries]\nkind = "none"\n')
+        releases = [r for _, r in _scenario(None)]
+        days = [r.day for r in releases]
+        page = Path(tmp) / "report.html"
+        data = ReportData(releases, days, "tests/engine/test_population.py (flat truth)")
+        page.write_text(render_report(load_config(cfg), data), encoding="utf-8")
+        subprocess.run(
+            [
+                "chromium",
+                *CHROMIUM_FLAGS,
+                f"--user-data-dir={tmp}/profile",
+                f"--screenshot={Path(png).resolve()}",
+                "--window-size=1200,1500",
+                page.as_uri(),
+            ],
+            check=True,
+            capture_output=True,
+            timeout=180,
+        )
+
+
+if __name__ == "__main__":
+    import sys
+
+    write_figure(sys.argv[1])
+
+
+def test_the_counters_and_the_pending_users_survive_a_restart() -> None:
+    """The tracker is stored with each day: a run resumed from its JSON draws the same noise
+    and releases the same estimates as one that never stopped."""
+    from streamfilter.engine.population import PopulationTracker
+
+    def run(restart: bool) -> list[float]:
+        m = Monitor(b_norm=4.0, rho=0.5, population=PopulationSpec(4), test_seed=3)
+        m.add_query(
+            {
+                "query_id": "q",
+                "kind": "sum",
+                "features": ["x"],
+                "clip": 1.0,
+                "from_day": "2026-01-01",
+            }
+        )
+        out = []
+        for t in range(1, 10):
+            day = f"2026-01-{t:02d}"
+            events = [
+                {"user_id": f"u{i}", "day": day, "values": {"x": 1}}
+                for i in range(30)
+                if (i + t) % 3
+            ]
+            (rel,) = m.close_day(day, events)
+            assert rel.population is not None
+            out.append(rel.population.value[0])
+            tracker = m.engine.population
+            assert tracker is not None
+            if restart:
+                m.engine.population = PopulationTracker.from_json(tracker.to_json())
+        return out
+
+    assert run(True) == run(False)
