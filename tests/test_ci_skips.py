@@ -8,7 +8,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-CASES = '''
+CASES = """
 import pytest
 
 def test_missing_tool():
@@ -23,7 +23,7 @@ def test_missing_module():
 
 def test_does_not_apply():
     pytest.skip("this source's input is fixed at construction: nothing can be appended")
-'''
+"""
 
 
 def _run(tmp_path: Path, ci: str | None) -> str:
