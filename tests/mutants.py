@@ -3,7 +3,8 @@
 ``python -m tests.mutants`` (``make mutants``; CI runs it from ``.ci/run``). For each mutant: copy
 ``streamfilter/`` and ``tests/`` to a temporary directory, apply one textual patch (the original
 text must occur exactly once), rebuild the one C extension when the patch is to C, and run the
-mutant's tests there in a subprocess with ``pytest -x``. A mutant whose tests all pass
+mutant's tests there in a subprocess with ``pytest -x`` (``--jobs`` at once, default one per
+core; the same tests also run on an unmutated copy, which must pass). A mutant whose tests all pass
 *survives*; the run lists each mutant with the test that killed it and exits 1 if any survived
 (or if a patch no longer applies, so that the list cannot silently go stale).
 
@@ -23,6 +24,7 @@ import sys
 import sysconfig
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -254,28 +256,40 @@ def _pytest(copy: Path, tests: tuple[str, ...]) -> subprocess.CompletedProcess[s
     )
 
 
+def _baseline(workdir: Path, tests: tuple[str, ...]) -> float:
+    """The mutants' tests pass on an unmutated copy: a kill is the mutant's, not the copy's."""
+    start = time.monotonic()
+    _copy_tree(workdir / "unmutated")
+    out = _pytest(workdir / "unmutated", tests)
+    if out.returncode != 0:
+        print(out.stdout[-3000:], out.stderr[-3000:])
+        raise SystemExit("the mutants' tests fail on an unmutated copy")
+    return time.monotonic() - start
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("-k", default="", help="run only mutants whose name contains this")
+    parser.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1)
     args = parser.parse_args()
-    survivors = 0
     chosen = [m for m in MUTANTS if args.k in m.name]
-    with tempfile.TemporaryDirectory(prefix="streamfilter-mutants-") as tmp:
-        # the same tests pass on an unmutated copy: a kill is the mutant's, not the copy's
-        start = time.monotonic()
-        _copy_tree(Path(tmp) / "unmutated")
-        tests = tuple(dict.fromkeys(t for m in chosen for t in m.tests))
-        out = _pytest(Path(tmp) / "unmutated", tests)
-        if out.returncode != 0:
-            print(out.stdout[-3000:], out.stderr[-3000:])
-            raise SystemExit("the mutants' tests fail on an unmutated copy")
-        print(f"{'unmutated copy':52s} {time.monotonic() - start:5.1f} s  passes", flush=True)
-        for mutant in chosen:
-            killer, seconds = run(mutant, Path(tmp))
+    tests = tuple(dict.fromkeys(t for m in chosen for t in m.tests))
+    survivors = 0
+    started = time.monotonic()
+    with (
+        tempfile.TemporaryDirectory(prefix="streamfilter-mutants-") as tmp,
+        ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool,
+    ):
+        baseline = pool.submit(_baseline, Path(tmp), tests)
+        results = pool.map(lambda m: run(m, Path(tmp)), chosen)
+        for mutant, (killer, seconds) in zip(chosen, results, strict=True):
             status = f"killed by {killer}" if killer else "SURVIVED"
             print(f"{mutant.name:52s} {seconds:5.1f} s  {status}", flush=True)
             survivors += killer is None
-    print(f"mutants: {survivors} survived" if survivors else "mutants: every mutant was killed")
+        print(f"{'(the same tests, unmutated copy)':52s} {baseline.result():5.1f} s  pass")
+    total = time.monotonic() - started
+    print(f"mutants: {len(chosen)} in {total:.0f} s, ", end="")
+    print(f"{survivors} survived" if survivors else "every mutant was killed")
     return 1 if survivors else 0
 
 
