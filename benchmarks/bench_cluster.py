@@ -1,4 +1,4 @@
-"""``cluster_workers``: events/s of 1, 2 and 3 cluster workers on the same topic (issue #18).
+"""``cluster_workers``: events/s of 1, 2 and 3 cluster workers on the same topic.
 
 One broker (started like the tests start it, or ``KAFKA_BOOTSTRAP``) and one PostgreSQL server
 (``deploy/postgres/pg-up.sh`` on a free port, ``fsync`` on, or ``STREAMFILTER_PG_URL``). The

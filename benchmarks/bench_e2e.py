@@ -22,7 +22,7 @@ upkeep to fold into the budgets table (docs/design.md §5.1). In a steady state 
 another each run pays its predecessor's fold, as large as its own, so the headline streamfilter
 time is the run plus the fold it leaves (timed right after it, on its state). ratio = median over
 the pairs of ((streamfilter run + its fold) seconds ÷ DuckDB seconds); the ratio without the fold
-and the peak-RSS ratio are reported beside it. Target (issue #17): ≤ 2 for both.
+and the peak-RSS ratio are reported beside it. Target: ≤ 2 for both.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ stale-state check's one read of its releases topic). The daemon runs under its o
 policy (:func:`~streamfilter.runtime.daemon.collector_for_run`), interpreter tuning a plain loop
 would profit from too, so the headline runs the bare loop under the same policy: ratio = median
 over the pairs of (daemon events/s ÷ bare events/s, both under the daemon's collector policy);
-target (issue #7) ≥ 0.8. The detail also gives the same ratio in CPU seconds of this process (less
+target ≥ 0.8. The detail also gives the same ratio in CPU seconds of this process (less
 sensitive to other load on a shared machine).
 
 Two more arms in every pair (four arms, their order reversed every other pair):

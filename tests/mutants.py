@@ -124,6 +124,13 @@ MUTANTS = (
         (EPOCHS, COVERAGE),
     ),
     Mutant(
+        "coverage/continual σ ×√2 (s² = ceil(m·L/ρ))",
+        "streamfilter/privacy/continual.py",
+        "s2 = math.ceil(Fraction(self.counters * h.bit_length()) / (2 * Fraction(float(self.rho))))",
+        "s2 = math.ceil(Fraction(self.counters * h.bit_length()) / Fraction(float(self.rho)))",
+        (EPOCHS, COVERAGE),
+    ),
+    Mutant(
         "binary-tree counter (active set) variance ÷2",
         "streamfilter/privacy/continual.py",
         "s2 = math.ceil(Fraction(h.bit_length()) / (2 * Fraction(float(rho))))",
