@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench bench-quick clean test-deps
+.PHONY: demo test lint bench bench-quick clean test-deps mutants
 
 include deploy/kafka/kafka.mk
 include deploy/postgres/postgres.mk
@@ -33,6 +33,12 @@ test-deps:
 
 test: lint test-deps
 	$(BIN)/pytest
+
+# Mutation check of the privacy core (tests/mutants.py): each mutant (admission, rounding, σ
+# calibration, continual-counting noise, odometer, conversions) must be killed by its named test;
+# a survivor fails. A few minutes on 2 cores, so a target of its own that .ci/run calls.
+mutants: $(STAMP)
+	$(BIN)/python -m tests.mutants
 
 # The suite writes benchmarks/results.{json,md} (docs/performance.md); each entry is the median of
 # >= 5 runs next to its baseline. The Kafka entry starts its own broker the way the tests do

@@ -15,9 +15,14 @@ strongest single-machine alternative a user would pick for the same file:
   per day and query — without privacy accounting, noise or durable state.
 
 Each arm runs in its own child process (``--child``), which reports its wall time and peak RSS
-(``ru_maxrss`` of its own child); arms alternate which goes first. ratio = median over the pairs
-of (streamfilter seconds ÷ DuckDB seconds); the peak-RSS ratio is reported beside it. Target:
-≤ 2 for both.
+(``ru_maxrss`` of its own child); arms alternate which goes first, ≥ 5 pairs (``--quick``: 1).
+
+Deferred work is counted: a ``--until-end`` run leaves its budget-log entries for the next run's
+upkeep to fold into the budgets table (docs/design.md §5.1). In a steady state of one run after
+another each run pays its predecessor's fold, as large as its own, so the headline streamfilter
+time is the run plus the fold it leaves (timed right after it, on its state). ratio = median over
+the pairs of ((streamfilter run + its fold) seconds ÷ DuckDB seconds); the ratio without the fold
+and the peak-RSS ratio are reported beside it. Target: ≤ 2 for both.
 """
 
 from __future__ import annotations
@@ -194,7 +199,7 @@ def run(quick: bool = False, runs: int | None = None, n_users: int | None = None
     except ImportError:
         return [skipped(NAME, "s", BASELINE, "duckdb not installed (pip install -e '.[bench]')")]
     n_users = n_users or (10_000 if quick else 1_000_000)
-    runs = runs or (1 if quick else 3)
+    runs = runs or (1 if quick else 5)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         n_events = write_stream(work / "events.jsonl", n_users)
@@ -209,11 +214,12 @@ def run(quick: bool = False, runs: int | None = None, n_users: int | None = None
                 else:
                     pair[who] = _streamfilter(work, work / f"run{i}")
             pairs.append(pair)
-    ratios = [p["streamfilter"]["seconds"] / p["duckdb"]["seconds"] for p in pairs]
-    with_upkeep = statistics.median(
-        (p["streamfilter"]["seconds"] + p["streamfilter"]["upkeep_seconds"])
-        / p["duckdb"]["seconds"]
-        for p in pairs
+    for p in pairs:
+        sf = p["streamfilter"]
+        sf["steady_seconds"] = sf["seconds"] + sf["upkeep_seconds"]
+    ratios = [p["streamfilter"]["steady_seconds"] / p["duckdb"]["seconds"] for p in pairs]
+    without_upkeep = statistics.median(
+        p["streamfilter"]["seconds"] / p["duckdb"]["seconds"] for p in pairs
     )
     upkeep_entries = int(pairs[0]["streamfilter"]["upkeep_entries"])
     upkeep_s = statistics.median(p["streamfilter"]["upkeep_seconds"] for p in pairs)
@@ -221,7 +227,8 @@ def run(quick: bool = False, runs: int | None = None, n_users: int | None = None
     rss_ratio = statistics.median(
         p["streamfilter"]["peak_rss_mib"] / p["duckdb"]["peak_rss_mib"] for p in pairs
     )
-    sf_s = statistics.median(p["streamfilter"]["seconds"] for p in pairs)
+    sf_s = statistics.median(p["streamfilter"]["steady_seconds"] for p in pairs)
+    sf_run_s = statistics.median(p["streamfilter"]["seconds"] for p in pairs)
     db_s = statistics.median(p["duckdb"]["seconds"] for p in pairs)
     sf_close = statistics.median(p["streamfilter"]["close_seconds"] for p in pairs)
     sf_rss = statistics.median(p["streamfilter"]["peak_rss_mib"] for p in pairs)
@@ -235,7 +242,10 @@ def run(quick: bool = False, runs: int | None = None, n_users: int | None = None
             baseline=BASELINE,
             baseline_value=round(db_s, 2),
             ratio=round(ratio, 2),
-            ratio_definition="median of streamfilter s ÷ DuckDB s, paired runs (lower is better)",
+            ratio_definition=(
+                "median of (streamfilter run + the budget-log fold it defers) s ÷ DuckDB s, "
+                "paired runs (lower is better)"
+            ),
             target=f"≤ {TARGET:g}× time and RSS",
             target_met=ratio <= TARGET and rss_ratio <= TARGET,
             runs=runs,
@@ -245,20 +255,22 @@ def run(quick: bool = False, runs: int | None = None, n_users: int | None = None
                 f"3-category histogram, linear d=2) vs DuckDB {_duckdb_version()} with 1 thread "
                 f"(typed read_json, DISTINCT ON event id, group by user, L2 clip, sums); wall "
                 f"ratios {', '.join(f'{r:.2f}' for r in ratios)}; "
-                f"of streamfilter's {sf_s:.2f} s, the {len(DAYS)} day closes (records, filter, "
-                f"noise, durable commit, publish) take {sf_close:.2f} s and start-up plus "
-                f"ingest the rest; "
+                f"streamfilter's {sf_s:.2f} s are the run ({sf_run_s:.2f} s: the {len(DAYS)} day "
+                f"closes — records, filter, noise, durable commit, publish — take "
+                f"{sf_close:.2f} s, start-up plus ingest the rest) and the fold of the "
+                f"{upkeep_entries:,} budget-log entries it leaves to the next run's upkeep "
+                f"({upkeep_s:.2f} s, timed right after it); without the fold the ratio is "
+                f"{without_upkeep:.2f}; "
                 f"peak RSS {sf_rss:.0f} MiB vs {db_rss:.0f} MiB (ratio {rss_ratio:.2f}); "
-                f"each run leaves {upkeep_entries:,} budget-log entries to the next run's "
-                f"upkeep ({upkeep_s:.2f} s, measured after the run): with it the ratio is "
-                f"{with_upkeep:.2f}; "
                 f"1-min load average at the end: {load:.1f}"
             ),
             close_seconds=round(sf_close, 2),
             peak_rss_mib=round(sf_rss),
             baseline_peak_rss_mib=round(db_rss),
             rss_ratio=round(rss_ratio, 2),
-            ratio_with_upkeep=round(with_upkeep, 2),
+            ratio_without_upkeep=round(without_upkeep, 2),
+            run_seconds=round(sf_run_s, 2),
+            upkeep_seconds=round(upkeep_s, 2),
             upkeep_left_entries=upkeep_entries,
             load_average=round(load, 1),
         )

@@ -12,15 +12,17 @@ each measured back to back (alternating which goes first):
   published to a Kafka topic with ``acks=all``.
 
 Both are timed in-process, start-up excluded (clients, assignment, seeks; for the daemon also the
-stale-state check's one read of its releases topic). ratio = median over the pairs of (daemon
-events/s ÷ bare events/s); target ≥ 0.8. The detail also gives the same ratio in CPU
-seconds of this process (less sensitive to other load on a shared machine).
+stale-state check's one read of its releases topic). The daemon runs under its own collector
+policy (:func:`~streamfilter.runtime.daemon.collector_for_run`), interpreter tuning a plain loop
+would profit from too, so the headline runs the bare loop under the same policy: ratio = median
+over the pairs of (daemon events/s ÷ bare events/s, both under the daemon's collector policy);
+target ≥ 0.8. The detail also gives the same ratio in CPU seconds of this process (less
+sensitive to other load on a shared machine).
 
-Two more arms in every pair, so that the ratio is not flattered:
+Two more arms in every pair (four arms, their order reversed every other pair):
 
-* ``ratio_same_gc``: the bare loop run under the daemon's own collector policy
-  (:func:`~streamfilter.runtime.daemon.collector_for_run`) — interpreter tuning the plain loop
-  would profit from too, so this is the like-for-like ratio;
+* ``ratio_default_gc``: the bare loop under the interpreter's default collector — the daemon's
+  tuning in its arm only, so *not* like for like; reported beside the headline;
 * ``ratio_fold_early``: the daemon with ``[state] budget_log_max_rows = 0``, which folds the
   budget log into the budgets table whenever it outgrows the table (day 1, then every second
   day here) — with the default (10⁶ rows) these 5 days of 60k users never fold, and a fold's
@@ -51,7 +53,7 @@ from streamfilter.runtime.daemon import collector_for_run
 from streamfilter.runtime.store import BUDGET_LOG_MAX_ROWS
 
 NAME = "kafka_vs_bare_consumer"
-BASELINE = "bare kafka-python consumer loop, same topic (3 partitions)"
+BASELINE = "bare kafka-python consumer loop, same topic (3 partitions), same collector policy"
 TARGET = 0.8
 
 
@@ -212,7 +214,7 @@ def _measure(bootstrap: str, n: int, runs: int) -> dict[str, object]:
     admin = KafkaAdminClient(bootstrap_servers=bootstrap)
     admin.create_topics([NewTopic(name, 1, 1) for name in releases])
     admin.close()
-    bare, daemon, wall_ratio, cpu_ratio, same_gc, fold_early = [], [], [], [], [], []
+    bare, daemon, wall_ratio, cpu_ratio, default_gc, fold_early = [], [], [], [], [], []
     bare_per_cpu, daemon_per_cpu = [], []  # events per CPU second of the process (per core)
     arms = ("bare", "daemon", "bare_same_gc", "daemon_fold_early")
     with tempfile.TemporaryDirectory() as tmp:
@@ -232,14 +234,14 @@ def _measure(bootstrap: str, n: int, runs: int) -> dict[str, object]:
                         bootstrap, topic, releases[2 * i + fold], queries, work, fold
                     )
                 assert pair[who][2] == n, (who, pair[who])
-            (bw, bc, _), (dw, dc, _) = pair["bare"], pair["daemon"]
+            (bw, bc, _), (dw, dc, _) = pair["bare_same_gc"], pair["daemon"]
             bare.append(n / bw)
             daemon.append(n / dw)
             wall_ratio.append(bw / dw)
             cpu_ratio.append(bc / dc)
             bare_per_cpu.append(n / bc)
             daemon_per_cpu.append(n / dc)
-            same_gc.append(pair["bare_same_gc"][0] / dw)
+            default_gc.append(pair["bare"][0] / dw)
             fold_early.append(bw / pair["daemon_fold_early"][0])
     ratio = statistics.median(wall_ratio)
     crc = _crc_implementation()
@@ -250,7 +252,9 @@ def _measure(bootstrap: str, n: int, runs: int) -> dict[str, object]:
         baseline=BASELINE,
         baseline_value=round(statistics.median(bare)),
         ratio=round(ratio, 3),
-        ratio_definition="median of daemon ÷ bare, paired runs",
+        ratio_definition=(
+            "median of daemon ÷ bare events/s, paired runs, both under the daemon's collector"
+        ),
         target=f"≥ {TARGET}",
         target_met=ratio >= TARGET,
         runs=runs,
@@ -263,9 +267,10 @@ def _measure(bootstrap: str, n: int, runs: int) -> dict[str, object]:
             f"CPU second of the process, median): daemon "
             f"{statistics.median(daemon_per_cpu):,.0f}, bare {statistics.median(bare_per_cpu):,.0f}"
             f"; CRC-32C in both arms: "
-            f"{crc}; like for like, the bare "
-            f"loop under the daemon's collector policy: {statistics.median(same_gc):.3f} "
-            f"({', '.join(f'{r:.2f}' for r in same_gc)}); the daemon folding its budget log "
+            f"{crc}; not like for like, the bare loop under the interpreter's default "
+            f"collector (the daemon's tuning in its arm only): "
+            f"{statistics.median(default_gc):.3f} "
+            f"({', '.join(f'{r:.2f}' for r in default_gc)}); the daemon folding its budget log "
             f"whenever it outgrows the table (budget_log_max_rows = 0): "
             f"{statistics.median(fold_early):.3f} ({', '.join(f'{r:.2f}' for r in fold_early)})"
         ),
@@ -274,7 +279,7 @@ def _measure(bootstrap: str, n: int, runs: int) -> dict[str, object]:
         baseline_events_per_cpu_second=round(statistics.median(bare_per_cpu)),
         #: both arms run in this process, so they check record batches with the same CRC-32C
         crc32c=crc,
-        ratio_same_gc=round(statistics.median(same_gc), 3),
+        ratio_default_gc=round(statistics.median(default_gc), 3),
         ratio_fold_early=round(statistics.median(fold_early), 3),
     )
 

@@ -11,6 +11,7 @@ gives ε_lb ≈ 1.1–1.4 with 4,000–10,000 trials (it can exceed the claim on
 import json
 import math
 import os
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -27,6 +28,7 @@ from streamfilter.verify.audit import (
     audit,
     main,
 )
+from tests import oracle
 
 WORKERS = 2 if (os.cpu_count() or 1) >= 2 else 1
 CONFIG = AuditConfig()
@@ -125,7 +127,12 @@ def test_cost_before_clip_bug_adds_the_unclipped_vector_at_the_clipped_cost():
 
 
 def test_sigma_halved_bug_draws_half_the_noise_and_reports_the_configured_sigma():
-    def noise_sd():
+    """The oracle, from the configuration: σ² = B_norm/(2ρ) = 1 (Corollary 4.7), drawn as
+    ``N_Z(0, s²)`` lattice units with ``s² = ceil(σ²/γ²)`` = 256, i.e. variance ``s²γ²`` in data
+    units. 4000 empty bins pass a two-sided χ² check against it (a σ off by √2 either way fails
+    with probability ≥ 0.999); under the injected bug they pass it against a quarter of it."""
+
+    def noise():
         m = Monitor(b_norm=1.0, rho=0.5, granularity=2.0**-4, test_seed=3)
         m.add_query(
             {
@@ -138,14 +145,18 @@ def test_sigma_halved_bug_draws_half_the_noise_and_reports_the_configured_sigma(
             }
         )
         (rel,) = m.close_day("2026-01-01", [])
-        return float(np.std(rel.value)), rel.sigma
+        return np.array(rel.value), rel.sigma
 
-    sd, reported = noise_sd()
-    assert sd == pytest.approx(reported, rel=0.05)
+    gamma = 2.0**-4
+    s2 = math.ceil(Fraction(1.0) / (2 * Fraction(0.5)) / Fraction(gamma) ** 2)
+    variance = oracle.discrete_gaussian_variance(s2) * gamma**2
+    values, reported = noise()
+    oracle.assert_variance(values, variance, checks=2)
+    assert reported == pytest.approx(math.sqrt(variance), rel=1e-9)
     with _injected("sigma_halved"):
-        sd_bug, reported_bug = noise_sd()
+        values_bug, reported_bug = noise()
     assert reported_bug == reported
-    assert sd_bug == pytest.approx(reported / 2, rel=0.05)
+    oracle.assert_variance(values_bug, variance / 4, checks=2)
 
 
 # ---------------------------------------------------------------------------- the audit itself

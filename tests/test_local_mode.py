@@ -6,6 +6,7 @@ import json
 import math
 import os
 import sqlite3
+from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +19,8 @@ from streamfilter.client import Announcement, DeviceConfig, DeviceFleet
 from streamfilter.engine.contract import Reject, parse_query
 from streamfilter.engine.local import LOCAL_NOISE, LocalEngine
 from streamfilter.engine.params import PrivacyParams
-from streamfilter.privacy.noise import SeededRandomBits, discrete_gaussian_variance
+from streamfilter.privacy.noise import SeededRandomBits
+from tests import oracle
 from tests.test_cli import stored_budgets
 
 GAMMA = 2.0**-10
@@ -207,22 +209,24 @@ def test_fuzzed_contributions_never_crash_or_leak_into_sums(lines, variant):
 
 # ----------------------------------------------------------------------------- local noise
 def test_local_noise_releases_carry_the_noise_they_report():
-    """n devices each add N_Z(0, s_l²); the release's σ must be the noise's real spread. With
-    n = 64 (a power of two) the reported σ is exact: 4000 releases × d = 4 give the sample
-    variance within ±6% (≈ 8 standard errors) of the reported σ² — a device that forgot its
-    noise (var 0) or a σ off by √n fails by orders of magnitude. For n = 48 the reported σ is
-    the power-of-two bound: true σ ≤ reported ≤ √2·true."""
+    """n devices each add ``N_Z(0, s_l²)`` lattice units, ``s_l² = ceil(σ_l²/γ²)`` (the oracle,
+    computed here from the configuration): the sum's variance is ``n·Var N_Z(0, s_l²)·γ²``.
+    The errors pass a two-sided χ² check against it (α = 10⁻³ shared by the checks; a σ off by
+    √2 either way fails with probability ≥ 0.999). With n = 64 (a power of two) the reported σ
+    is exactly the oracle's; for n = 48 it is the power-of-two bound: true σ ≤ reported ≤
+    √2·true. A device that forgot its noise (var 0) or a σ off by √n fails by far."""
     sigma_local = 0.25
     cfg = DeviceConfig.create(
         b_norm=1e6, granularity=GAMMA, variant="local_noise", sigma_local=sigma_local
     )
-    s2 = cfg.sigma2_units
+    s2 = math.ceil(Fraction(sigma_local) ** 2 / Fraction(GAMMA) ** 2)
+    assert cfg.sigma2_units == s2
     announcement = Announcement.parse(parse_query(QUERY).canonical_json())
     for n in (64, 48):
         fleet = DeviceFleet(cfg, SeededRandomBits(n))
         eng = engine(LOCAL_NOISE, s2)
         errors, reported = [], set()
-        days = 4000 if n == 64 else 400
+        days = 1000 if n == 64 else 400
         matrix = np.zeros((n, 4))
         matrix[:, 1] = 1.0  # every device counts 'pro' once: exact sum n·1024 units
         for k in range(days):
@@ -238,15 +242,14 @@ def test_local_noise_releases_carry_the_noise_they_report():
             errors.append(np.array(release.value) - np.array([0, n, 0, 0]))
             reported.add(release.sigma)
         err = np.concatenate(errors)
-        true_var = n * discrete_gaussian_variance(s2) * GAMMA**2
+        true_var = n * oracle.discrete_gaussian_variance(s2) * GAMMA**2
         (sigma,) = reported
+        oracle.assert_mean_zero(err, true_var, checks=4)
+        oracle.assert_variance(err, true_var, checks=4)
         if n == 64:
-            assert sigma**2 == pytest.approx(true_var, rel=1e-12)
-            assert err.var() == pytest.approx(sigma**2, rel=0.06)
-            assert abs(err.mean()) < 6 * sigma / math.sqrt(err.size)
+            assert sigma**2 == pytest.approx(true_var, rel=1e-9)
         else:
-            assert math.sqrt(true_var) < sigma <= math.sqrt(2 * true_var) * (1 + 1e-12)
-            assert err.var() == pytest.approx(true_var, rel=0.2)
+            assert math.sqrt(true_var) < sigma <= math.sqrt(2 * true_var) * (1 + 1e-9)
 
 
 def test_local_noise_simulation_and_guarantee(tmp_path, capsys):

@@ -1,4 +1,5 @@
-"""Generic privacy filters and the filter-based odometer (Feldman & Zrnic, §4).
+"""Generic privacy filters (Feldman & Zrnic, §4). The odometer is
+:func:`streamfilter.privacy.odometer.discretised_odometer`.
 
 Each filter has an immutable description (its parameters, fixed at construction and exposed as
 read-only properties) and a ledger that only :meth:`spend` changes. ``would_continue`` is a dry
@@ -38,7 +39,7 @@ from streamfilter.privacy.accounting import (
 )
 from streamfilter.privacy.rounding import float_down, float_up
 
-__all__ = ["DPFilter", "MultiOrderRenyiFilter", "PrivacyOdometer", "RenyiFilter", "ZCDPFilter"]
+__all__ = ["DPFilter", "MultiOrderRenyiFilter", "RenyiFilter", "ZCDPFilter"]
 
 DPConversion = Literal["thm49", "cks"]
 
@@ -293,66 +294,3 @@ class DPFilter(_SumFilter):
         """Commit ``½·epsilon_t²`` iff CONT; on HALT the ledger is unchanged. ``spent`` is in
         zCDP units (``½·Σ ε_t²``)."""
         return super().spend(epsilon_t)
-
-
-class PrivacyOdometer:
-    """Algorithm 5: track the privacy loss with a chain of Rényi filters of budget Δ.
-
-    Starts with one open filter and ``value = Δ`` (``O_1 = Δ``). Each observed ``ρ_t`` goes into
-    the open filter; when it would HALT, a new filter is opened starting with ``ρ_t`` and the value
-    grows by Δ. By Proposition 4.10, at the last step before the m-th restart the loss so far is at
-    most ``m·Δ`` (the prefix is an adaptive composition of m segments, each (α, Δ)-RDP by
-    Theorem 4.3), and the same holds at every earlier step by post-processing — so ``value`` is an
-    upper bound on the loss observed so far. Requires ``ρ_t <= Δ`` (Prop. 4.10's assumption;
-    otherwise a fresh filter could not admit the step).
-
-    The restart rule can charge more than ``ceil(Σρ_t/Δ)·Δ`` (a step that does not fit the open
-    segment starts a new one, wasting the rest). :func:`streamfilter.privacy.odometer.
-    discretised_odometer` uses nested budgets mΔ on the cumulative sum instead, which gives
-    exactly the ceiling.
-
-    Per-user values of this kind are sensitive (§4.4): show them to their owner only.
-    """
-
-    def __init__(self, delta_step: float) -> None:
-        step = _exact_nonnegative("delta_step", delta_step)
-        if step == 0:
-            raise ValueError(f"delta_step must be > 0, got delta_step={delta_step!r}")
-        self._step = step
-        self._filters = 1
-        self._window = Fraction(0)
-        self._total = Fraction(0)
-
-    @property
-    def delta_step(self) -> float:
-        return float(self._step)
-
-    def observe(self, rho_t: float) -> float:
-        """Record one step's loss and return the updated :attr:`value`."""
-        loss = _exact_nonnegative("rho_t", rho_t)
-        if loss > self._step:
-            raise ValueError(
-                f"rho_t must be <= delta_step={float(self._step)!r} (Proposition 4.10), "
-                f"got rho_t={rho_t!r}"
-            )
-        if self._window + loss > self._step:  # the open filter halts: restart (Algorithm 5)
-            self._filters += 1
-            self._window = loss
-        else:
-            self._window += loss
-        self._total += loss
-        return self.value
-
-    @property
-    def value(self) -> float:
-        """``m·Δ`` with m the number of filters opened so far, rounded up."""
-        return float_up(self._filters * self._step)
-
-    @property
-    def restarts(self) -> int:
-        return self._filters - 1
-
-    @property
-    def observed_total(self) -> float:
-        """Exact sum of observed losses, rounded up (for comparison; not itself a guarantee)."""
-        return float_up(self._total)

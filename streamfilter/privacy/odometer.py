@@ -159,8 +159,7 @@ def discretised_odometer(spent_units: int, step_units: int) -> int:
     step fits both budgets; a refused one exceeds B, hence mΔ), so the real outputs so far are a
     prefix of its outputs — post-processing, as noted after Proposition 4.10 — with
     ``m = ceil(spent/Δ)``. If ``m·Δ > B`` the real filter's own bound B is already smaller.
-    (Algorithm 5's restart rule charges at least this much, sometimes more; see
-    :class:`streamfilter.privacy.filters.PrivacyOdometer`.) A user who spent nothing contributed
+    (Algorithm 5's restart rule charges at least this much, sometimes more.) A user who spent nothing contributed
     only zero vectors and gets 0. Like Corollary 4.11, the statement is for m fixed in advance;
     the value reported is the m reached.
 

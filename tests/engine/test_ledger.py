@@ -13,6 +13,7 @@ from streamfilter.engine.ledger import BudgetLedger, KeyedUsers, UserKeys, pytho
 from streamfilter.engine.params import PrivacyParams
 from streamfilter.engine.records import DayRecords
 from streamfilter.runtime.store import DayCommit, Position, SQLiteStateStore
+from tests.native_build import check_built_in_ci
 
 
 def weak_hash(users):
@@ -378,8 +379,7 @@ def test_the_native_merge_walk_and_merge_are_the_numpy_path(batches, queries, ha
     users listed twice included."""
     from streamfilter.engine import ledger as ledger_module
 
-    if ledger_module._packed_ids is None:
-        pytest.skip("engine/_packed_ids.c is not built")
+    check_built_in_ci(ledger_module._packed_ids, "engine/_packed_ids.c")
     native, numpy_ = BudgetLedger(hasher), BudgetLedger(hasher)
     for batch in batches:
         users = arr([u for u, _, _ in batch])
@@ -401,8 +401,8 @@ def test_the_native_ledger_refuses_columns_that_do_not_fit():
     from streamfilter.engine import ledger as ledger_module
 
     helpers = ledger_module._packed_ids
-    if helpers is None:
-        pytest.skip("engine/_packed_ids.c is not built")
+    check_built_in_ci(helpers, "engine/_packed_ids.c")
+    assert helpers is not None
     key, length = np.array([1, 2], np.int64), np.array([3, 3], np.uint16)
     woff, words = np.array([0, 1], np.int64), np.zeros(2, np.uint64)
     one = np.ones(1, np.int64)

@@ -14,7 +14,6 @@ from scipy.special import ndtr
 
 from streamfilter.privacy.accounting import epsilon_from_rho_cks, epsilon_from_rho_gdp
 from streamfilter.privacy.accuracy import gaussian_halfwidth, linf_bound
-from streamfilter.privacy.filters import PrivacyOdometer
 from streamfilter.privacy.odometer import UserLoss, discretised_odometer, user_loss
 
 
@@ -178,17 +177,25 @@ def test_discretised_odometer_is_ceil_to_step(spent: int, step: int) -> None:
     assert value == math.ceil(Fraction(spent, step)) * step
 
 
+def algorithm_5_restarts(step: int, costs: list[int]) -> int:
+    """Literal Algorithm 5 (restart a filter of budget Δ when the open one would halt): ``m·Δ``."""
+    value, window = step, 0
+    for cost in costs:
+        if window + cost > step:
+            value, window = value + step, cost
+        else:
+            window += cost
+    return value
+
+
 @settings(max_examples=100, deadline=None)
 @given(costs=st.lists(st.integers(min_value=0, max_value=50), max_size=40))
 def test_discretised_odometer_never_above_algorithm_5(costs: list[int]) -> None:
     """The nested-budget value is <= Algorithm 5's restart value on the same integer costs."""
     step = 50
-    odo = PrivacyOdometer(delta_step=float(step))
-    total = 0
-    for cost in costs:
-        odo.observe(float(cost))
-        total += cost
-        assert total <= discretised_odometer(total, step) <= odo.value
+    for k in range(len(costs) + 1):
+        total = sum(costs[:k])
+        assert total <= discretised_odometer(total, step) <= algorithm_5_restarts(step, costs[:k])
 
 
 @pytest.mark.parametrize(

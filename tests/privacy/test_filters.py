@@ -1,4 +1,4 @@
-"""Tests for streamfilter.privacy.filters (Theorem 4.3, Remark 4.4, Theorem 4.9, Algorithm 5)."""
+"""Tests for streamfilter.privacy.filters (Theorem 4.3, Remark 4.4, Theorem 4.9)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ from streamfilter.privacy.accounting import (
 from streamfilter.privacy.filters import (
     DPFilter,
     MultiOrderRenyiFilter,
-    PrivacyOdometer,
     RenyiFilter,
     ZCDPFilter,
 )
@@ -163,61 +162,6 @@ def test_dp_filter_cks_admits_more_than_thm49() -> None:
 
 
 # ------------------------------------------------------------------------------------------------
-# Algorithm 5 / Proposition 4.10
-# ------------------------------------------------------------------------------------------------
-
-
-def reference_algorithm_5(step: float, rhos: list[float]) -> float:
-    """Literal Algorithm 5 with exact rationals."""
-    tracker = Fraction(step)
-    window: list[Fraction] = []
-    for rho in rhos:
-        window.append(Fraction(rho))
-        if sum(window, Fraction(0)) > Fraction(step):  # F_{α,Δ}(ρ_restart..ρ_t) = HALT
-            tracker += Fraction(step)
-            window = [Fraction(rho)]
-    return float(tracker)
-
-
-def test_odometer_algorithm_5_example() -> None:
-    odo = PrivacyOdometer(delta_step=10.0)
-    assert odo.value == 10.0  # O_1 = Δ
-    assert odo.observe(6.0) == 10.0
-    assert odo.observe(6.0) == 20.0
-    assert odo.observe(6.0) == 30.0  # restarts charge more than ceil(18/10)·10 = 20
-    assert odo.restarts == 2
-    assert odo.observed_total == 18.0
-
-
-@settings(max_examples=100, deadline=None)
-@given(
-    step=st.sampled_from([0.25, 1.0, 3.0]),
-    fractions_of_step=st.lists(st.floats(min_value=0.0, max_value=1.0), max_size=60),
-)
-def test_odometer_matches_algorithm_5_and_bounds_the_sum(
-    step: float, fractions_of_step: list[float]
-) -> None:
-    rhos = [f * step for f in fractions_of_step]
-    odo = PrivacyOdometer(delta_step=step)
-    for i, rho in enumerate(rhos):
-        value = odo.observe(rho)
-        exact_total = sum((Fraction(x) for x in rhos[: i + 1]), Fraction(0))
-        assert value == reference_algorithm_5(step, rhos[: i + 1])
-        assert Fraction(value) >= exact_total  # upper bound on the loss so far
-        # ... and at least the nested-budget value ceil(total/Δ)·Δ
-        assert Fraction(value) >= math.ceil(exact_total / Fraction(step)) * Fraction(step)
-        assert odo.value == float((odo.restarts + 1) * Fraction(step))
-
-
-def test_odometer_requires_rho_at_most_delta() -> None:
-    odo = PrivacyOdometer(delta_step=1.0)
-    odo.observe(1.0)
-    with pytest.raises(ValueError, match=r"rho_t must be <= delta_step=1\.0 .*got rho_t=1\.5"):
-        odo.observe(1.5)
-    assert odo.value == 1.0  # the refused observation changed nothing
-
-
-# ------------------------------------------------------------------------------------------------
 # validation
 # ------------------------------------------------------------------------------------------------
 
@@ -258,11 +202,6 @@ def test_odometer_requires_rho_at_most_delta() -> None:
         (
             lambda: DPFilter(1.0, 1e-5).spend(-1.0),
             "epsilon_t must be finite and >= 0, got epsilon_t=-1.0",
-        ),
-        (lambda: PrivacyOdometer(0.0), "delta_step must be > 0, got delta_step=0.0"),
-        (
-            lambda: PrivacyOdometer(1.0).observe(-1.0),
-            "rho_t must be finite and >= 0, got rho_t=-1.0",
         ),
     ],
 )

@@ -77,10 +77,14 @@ def test_per_row_cap_is_respected(x, cap):
     assert (cost == cost_units(r)).all()
 
 
-def test_rounding_is_nearest_when_it_fits():
+def test_rounding_is_nearest_ties_to_even_when_it_fits():
+    """Units 1.6, −2.6, ±0.5, ±1.5, 2.5: nearest gives 2, −3, 0, 0, 2, −2, 2; truncation
+    (1, −2, 0, 0, 1, −1, 2), ceiling (2, −2, 1, 0, 2, −1, 3), floor (1, −3, 0, −1, 1, −2, 2) and
+    ties away from zero (2, −3, 1, −1, 2, −2, 3) each differ somewhere."""
     lat = Lattice(0.25)
-    r, cost = lat.to_units(np.array([[0.3, -0.6]]), clip=10.0)
-    assert r.tolist() == [[1, -2]] and cost.tolist() == [5]
+    x = np.array([[0.4, -0.65, 0.125, -0.125, 0.375, -0.375, 0.625]])
+    r, cost = lat.to_units(x, clip=10.0)
+    assert r.tolist() == [[2, -3, 0, 0, 2, -2, 2]] and cost.tolist() == [4 + 9 + 4 + 4 + 4]
 
 
 def test_clip_scales_direction():
