@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .grid import EPSILONS, REGIMES
+from .grid import EPSILONS, PROTOCOLS, REGIMES
 
 __all__ = ["add_learn_commands", "cmd_individual", "cmd_reproduce"]
 
@@ -34,6 +34,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         args.trials,
         epsilons=args.epsilon or EPSILONS,
         regimes=args.regime or REGIMES,
+        protocols=PROTOCOLS if args.protocol == "both" else (args.protocol,),
         seed=args.seed,
         dataset=args.dataset,
         checks=args.checks,
@@ -42,10 +43,12 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     _write_json(result, args.json)
     if args.json not in (None, "-"):
         for row in result["rows"]:
+            note = "" if row["checks_private"] else "  [checks exact: not private]"
             print(
-                f"ε={row['epsilon']:<4} {row['regime']:<17} private GD {row['gd_mean']:6.2f} ± "
-                f"{row['gd_sd']:.2f}   with filtering {row['filtered_mean']:6.2f} ± "
-                f"{row['filtered_sd']:.2f}   ({row['trials']} trials)"
+                f"{row['protocol']:<14} ε={row['epsilon']:<4} {row['regime']:<17} "
+                f"n·√(2ρ)={row['snr']:7.0f}  private GD {row['gd_mean']:6.2f} ± "
+                f"{row['gd_std']:.2f}   with filtering {row['filtered_mean']:6.2f} ± "
+                f"{row['filtered_std']:.2f}   ({row['trials']} trials){note}"
             )
     return 0
 
@@ -98,6 +101,13 @@ def add_learn_commands(sub: Any) -> None:
         action="append",
         choices=list(REGIMES),
         help="a row's regime; repeatable, default all",
+    )
+    rep.add_argument(
+        "--protocol",
+        default="private-checks",
+        choices=[*PROTOCOLS, "both"],
+        help="paper: Appendix A exactly (B_norm = k·C², exact checks: NOT private); "
+        "private-checks: the checks paid from the same (ε, δ); both: one row of each",
     )
     rep.add_argument(
         "--checks", type=int, default=8, help="private accuracy checks (0: ablation, last iterate)"
