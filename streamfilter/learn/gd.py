@@ -161,8 +161,10 @@ def _descend(
             run.grad_norm2.append(norm2)
         if checks is not None and checks.due(t):
             correct = float(np.count_nonzero(model.predict(theta, x) == y))
-            noise = float(gaussian(bits, checks.sigma_count, 1)[0]) if checks.sigma_count else 0.0
-            released = (correct + noise) / n
+            count_noise = (
+                float(gaussian(bits, checks.sigma_count, 1)[0]) if checks.sigma_count else 0.0
+            )
+            released = (correct + count_noise) / n
             run.released_accuracies.append((t, released))
             if best is None or released > best[0]:
                 best = (released, t, theta.copy())
