@@ -1,6 +1,6 @@
 """A self-contained HTML page (inline SVG, no scripts) for the individual-ε study.
 
-Five figures from :func:`.individual.individual_study`'s result: the histogram of individual ε
+Five figures from :func:`.individual_accounting.individual_study`'s result: the histogram of individual ε
 (worst case marked), ε against log training loss, per-class mean ε against per-class accuracy,
 estimated against exact ε, and the cost of rounding; plus the privately released statistics.
 """

@@ -208,3 +208,14 @@ def test_individual_report_renders_in_headless_chromium(study, tmp_path):
     ).stdout
     assert dom.count("<svg") == 5 and dom.count('class="series"') == 5
     assert "Estimated against exact" in dom
+
+
+def test_dpsgd_filter_compares_both_arms_at_one_epsilon(tmp_path):
+    out = tmp_path / "flt.json"
+    argv = ["learn", "dpsgd-filter", "--dataset", "digits", "--trials", "2", "--seed", "0"]
+    assert _run([*argv, "--extra-factor", "1.25", "--json", str(out)]) == 0
+    r = json.loads(out.read_text())
+    assert r["filtered_steps"] == 150 and r["plain_steps"] == 120 and r["trials"] == 2
+    assert r["epsilon_plain_exact_rdp"] <= r["epsilon"] <= r["epsilon_plain_exact_rdp"] * (1 + 1e-6)
+    assert 50.0 < r["plain_mean"] <= 100.0 and 50.0 < r["filtered_mean"] <= 100.0
+    assert r["active_fraction_at_step"]["120"] == 1.0 >= r["active_fraction_at_step"]["150"]
