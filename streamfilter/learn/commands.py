@@ -77,7 +77,11 @@ def cmd_dpsgd_filter(args: argparse.Namespace) -> int:
     from .dpsgd_filter import compare_filtered_dpsgd
 
     result = compare_filtered_dpsgd(
-        args.dataset, trials=args.trials, extra_factor=args.extra_factor, seed=args.seed
+        args.dataset,
+        trials=args.trials,
+        extra_factor=args.extra_factor,
+        clip_factor=args.clip_factor,
+        seed=args.seed,
     )
     _write_json(result, args.json)
     if args.json not in (None, "-"):
@@ -147,6 +151,9 @@ def add_learn_commands(sub: Any) -> None:
     flt.add_argument("--trials", type=int, default=10, help="independent trials (default 10)")
     flt.add_argument(
         "--extra-factor", type=float, default=2.0, help="filtered steps ÷ plain steps (default 2)"
+    )
+    flt.add_argument(
+        "--clip-factor", type=float, default=1.0, help="C × this (σ unchanged: a too-large clip)"
     )
     flt.add_argument("--seed", type=int, default=None, help="reproducible noise (tests only)")
     flt.add_argument("--json", default=None, help="output file ('-' or absent: stdout)")

@@ -175,16 +175,23 @@ def _dataset(name: str) -> Dataset:
 
 
 def compare_filtered_dpsgd(
-    dataset: str, *, trials: int, extra_factor: float = 2.0, seed: int | None = None
+    dataset: str,
+    *,
+    trials: int,
+    extra_factor: float = 2.0,
+    clip_factor: float = 1.0,
+    seed: int | None = None,
 ) -> dict[str, Any]:
     """Plain DP-SGD (T steps) against DP-SGD with individual filters (``extra_factor·T`` steps)
-    at the same (ε, δ): the budgets ``B_α = T·⌈rdp(q, σ, α)⌉`` for both. Test accuracy (%) mean
-    and standard deviation over ``trials``, and the active examples over time (non-private
-    diagnostic: public benchmark data)."""
+    at the same (ε, δ): the budgets ``B_α = T·⌈rdp(q, σ, α)⌉`` for both. ``clip_factor``
+    multiplies the configured C (noise multiplier, hence ε, unchanged: a mistuned, too large
+    clip). Test accuracy (%) mean and standard deviation over ``trials``, and the active
+    examples over time (non-private diagnostic: public benchmark data)."""
     if trials < 1 or extra_factor < 1.0:
         raise ValueError(f"need trials >= 1 and extra_factor >= 1, got {trials}, {extra_factor}")
     data = _dataset(dataset)
     clip, sigma, batch, steps, lr = CONFIGS[dataset]
+    clip *= clip_factor
     q = batch / data.n_train
     orders = DEFAULT_ORDERS
     budgets = worst_case_budgets(q, sigma, steps, orders)
@@ -237,6 +244,7 @@ def compare_filtered_dpsgd(
         "model": "softmax regression",
         "n_train": data.n_train,
         "clip": clip,
+        "clip_factor": clip_factor,
         "noise_multiplier": sigma,
         "sampling_rate": q,
         "learning_rate": lr,

@@ -274,10 +274,11 @@ class IndividualMultiOrderFilters:
 
     def spend(self, index: np.ndarray, loss_units: np.ndarray) -> np.ndarray:
         """CONT for those that fit at every order (ledgers charged), HALT for the rest (ledgers
-        unchanged). Returns the CONT mask over ``index``. ``index`` must not repeat."""
+        unchanged). Returns the CONT mask over ``index``, which must be strictly increasing (so
+        no individual is charged twice in one call)."""
         idx = np.asarray(index, dtype=np.int64)
-        if np.unique(idx).size != idx.size:
-            raise ValueError("index must not repeat an individual")
+        if idx.size > 1 and not bool(np.all(idx[1:] > idx[:-1])):
+            raise ValueError("index must be strictly increasing (no individual repeated)")
         ok = self.fits(idx, loss_units)
         self._spent_units[idx[ok]] += loss_units[ok]
         return ok

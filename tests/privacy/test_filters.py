@@ -363,5 +363,5 @@ def test_individual_multi_order_filters_match_one_multi_order_filter_each():
     assert f.units(np.array([[1.0 / 1024 + 1e-12]])).tolist() == [[2]]
     assert f.spend(np.array([0]), f.units(np.array([[1.0]]))).tolist() == [True]
     assert f.spend(np.array([0]), f.units(np.array([[1e-300]]))).tolist() == [False]
-    with pytest.raises(ValueError, match="repeat"):
+    with pytest.raises(ValueError, match="strictly increasing"):
         f.spend(np.array([0, 0]), f.units(np.zeros((2, 1))))
