@@ -9,7 +9,9 @@ Arms, on the same data and model (softmax regression), single process:
   admission (``filter_squared_norms``, policy clip) and the per-example ledger;
 * ``dpsgd``: DP-SGD with Poisson sampling (expected batch 256) and individual accounting
   (norms of all examples every K steps, K = one epoch; RDP rounded up to a C/100 grid), per
-  step amortised over two refreshes (2K steps), without the exact/unrounded comparisons.
+  step amortised over two refreshes (2K steps), without the exact/unrounded comparisons;
+* ``dpsgd_filter``: DP-SGD with individual Rényi filters (every active example's norm and
+  charge at every step, the per-example multi-order filter), same q and steps as ``dpsgd``.
 
 Data: the digits (1,438 × 64) and a synthetic 60,000 × 784 set (``learn.data.synthetic``;
 ``--quick``: 6,000 × 784). Each value is the median of the stated runs (after one warm-up), the
@@ -26,7 +28,8 @@ import numpy as np
 
 from benchmarks.common import entry
 from streamfilter.learn.data import Dataset, digits, one_hot, synthetic
-from streamfilter.learn.dpsgd import DPSGDConfig, dpsgd_individual
+from streamfilter.learn.dpsgd import DEFAULT_ORDERS, DPSGDConfig, dpsgd_individual
+from streamfilter.learn.dpsgd_filter import dpsgd_with_individual_filters, worst_case_budgets
 from streamfilter.learn.gd import private_gd, private_gd_filtered
 from streamfilter.learn.models import SoftmaxRegression
 from streamfilter.privacy.noise import SystemRandomBits
@@ -36,7 +39,7 @@ def _per_step_interleaved(arms: dict, steps: dict, runs: int) -> dict[str, float
     """Median seconds per step of each arm; the arms take turns within every run, so a change in
     the machine's load (it is shared) hits all arms alike."""
     for name, fn in arms.items():
-        fn(1 if name != "dpsgd" else steps[name])  # warm-up
+        fn(1 if not name.startswith("dpsgd") else steps[name])  # warm-up
     times: dict[str, list[float]] = {name: [] for name in arms}
     for _ in range(runs):
         for name, fn in arms.items():
@@ -82,8 +85,36 @@ def _arms(data: Dataset, steps: int, runs: int) -> dict[str, float]:
             model, x, y, cfg, delta=1e-5, bits=bits, exact_sample=None, compare_unrounded=False
         )
 
-    arms = {"plain": plain, "alg6": alg6, "alg7": alg7, "dpsgd": dpsgd}
-    counts = {"plain": steps, "alg6": steps, "alg7": steps, "dpsgd": 2 * epoch}
+    def dpsgd_filter(k: int) -> None:
+        q = min(1.0, 256 / len(x))
+        dpsgd_with_individual_filters(
+            model,
+            x,
+            y,
+            clip=1.0,
+            noise_multiplier=1.0,
+            sampling_rate=q,
+            learning_rate=0.5,
+            steps=k,
+            budgets=worst_case_budgets(q, 1.0, k, DEFAULT_ORDERS),
+            delta=1e-5,
+            bits=bits,
+        )
+
+    arms = {
+        "plain": plain,
+        "alg6": alg6,
+        "alg7": alg7,
+        "dpsgd": dpsgd,
+        "dpsgd_filter": dpsgd_filter,
+    }
+    counts = {
+        "plain": steps,
+        "alg6": steps,
+        "alg7": steps,
+        "dpsgd": 2 * epoch,
+        "dpsgd_filter": 2 * epoch,
+    }
     out = _per_step_interleaved(arms, counts, runs)
     out["dpsgd_steps"] = 2 * epoch
     return out
@@ -101,6 +132,7 @@ def run(quick: bool = False) -> list[dict[str, object]]:
             ("alg6", "private GD (Algorithm 6)"),
             ("alg7", "private GD with individual filtering (Algorithm 7)"),
             ("dpsgd", "DP-SGD, Poisson q = 256/n, individual accounting every epoch"),
+            ("dpsgd_filter", "DP-SGD, Poisson q = 256/n, individual Rényi filters every step"),
         ):
             entries.append(
                 entry(
@@ -113,7 +145,11 @@ def run(quick: bool = False) -> list[dict[str, object]]:
                     ratio_definition="value ÷ baseline",
                     runs=runs,
                     size=size
-                    + (f", {arms['dpsgd_steps']} steps" if arm == "dpsgd" else f", {steps} steps"),
+                    + (
+                        f", {arms['dpsgd_steps']} steps"
+                        if arm.startswith("dpsgd")
+                        else f", {steps} steps"
+                    ),
                     detail=label,
                 )
             )

@@ -31,9 +31,7 @@ What goes on the page, and where it comes from:
 from __future__ import annotations
 
 import datetime as dt
-import html
 import json
-import math
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -41,6 +39,15 @@ from pathlib import Path
 from typing import Any
 
 from streamfilter import __version__
+from streamfilter.charts import (  # the one chart renderer, shared with the learning report
+    PALETTE,
+    Series,
+    bar_chart,
+    column_chart,
+    esc,
+    fmt,
+    line_chart,
+)
 from streamfilter.cli.guarantee import with_telemetry
 from streamfilter.config import Settings
 from streamfilter.engine.active_set import ACTIVE_SET_QUERY_ID
@@ -49,7 +56,6 @@ from streamfilter.runtime.store import SQLiteStateReader, TelemetryCharge
 
 __all__ = ["ReportData", "load_report_data", "render_report", "write_report"]
 
-PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2")
 MAX_SERIES_PER_PLOT = len(PALETTE)
 
 
@@ -134,236 +140,6 @@ def load_report_data(settings: Settings) -> ReportData:
     return data
 
 
-# --------------------------------------------------------------------------- SVG helpers
-def _esc(text: object) -> str:
-    return html.escape(str(text), quote=True)
-
-
-def _fmt(x: float) -> str:
-    if x == 0:
-        return "0"
-    if abs(x) >= 1e6 or abs(x) < 1e-3:
-        return f"{x:.3g}"
-    return f"{round(x, 6):,.6g}"
-
-
-def _nice_ticks(lo: float, hi: float, count: int = 5) -> list[float]:
-    if not (math.isfinite(lo) and math.isfinite(hi)):
-        return [0.0, 1.0]
-    if hi - lo < 1e-12:
-        lo, hi = lo - 1.0, hi + 1.0
-    raw = (hi - lo) / count
-    mag = 10 ** math.floor(math.log10(raw))
-    step = mag
-    for mult in (1.0, 2.0, 2.5, 5.0, 10.0):
-        step = mult * mag
-        if step >= raw:
-            break
-    start = math.floor(lo / step) * step
-    ticks = []
-    t = start
-    while t < hi + step * 0.999:
-        ticks.append(round(t, 12))
-        t += step
-    return ticks
-
-
-@dataclass
-class _Series:
-    label: str
-    color: str
-    points: dict[str, tuple[float, float]]  # day -> (value, ci95 half-width)
-
-
-def _runs(days: Sequence[str], present: set[str]) -> list[list[int]]:
-    """Contiguous index runs of days that have a value (gaps split lines and bands)."""
-    runs: list[list[int]] = []
-    current: list[int] = []
-    for i, day in enumerate(days):
-        if day in present:
-            current.append(i)
-        elif current:
-            runs.append(current)
-            current = []
-    if current:
-        runs.append(current)
-    return runs
-
-
-def _tick_indices(n: int, most: int = 9) -> list[int]:
-    """Indices of the day labels on the x axis: evenly spaced, the last day always labelled."""
-    if n <= 0:
-        return []
-    every = max(1, math.ceil(n / most))
-    picked = list(range(0, n, every))
-    if picked[-1] != n - 1:
-        if (n - 1) - picked[-1] < every * 0.6 and len(picked) > 1:
-            picked[-1] = n - 1  # too close to the previous label: move it to the last day
-        else:
-            picked.append(n - 1)
-    return picked
-
-
-def _line_chart(
-    title: str,
-    days: Sequence[str],
-    series: Sequence[_Series],
-    *,
-    connect: bool = True,
-    marked: Sequence[str] = (),
-    mark_label: str = "",
-) -> str:
-    """Values over days with their 95% bands; ``connect=False`` draws points with error bars
-    (one-day queries: nothing links one query's day to another's). Days in ``marked`` are
-    shaded (class ``low-coverage``, titled ``mark_label``)."""
-    width, height = 1080, 300
-    left, right, top, bottom = 76, 16, 14, 46
-    pw, ph = width - left - right, height - top - bottom
-    lows = [v - c for s in series for v, c in s.points.values()]
-    highs = [v + c for s in series for v, c in s.points.values()]
-    # every value axis includes zero: a panel starting at 300 reads a small change as a big one
-    ticks = _nice_ticks(min([0.0, *lows]), max([1e-9, *highs]))
-    y0, y1 = ticks[0], ticks[-1]
-    n = len(days)
-
-    def x(i: int) -> float:
-        return left + (pw * i / (n - 1) if n > 1 else pw / 2)
-
-    def y(v: float) -> float:
-        return top + ph * (1 - (v - y0) / (y1 - y0))
-
-    out = [
-        f'<svg class="plot" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height}" '
-        f'width="{width}" height="{height}" role="img" aria-label="{_esc(title)}">',
-        f"<title>{_esc(title)}</title>",
-        f'<rect x="{left}" y="{top}" width="{pw}" height="{ph}" fill="#fbfbfd" stroke="#d0d4dc"/>',
-    ]
-    for t in ticks:
-        yy = y(t)
-        out.append(
-            f'<line x1="{left}" x2="{left + pw}" y1="{yy:.1f}" y2="{yy:.1f}" stroke="#e4e7ee"/>'
-            f'<text x="{left - 8}" y="{yy + 4:.1f}" text-anchor="end" class="tick">'
-            f"{_esc(_fmt(t))}</text>"
-        )
-    step = pw / (n - 1) if n > 1 else pw
-    for i, d in enumerate(days):
-        if d in marked:
-            x0, x1 = max(left, x(i) - step / 2), min(left + pw, x(i) + step / 2)
-            out.append(
-                f'<rect class="low-coverage" x="{x0:.1f}" y="{top}" width="{x1 - x0:.1f}" '
-                f'height="{ph}" fill="#e8590c" fill-opacity="0.14">'
-                f"<title>{_esc(d)}: {_esc(mark_label)}</title></rect>"
-            )
-    if y0 < 0 < y1:
-        out.append(
-            f'<line x1="{left}" x2="{left + pw}" y1="{y(0):.1f}" y2="{y(0):.1f}" '
-            'stroke="#9aa1ad" stroke-dasharray="4 3"/>'
-        )
-    for i in _tick_indices(n):
-        xx = x(i)
-        anchor = "end" if i == n - 1 and n > 1 else "middle"  # keep the last date inside
-        out.append(
-            f'<line x1="{xx:.1f}" x2="{xx:.1f}" y1="{top + ph}" y2="{top + ph + 5}" '
-            'stroke="#9aa1ad"/>'
-            f'<text x="{xx:.1f}" y="{top + ph + 20}" text-anchor="{anchor}" class="tick">'
-            f"{_esc(days[i])}</text>"
-        )
-    for s in series:
-        for run in _runs(days, set(s.points)):
-            pts = [(i, *s.points[days[i]]) for i in run]
-            if not connect:
-                out.extend(
-                    f'<line class="band" x1="{x(i):.1f}" x2="{x(i):.1f}" y1="{y(v - c):.1f}" '
-                    f'y2="{y(v + c):.1f}" stroke="{s.color}" stroke-opacity="0.45" '
-                    'stroke-width="5"/>'
-                    for i, v, c in pts
-                )
-            elif len(pts) > 1:
-                upper = " ".join(f"{x(i):.1f},{y(v + c):.1f}" for i, v, c in pts)
-                lower = " ".join(f"{x(i):.1f},{y(v - c):.1f}" for i, v, c in reversed(pts))
-                out.append(
-                    f'<polygon class="band" points="{upper} {lower}" fill="{s.color}" '
-                    'fill-opacity="0.16" stroke="none"/>'
-                )
-                line = " ".join(f"{x(i):.1f},{y(v):.1f}" for i, v, _ in pts)
-                out.append(
-                    f'<polyline class="series" points="{line}" fill="none" '
-                    f'stroke="{s.color}" stroke-width="2"/>'
-                )
-            else:
-                i, v, c = pts[0]
-                out.append(
-                    f'<line class="band" x1="{x(i):.1f}" x2="{x(i):.1f}" y1="{y(v - c):.1f}" '
-                    f'y2="{y(v + c):.1f}" stroke="{s.color}" stroke-opacity="0.5" '
-                    'stroke-width="6"/>'
-                )
-            if n <= 90:
-                out.extend(
-                    f'<circle cx="{x(i):.1f}" cy="{y(v):.1f}" r="2.6" fill="{s.color}">'
-                    f"<title>{_esc(days[i])} {_esc(s.label)}: {_esc(_fmt(v))} ± {_esc(_fmt(c))}"
-                    "</title></circle>"
-                    for i, v, c in pts
-                )
-    out.append("</svg>")
-    return "".join(out)
-
-
-def _bar_chart(title: str, counts: Sequence[tuple[str, int]]) -> str:
-    width, row, left, right = 1080, 26, 190, 90
-    height = row * len(counts) + 16
-    top = max((c for _, c in counts), default=1) or 1
-    out = [
-        f'<svg class="plot bars" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height}" '
-        f'width="{width}" height="{height}" role="img" aria-label="{_esc(title)}">',
-        f"<title>{_esc(title)}</title>",
-    ]
-    for k, (reason, count) in enumerate(counts):
-        yy = 8 + k * row
-        w = (width - left - right) * count / top
-        out.append(
-            f'<text x="{left - 10}" y="{yy + 16}" text-anchor="end" class="tick">'
-            f"{_esc(reason)}</text>"
-            f'<rect x="{left}" y="{yy + 3}" width="{max(w, 1):.1f}" height="{row - 8}" '
-            'fill="#8a6d3b" fill-opacity="0.75"/>'
-            f'<text x="{left + w + 8:.1f}" y="{yy + 16}" class="tick">{count:,}</text>'
-        )
-    out.append("</svg>")
-    return "".join(out)
-
-
-def _column_chart(title: str, labels: Sequence[str], values: Sequence[float]) -> str:
-    """Vertical bars (noisy counts; a negative noisy count is drawn as an empty bar)."""
-    width, height, left, bottom, top = 1080, 220, 76, 40, 14
-    pw, ph = width - left - 16, height - top - bottom
-    ticks = _nice_ticks(0.0, max([*values, 1.0]))
-    hi = ticks[-1]
-    slot = pw / max(len(values), 1)
-    out = [
-        f'<svg class="plot columns" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} '
-        f'{height}" width="{width}" height="{height}" role="img" aria-label="{_esc(title)}">',
-        f"<title>{_esc(title)}</title>",
-    ]
-    for t in ticks:
-        yy = top + ph * (1 - t / hi)
-        out.append(
-            f'<line x1="{left}" x2="{left + pw}" y1="{yy:.1f}" y2="{yy:.1f}" stroke="#e4e7ee"/>'
-            f'<text x="{left - 8}" y="{yy + 4:.1f}" text-anchor="end" class="tick">'
-            f"{_esc(_fmt(t))}</text>"
-        )
-    for k, (label, value) in enumerate(zip(labels, values, strict=True)):
-        h = ph * max(value, 0.0) / hi
-        xx = left + k * slot
-        out.append(
-            f'<rect x="{xx + slot * 0.12:.1f}" y="{top + ph - h:.1f}" width="{slot * 0.76:.1f}" '
-            f'height="{h:.1f}" fill="#6b5ca5" fill-opacity="0.8"><title>{_esc(label)}: '
-            f"{_esc(_fmt(value))}</title></rect>"
-            f'<text x="{xx + slot / 2:.1f}" y="{top + ph + 18}" text-anchor="middle" '
-            f'class="tick">{_esc(label)}</text>'
-        )
-    out.append("</svg>")
-    return "".join(out)
-
-
 def _telemetry_section(data: ReportData, settings: Settings, days: list[str]) -> str:
     """Budget exhaustion, from noisy releases only (never from the ledger of budgets)."""
     active = [r for r in data.releases if r.query_id == ACTIVE_SET_QUERY_ID]
@@ -375,19 +151,19 @@ def _telemetry_section(data: ReportData, settings: Settings, days: list[str]) ->
         active.sort(key=lambda r: r.day)
         first, last = active[0], active[-1]
         points = {r.day: (float(r.value[0]), float(r.ci95[0])) for r in active}
-        series = [_Series(first.labels[0], PALETTE[3], points)]
+        series = [Series(first.labels[0], PALETTE[3], points)]
         plot_days = [d for d in days if first.day <= d <= last.day] or [first.day]
         parts.append(
             "<p>Private active-set estimate: the <b>noisy</b> cumulative number of users who have "
             "left the active set (remaining budget below "
-            f"<code>telemetry.active_min_remaining = {_esc(settings.telemetry.active_min_remaining)}"
+            f"<code>telemetry.active_min_remaining = {esc(settings.telemetry.active_min_remaining)}"
             "</code>, or retired), released each day by a binary-tree counter on the separate "
-            f"telemetry budget. On {_esc(last.day)}: {_esc(_fmt(last.value[0]))} ± "
-            f"{_esc(_fmt(last.ci95[0]))} (95%).</p>"
+            f"telemetry budget. On {esc(last.day)}: {esc(fmt(last.value[0]))} ± "
+            f"{esc(fmt(last.ci95[0]))} (95%).</p>"
             '<div class="legend"><span><i style="background:'
             f'{PALETTE[3]}"></i>departed (cumulative, noisy)</span><span><i style="background:'
             '#999;opacity:.35"></i>95% band</span></div>'
-            + _line_chart("noisy cumulative departures from the active set", plot_days, series)
+            + line_chart("noisy cumulative departures from the active set", plot_days, series)
         )
     if data.budget_stats:
         rec = data.budget_stats[-1]
@@ -396,17 +172,17 @@ def _telemetry_section(data: ReportData, settings: Settings, days: list[str]) ->
         groups = [sum(hist[i : i + per]) for i in range(0, len(hist), per)]
         labels = [f"{i * per / len(hist):.1f}–{(i + 1) * per / len(hist):.1f}" for i in range(10)]
         quantiles = ", ".join(
-            f"{_esc(q)}: {'n/a' if v is None else _esc(f'{v:.2f}')}"
+            f"{esc(q)}: {'n/a' if v is None else esc(f'{v:.2f}')}"
             for q, v in rec.get("quantiles", {}).items()
         )
         parts.append(
             f"<p>Private budget statistics (<code>streamfilter budget-stats</code>, "
-            f"{len(data.budget_stats)} call(s); latest as of {_esc(rec.get('last_closed_day'))}): "
-            f"≈ {_esc(_fmt(float(rec['users_noisy'])))} users charged at least once, mean spent "
-            f"fraction {_esc(_fmt(float(rec['mean_spent_fraction'])))}, quantiles of the spent "
+            f"{len(data.budget_stats)} call(s); latest as of {esc(rec.get('last_closed_day'))}): "
+            f"≈ {esc(fmt(float(rec['users_noisy'])))} users charged at least once, mean spent "
+            f"fraction {esc(fmt(float(rec['mean_spent_fraction'])))}, quantiles of the spent "
             f"fraction {quantiles} — all noisy.</p>"
             + (
-                _column_chart("noisy users per spent fraction of B", labels, groups)
+                column_chart("noisy users per spent fraction of B", labels, groups)
                 if len(groups) == len(labels)
                 else ""
             )
@@ -417,7 +193,7 @@ def _telemetry_section(data: ReportData, settings: Settings, days: list[str]) ->
             "<p>Coverage: each query's release carries a private estimate of the users it "
             "covers (plotted beside each series above), from unbounded binary-tree counters on "
             "the telemetry budget (<code>telemetry.coverage_rho = "
-            f"{_esc(_fmt(settings.telemetry.coverage_rho))}</code>, charged once for the whole "
+            f"{esc(fmt(settings.telemetry.coverage_rho))}</code>, charged once for the whole "
             "run).</p>"
         )
     if not active and not data.budget_stats and not coverage:
@@ -432,8 +208,8 @@ def _telemetry_section(data: ReportData, settings: Settings, days: list[str]) ->
         '<p class="note">Exact counts of exhausted or refused users are statistics of users: '
         "releasing them would break the guarantee, so this report never computes them. Answers "
         "are accurate for the <i>active set</i> — the users whose budget still admits the query. "
-        f"Telemetry budget charged so far: ρ = {_esc(_fmt(data.telemetry_rho_charged))} of "
-        f"<code>telemetry.rho = {_esc(_fmt(settings.telemetry.rho))}</code>.</p></section>"
+        f"Telemetry budget charged so far: ρ = {esc(fmt(data.telemetry_rho_charged))} of "
+        f"<code>telemetry.rho = {esc(fmt(settings.telemetry.rho))}</code>.</p></section>"
     )
     return "".join(parts)
 
@@ -490,8 +266,8 @@ def _coverage_text(c: Coverage) -> str:
         return "nobody can afford a full contribution (clip² > B_norm): coverage 0"
     frac = "" if c.fraction is None else f" = {c.fraction:.0%} of"
     return (
-        f"{_fmt(c.users)} ± {_fmt(c.ci95)} users{frac} the ≈ {_fmt(c.counted_users)} counted so "
-        f"far can still afford a full contribution (remaining budget ≥ {_fmt(c.threshold)})"
+        f"{fmt(c.users)} ± {fmt(c.ci95)} users{frac} the ≈ {fmt(c.counted_users)} counted so "
+        f"far can still afford a full contribution (remaining budget ≥ {fmt(c.threshold)})"
     )
 
 
@@ -499,8 +275,8 @@ def _answered(c: Coverage, b_norm: float) -> str:
     """Which users a release answers in full, from its coverage (public: the threshold is a
     function of the clip and B; the users are noisy)."""
     if c.threshold is None:
-        return f"answers users with ‖x‖ ≤ {_fmt(math.sqrt(b_norm))}"
-    return f"answers users with ‖x‖ ≤ {_fmt(math.sqrt(c.threshold))} in full"
+        return f"answers users with ‖x‖ ≤ {fmt(math.sqrt(b_norm))}"
+    return f"answers users with ‖x‖ ≤ {fmt(math.sqrt(c.threshold))} in full"
 
 
 def _coverage_block(
@@ -525,35 +301,35 @@ def _coverage_block(
     }
     counted = {r.day: (float(r.coverage.counted_users), 0.0) for r in covered if r.coverage}
     series = [
-        _Series("covered users", "#2ca02c", users),
-        _Series("counted so far", "#9aa1ad", counted),
+        Series("covered users", "#2ca02c", users),
+        Series("counted so far", "#9aa1ad", counted),
     ]
     noise_only = [r.day for r in covered if r.coverage is not None and r.coverage.noise_only]
     flag = ""
     if all(r.coverage is not None and r.coverage.threshold is None for r in covered):
         flag = (
             f'<p class="flag partial"><b>Answers users with ‖x‖ ≤ '
-            f"{_esc(_fmt(math.sqrt(b_norm)))}:</b> clip² of {_esc(query_id)} exceeds B_norm, so "
+            f"{esc(fmt(math.sqrt(b_norm)))}:</b> clip² of {esc(query_id)} exceeds B_norm, so "
             "no user can afford a full contribution; the values sum the users whose vector fits "
             "their remaining budget (at most √B_norm), not everyone's.</p>"
         )
     elif len(noise_only) == len(covered):
         flag = (
-            f'<p class="flag partial"><b>Partial answers:</b> on every day of {_esc(query_id)} '
+            f'<p class="flag partial"><b>Partial answers:</b> on every day of {esc(query_id)} '
             "the users who can afford a full contribution are indistinguishable from 0; the "
             "values sum the users whose vector fits their remaining budget, not everyone's.</p>"
         )
     elif noise_only:
         flag = (
             f'<p class="flag partial"><b>Partial answers on {len(noise_only)} day(s)</b> '
-            f"({_esc(noise_only[0])} … {_esc(noise_only[-1])}): nobody measurably can afford "
+            f"({esc(noise_only[0])} … {esc(noise_only[-1])}): nobody measurably can afford "
             "a full contribution; the values sum the users whose vector still fits.</p>"
         )
     low_note = ""
     if low:
         low_note = (
             f'<p class="flag low">{len(low)} day(s) with coverage below '
-            f"{_esc(_fmt(low_fraction))} of the users counted so far are shaded "
+            f"{esc(fmt(low_fraction))} of the users counted so far are shaded "
             f"(<code>[report] low_coverage_fraction</code>): a falling value there may be users "
             "running out of budget, not a trend.</p>"
         )
@@ -562,9 +338,9 @@ def _coverage_block(
         f'<div class="coverage"><div class="legend"><span><i style="background:#2ca02c"></i>'
         'covered users (noisy, 95% band)</span><span><i style="background:#9aa1ad"></i>users '
         "counted so far (noisy)</span></div>"
-        f"{_line_chart(title, plot_days, series, marked=low, mark_label='low coverage')}"
-        f'<p class="note">Coverage on {_esc(covered[-1].day)}: {_esc(_coverage_text(last))}; '
-        f"σ = {_esc(_fmt(last.sigma))} (telemetry budget).</p>{flag}{low_note}</div>"
+        f"{line_chart(title, plot_days, series, marked=low, mark_label='low coverage')}"
+        f'<p class="note">Coverage on {esc(covered[-1].day)}: {esc(_coverage_text(last))}; '
+        f"σ = {esc(fmt(last.sigma))} (telemetry budget).</p>{flag}{low_note}</div>"
     )
 
 
@@ -586,10 +362,10 @@ def _population_note(releases: Sequence[Release]) -> str:
     p = last.population
     share = sum(last.value) / sum(p.value) if sum(p.value) > 0 else float("nan")
     return (
-        f'<p class="note population">Population on {_esc(last.day)}: '
-        f"{_esc(', '.join(_fmt(v) for v in p.value[:MAX_SERIES_PER_PLOT]))} ± "
-        f"{_esc(_fmt(p.ci95[0]))} (95%, noise only) — the value over all users counted so far, "
-        f"if {_esc(p.model)}; the release is {_esc(f'{share:.0%}')} of it. Paid inside each "
+        f'<p class="note population">Population on {esc(last.day)}: '
+        f"{esc(', '.join(fmt(v) for v in p.value[:MAX_SERIES_PER_PLOT]))} ± "
+        f"{esc(fmt(p.ci95[0]))} (95%, noise only) — the value over all users counted so far, "
+        f"if {esc(p.model)}; the release is {esc(f'{share:.0%}')} of it. Paid inside each "
         "user's own filter (docs/design.md §2.12).</p>"
     )
 
@@ -615,13 +391,13 @@ def _query_section(
                 points[rel.day] = (float(rel.value[j]), float(rel.ci95[j]))
                 if rel.population is not None:
                     pop[rel.day] = (rel.population.value[j], rel.population.ci95[j])
-        series.append(_Series(label, PALETTE[k], points))
+        series.append(Series(label, PALETTE[k], points))
         if pop:
-            series.append(_Series(f"{label} — population", PALETTE[-1 - k], pop))
+            series.append(Series(f"{label} — population", PALETTE[-1 - k], pop))
     first_day, last_day = releases[0].day, releases[-1].day
     plot_days = [d for d in days if first_day <= d <= last_day]
     legend = "".join(
-        f'<span><i style="background:{s.color}"></i>{_esc(s.label)}</span>' for s in series
+        f'<span><i style="background:{s.color}"></i>{esc(s.label)}</span>' for s in series
     )
     more = ""
     if len(labels) > len(shown):
@@ -630,8 +406,8 @@ def _query_section(
             "and not plotted.</p>"
         )
     rows = "".join(
-        f"<tr><td>{_esc(label)}</td><td>{_esc(_fmt(last.value[j]))}</td>"
-        f"<td>± {_esc(_fmt(last.ci95[j]))}</td></tr>"
+        f"<tr><td>{esc(label)}</td><td>{esc(fmt(last.value[j]))}</td>"
+        f"<td>± {esc(fmt(last.ci95[j]))}</td></tr>"
         for j, label in enumerate(labels[:MAX_SERIES_PER_PLOT])
     )
     title = f"{query_id}: released values with 95% bands, {first_day} to {last_day}"
@@ -644,26 +420,26 @@ def _query_section(
     if populated and low:
         cov += (
             f'<p class="flag low">{len(low)} day(s) where the release is below '
-            f"{_esc(_fmt(low_fraction))} of the population estimate are shaded: a falling "
+            f"{esc(fmt(low_fraction))} of the population estimate are shaded: a falling "
             "value there is users running out of budget, not a trend.</p>"
         )
     covered = [r.coverage for r in releases if r.coverage is not None]
     noise_tag = (
-        f'<span class="tag partial">{_esc(_answered(covered[-1], b_norm))}</span>'
+        f'<span class="tag partial">{esc(_answered(covered[-1], b_norm))}</span>'
         if covered and all(c.noise_only for c in covered)
         else ""
     )
     return (
-        f'<section class="card query" id="q-{_esc(query_id)}"><h3>{_esc(query_id)}'
+        f'<section class="card query" id="q-{esc(query_id)}"><h3>{esc(query_id)}'
         f'<span class="tag">noisy release · public</span>{noise_tag}</h3>'
         f'<div class="legend">{legend}<span><i style="background:#999;opacity:.35"></i>'
         "95% band (± ci95)</span></div>"
-        f"{_line_chart(title, plot_days, series, marked=low, mark_label='low coverage')}{cov}"
+        f"{line_chart(title, plot_days, series, marked=low, mark_label='low coverage')}{cov}"
         f"{more}"
-        f"<table><tr><th>{_esc(last.day)}</th><th>value</th><th>95% half-width</th></tr>"
+        f"<table><tr><th>{esc(last.day)}</th><th>value</th><th>95% half-width</th></tr>"
         f"{rows}</table>"
-        f'<p class="note">{len(releases)} releases · σ = {_esc(_fmt(last.sigma))} per '
-        f"coordinate · {_esc(last.mechanism)}{_linf_note(last)}</p></section>"
+        f'<p class="note">{len(releases)} releases · σ = {esc(fmt(last.sigma))} per '
+        f"coordinate · {esc(last.mechanism)}{_linf_note(last)}</p></section>"
     )
 
 
@@ -672,9 +448,9 @@ def _linf_note(rel: Release) -> str:
     if rel.linf_bound is None or rel.linf_failure_probability is None:
         return ""
     return (
-        f' · <span class="linf">every coordinate within ±{_esc(_fmt(rel.linf_bound))} of the '
+        f' · <span class="linf">every coordinate within ±{esc(fmt(rel.linf_bound))} of the '
         "exact sum over the active set (users whose budget still admits the query), except with "
-        f"probability {_esc(_fmt(rel.linf_failure_probability))} (Corollary 4.7)</span>"
+        f"probability {esc(fmt(rel.linf_failure_probability))} (Corollary 4.7)</span>"
     )
 
 
@@ -683,13 +459,13 @@ def _coverage_cell(rel: Release) -> str:
     if c is None:
         return "<td>—</td>"
     cls = ' class="partial"' if c.noise_only else ""
-    return f"<td{cls}>{_esc(_fmt(c.users))} ± {_esc(_fmt(c.ci95))}</td>"
+    return f"<td{cls}>{esc(fmt(c.users))} ± {esc(fmt(c.ci95))}</td>"
 
 
 def _single_release_section(releases: list[Release], days: list[str]) -> str:
     """Queries with one release so far (one-day adaptive queries, or standing queries that just
     started), together: points with 95% error bars, coloured by coordinate label."""
-    series: list[_Series] = []
+    series: list[Series] = []
     omitted = 0
     for rel in releases:
         for label, value, ci95 in zip(rel.labels, rel.value, rel.ci95, strict=False):
@@ -698,25 +474,25 @@ def _single_release_section(releases: list[Release], days: list[str]) -> str:
                 if len(series) == MAX_SERIES_PER_PLOT:
                     omitted += 1
                     continue
-                target = _Series(label, PALETTE[len(series)], {})
+                target = Series(label, PALETTE[len(series)], {})
                 series.append(target)
             target.points[rel.day] = (float(value), float(ci95))
     first, last = releases[0].day, releases[-1].day
     plot_days = [d for d in days if first <= d <= last] or [first]
     legend = "".join(
-        f'<span><i style="background:{s.color}"></i>{_esc(s.label)}</span>' for s in series
+        f'<span><i style="background:{s.color}"></i>{esc(s.label)}</span>' for s in series
     )
     more = f'<p class="note">{omitted} more coordinates are not plotted.</p>' if omitted else ""
     rows = "".join(
-        f"<tr><td>{_esc(rel.day)}</td><td>{_esc(rel.query_id)}</td><td>{_esc(label)}</td>"
-        f"<td>{_esc(_fmt(value))}</td><td>± {_esc(_fmt(ci95))}</td>{_coverage_cell(rel)}</tr>"
+        f"<tr><td>{esc(rel.day)}</td><td>{esc(rel.query_id)}</td><td>{esc(label)}</td>"
+        f"<td>{esc(fmt(value))}</td><td>± {esc(fmt(ci95))}</td>{_coverage_cell(rel)}</tr>"
         for rel in releases
         for label, value, ci95 in zip(rel.labels, rel.value, rel.ci95, strict=False)
     )
     partial = [r.query_id for r in releases if r.coverage is not None and r.coverage.noise_only]
     if partial:
         more += (
-            f'<p class="flag partial"><b>Partial answers:</b> {_esc(", ".join(partial))} — '
+            f'<p class="flag partial"><b>Partial answers:</b> {esc(", ".join(partial))} — '
             "nobody measurably can afford a full contribution; the values sum the users whose "
             "vector still fits their remaining budget.</p>"
         )
@@ -727,7 +503,7 @@ def _single_release_section(releases: list[Release], days: list[str]) -> str:
         '<p class="note">One-day queries (e.g. chosen adaptively by a policy from earlier '
         "releases) and standing queries that have released once so far; each point is one "
         "query's value with its 95% error bar.</p>"
-        f'<div class="legend">{legend}</div>{_line_chart(title, plot_days, series, connect=False)}'
+        f'<div class="legend">{legend}</div>{line_chart(title, plot_days, series, connect=False)}'
         f"{more}<details><summary>{len(releases)} releases</summary><table><tr><th>day</th>"
         f"<th>query</th><th>coordinate</th><th>value</th><th>95% half-width</th>"
         f"<th>coverage (noisy users)</th></tr>{rows}"
@@ -750,17 +526,17 @@ def render_report(
     span = f"{data.days[0]} to {data.days[-1]}" if data.days else "no day closed yet"
 
     eps_rows = "".join(
-        f"<tr><td>{_esc(method)}</td><td>{_esc(_fmt(eps))}</td></tr>"
+        f"<tr><td>{esc(method)}</td><td>{esc(fmt(eps))}</td></tr>"
         for method, eps in sorted(g.epsilon_by_method.items())
     )
     composition = ""
     if data.telemetry_rho_charged > 0:
         composition = (
             '<p class="note">Telemetry (below) spends a separate budget: '
-            f"ρ<sub>tel</sub> = {_esc(_fmt(data.telemetry_rho_charged))} charged so far, so each "
-            f"user's total is ({_esc(_fmt(g.rho))} + {_esc(_fmt(data.telemetry_rho_charged))})-zCDP "
+            f"ρ<sub>tel</sub> = {esc(fmt(data.telemetry_rho_charged))} charged so far, so each "
+            f"user's total is ({esc(fmt(g.rho))} + {esc(fmt(data.telemetry_rho_charged))})-zCDP "
             f"(zCDP composition), at most ρ + telemetry.rho = "
-            f"{_esc(_fmt(g.rho + settings.telemetry.rho))}.</p>"
+            f"{esc(fmt(g.rho + settings.telemetry.rho))}.</p>"
         )
     total = with_telemetry(g.rho, settings.telemetry.rho, params.delta)
     rho_total, eps_total = total["rho_total_max"], total["epsilon_total_max"]
@@ -768,25 +544,25 @@ def render_report(
         '<section class="card" id="guarantee"><h3>The guarantee'
         '<span class="tag">data-independent</span></h3>'
         f'<p id="headline">Every user — their whole stream, across all days — is protected by '
-        f"<b>{_esc(_fmt(rho_total))}-zCDP in total</b>, i.e. <b>({_esc(_fmt(eps_total))}, "
-        f"{_esc(f'{g.delta:g}')})-DP</b> (CKS conversion), for the entire run, however many "
+        f"<b>{esc(fmt(rho_total))}-zCDP in total</b>, i.e. <b>({esc(fmt(eps_total))}, "
+        f"{esc(f'{g.delta:g}')})-DP</b> (CKS conversion), for the entire run, however many "
         "queries are asked and however they were chosen from earlier releases: the queries' "
-        f"{_esc(_fmt(g.rho))}-zCDP (individual privacy filter, Feldman &amp; Zrnic Thm 4.5 / "
-        f"Cor 4.7; ({_esc(_fmt(g.epsilon))}, {_esc(f'{g.delta:g}')})-DP alone by "
-        f"{_esc(g.method)}) plus at most telemetry.rho = {_esc(_fmt(settings.telemetry.rho))} "
+        f"{esc(fmt(g.rho))}-zCDP (individual privacy filter, Feldman &amp; Zrnic Thm 4.5 / "
+        f"Cor 4.7; ({esc(fmt(g.epsilon))}, {esc(f'{g.delta:g}')})-DP alone by "
+        f"{esc(g.method)}) plus at most telemetry.rho = {esc(fmt(settings.telemetry.rho))} "
         "(zCDP composition, Bun &amp; Steinke 2016 Lemma 2.3).</p>"
         '<div class="kv">'
-        f"<div><b>{_esc(_fmt(rho_total))}</b><span>ρ in total (zCDP, per user)</span></div>"
-        f"<div><b>{_esc(_fmt(eps_total))}</b><span>ε in total at δ = {_esc(f'{g.delta:g}')}</span></div>"
-        f"<div><b>{_esc(_fmt(g.rho))}</b><span>ρ of the queries</span></div>"
-        f"<div><b>{_esc(_fmt(g.sigma))}</b><span>σ per coordinate</span></div>"
-        f"<div><b>±{_esc(_fmt(params.ci95_halfwidth))}</b><span>95% half-width</span></div>"
-        f"<div><b>{_esc(_fmt(g.b_norm))}</b><span>B_norm (budget on Σ‖q‖²)</span></div>"
-        f"<div><b>{_esc(g.mechanism)}</b><span>mechanism</span></div>"
-        f"<div><b>{_esc(params.exhaustion)}</b><span>exhaustion policy</span></div>"
-        f"<div><b>{_esc(repr(params.granularity))}</b><span>lattice step γ</span></div>"
+        f"<div><b>{esc(fmt(rho_total))}</b><span>ρ in total (zCDP, per user)</span></div>"
+        f"<div><b>{esc(fmt(eps_total))}</b><span>ε in total at δ = {esc(f'{g.delta:g}')}</span></div>"
+        f"<div><b>{esc(fmt(g.rho))}</b><span>ρ of the queries</span></div>"
+        f"<div><b>{esc(fmt(g.sigma))}</b><span>σ per coordinate</span></div>"
+        f"<div><b>±{esc(fmt(params.ci95_halfwidth))}</b><span>95% half-width</span></div>"
+        f"<div><b>{esc(fmt(g.b_norm))}</b><span>B_norm (budget on Σ‖q‖²)</span></div>"
+        f"<div><b>{esc(g.mechanism)}</b><span>mechanism</span></div>"
+        f"<div><b>{esc(params.exhaustion)}</b><span>exhaustion policy</span></div>"
+        f"<div><b>{esc(repr(params.granularity))}</b><span>lattice step γ</span></div>"
         "</div>"
-        f"<table><tr><th>conversion</th><th>ε at δ = {_esc(f'{g.delta:g}')}</th></tr>"
+        f"<table><tr><th>conversion</th><th>ε at δ = {esc(f'{g.delta:g}')}</th></tr>"
         f"{eps_rows}</table>{composition}</section>"
     )
 
@@ -814,7 +590,7 @@ def render_report(
     else:
         counts = sorted(data.rejects.items(), key=lambda kv: (-kv[1], kv[0]))
         chart = (
-            _bar_chart("rejected records by reason", counts)
+            bar_chart("rejected records by reason", counts)
             if counts
             else "<p>No input was rejected.</p>"
         )
@@ -823,7 +599,7 @@ def render_report(
             '<span class="tag op">operator data · exact · not private</span></h3>'
             f'{chart}<p class="note">Operator data: exact counts of input records refused before '
             f"any accounting ({sum(data.rejects.values()):,} in "
-            f"<code>{_esc(data.rejects_source)}</code>). They are not differentially private and "
+            f"<code>{esc(data.rejects_source)}</code>). They are not differentially private and "
             "are meant for the people who run the pipeline — do not publish them with the "
             "releases.</p></section>"
         )
@@ -831,16 +607,16 @@ def render_report(
     return (
         '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
-        f"<title>streamfilter report — {_esc(span)}</title><style>{_CSS}</style></head><body>"
+        f"<title>streamfilter report — {esc(span)}</title><style>{_CSS}</style></head><body>"
         "<main><h1>streamfilter report</h1>"
-        f'<p class="sub">{len(data.days)} closed days ({_esc(span)}) · '
-        f"{len(data.releases)} releases of {len(by_query)} queries · generated {_esc(when)} by "
-        f"streamfilter {_esc(__version__)}</p>"
+        f'<p class="sub">{len(data.days)} closed days ({esc(span)}) · '
+        f"{len(data.releases)} releases of {len(by_query)} queries · generated {esc(when)} by "
+        f"streamfilter {esc(__version__)}</p>"
         f"{guarantee}<h2>Releases</h2>"
         '<p class="note">Each plot shows one query\'s published noisy values per closed day; the '
         "shaded band is the 95% interval of the noise (value ± ci95). Gaps are days on which the "
-        f"query did not run. Releases: <code>{_esc(data.releases_source)}</code>; days: "
-        f"{_esc(data.days_source)}.</p>"
+        f"query did not run. Releases: <code>{esc(data.releases_source)}</code>; days: "
+        f"{esc(data.days_source)}.</p>"
         f"{queries}<h2>Telemetry</h2>{telemetry}<h2>Operations</h2>{rejects}"
         "</main></body></html>\n"
     )

@@ -27,6 +27,18 @@ for Propositions 5.1, 5.2 and the checks.
 ``checks = 0`` (an ablation, not the paper's rule): no checks, the whole ρ goes to the filter
 (``B_norm = 2σ²C²ρ``, the paper's ``k·C²`` up to rounding) and Algorithm 7 returns its last
 iterate after ``extra_steps`` steps beyond ``⌊B_norm/C²⌋``.
+
+Two protocols
+-------------
+``"private-checks"`` (above): the checks are paid from the target, so both arms are (ε, δ)-DP.
+
+``"paper"``: Feldman & Zrnic's Appendix A as run there: ``B_norm = k·C²`` with Algorithm 6's k
+(so the filter alone has exactly Algorithm 6's ρ), the ``checks`` accuracy checks counted
+*exactly* (``check_sigma = 0``) from step k every ``check_every`` steps, ``k_max = k +
+check_every·(checks − 1)``; with ``checks = 0`` (the paper's ε = 1 tuned cell) ``k_max = k`` and
+Algorithm 7 is Algorithm 6. The exact checks are **not private**: ``checks_private`` is False
+and ``epsilon_filtered`` is the filter's ε alone, a statement about the iterates, not about the
+chosen one (the paper argues the checks would cost < 1 % of ε; it does not pay for them).
 """
 
 from __future__ import annotations
@@ -42,6 +54,8 @@ from streamfilter.privacy.accounting import (
     sigma_for_rho,
 )
 
+from .grid import PROTOCOLS
+
 __all__ = ["GDPlan", "plan_gd"]
 
 
@@ -51,9 +65,14 @@ class GDPlan:
 
     ``gd_steps``: Algorithm 6's k. ``b_norm``: Algorithm 7's budget (data units²);
     ``base_steps = ⌊B_norm/C²⌋`` steps before the checks start; ``k_max = base_steps +
-    check_every·(checks − 1)`` (``base_steps + extra_steps`` without checks). ``epsilon_gd`` / ``epsilon_filtered``: the (ε, δ) each run
-    actually satisfies (GDP conversion of its total ρ), both <= the target ``epsilon``.
+    check_every·(checks − 1)`` (``base_steps + extra_steps`` without checks). ``epsilon_gd`` /
+    ``epsilon_filtered``: the (ε, δ) each run actually satisfies (GDP conversion of its total
+    ρ), both <= the target ``epsilon`` — for ``protocol = "paper"`` the filtered one leaves out
+    the exact checks (``checks_private`` False).
     """
+
+    protocol: str
+    checks_private: bool
 
     epsilon: float
     delta: float
@@ -90,6 +109,7 @@ def plan_gd(
     check_every: int = 5,
     check_fraction: float = 0.1,
     extra_steps: int = 35,
+    protocol: str = "private-checks",
 ) -> GDPlan:
     """Calibrate Algorithm 6's k and Algorithm 7's B_norm and check noise to (ε, δ)."""
     if not (math.isfinite(sigma) and sigma > 0):
@@ -103,6 +123,8 @@ def plan_gd(
         )
     if not 0.0 < check_fraction < 1.0:
         raise ValueError(f"check_fraction must be in (0, 1), got check_fraction={check_fraction!r}")
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"protocol must be one of {PROTOCOLS}, got protocol={protocol!r}")
     rho, conversion = calibrate_rho(epsilon, delta, "gaussian")
     # Algorithm 6: k/(2σ²) <= ρ (Proposition 5.1, as rho_for_sigma(k·1², σ))
     k = math.floor(2.0 * sigma * sigma * rho)
@@ -113,17 +135,25 @@ def plan_gd(
             f"sigma={sigma!r} is too large for epsilon={epsilon!r}, delta={delta!r}: not even one "
             f"step of private GD fits (rho={rho!r})"
         )
-    # Algorithm 7: the checks first, then the filter gets what is left
-    if checks:
-        check_sigma = sigma_for_rho(float(checks), check_fraction * rho)
-        rho_checks = rho_for_sigma(float(checks), check_sigma)
-    else:
-        check_sigma, rho_checks = math.inf, 0.0
     noise = sigma * clip
-    b_norm = 2.0 * noise * noise * (rho - rho_checks)
-    while rho_for_sigma(b_norm, noise) + rho_checks > rho:
-        b_norm = math.nextafter(b_norm, 0.0) * (1.0 - 1e-12)
-    base_steps = math.floor(b_norm / (clip * clip))
+    if protocol == "paper":
+        # Appendix A: B_norm = k·C², exact checks from step k (not paid for)
+        check_sigma, rho_checks = 0.0, 0.0
+        b_norm = float(k) * clip * clip
+        base_steps = k
+        k_max = k + (check_every * (checks - 1) if checks else 0)
+    else:
+        # Algorithm 7: the checks first, then the filter gets what is left
+        if checks:
+            check_sigma = sigma_for_rho(float(checks), check_fraction * rho)
+            rho_checks = rho_for_sigma(float(checks), check_sigma)
+        else:
+            check_sigma, rho_checks = math.inf, 0.0
+        b_norm = 2.0 * noise * noise * (rho - rho_checks)
+        while rho_for_sigma(b_norm, noise) + rho_checks > rho:
+            b_norm = math.nextafter(b_norm, 0.0) * (1.0 - 1e-12)
+        base_steps = math.floor(b_norm / (clip * clip))
+        k_max = base_steps + (check_every * (checks - 1) if checks else extra_steps)
     if base_steps < 1:
         raise ValueError(
             f"B_norm={b_norm!r} is below one step's C²={clip * clip!r}: lower check_fraction or sigma"
@@ -131,6 +161,8 @@ def plan_gd(
     rho_gd = rho_for_sigma(float(k), sigma)
     rho_filter = rho_for_sigma(b_norm, noise)
     return GDPlan(
+        protocol=protocol,
+        checks_private=protocol != "paper",
         epsilon=float(epsilon),
         delta=float(delta),
         clip=float(clip),
@@ -139,7 +171,7 @@ def plan_gd(
         gd_steps=k,
         b_norm=b_norm,
         base_steps=base_steps,
-        k_max=base_steps + (check_every * (checks - 1) if checks else extra_steps),
+        k_max=k_max,
         checks=checks,
         check_every=check_every,
         check_sigma=check_sigma,

@@ -44,6 +44,8 @@ from .models import Model
 
 __all__ = [
     "DEFAULT_ORDERS",
+    "HISTOGRAM_SENSITIVITY",
+    "STATISTICS_ADJACENCY",
     "DPSGDConfig",
     "DPSGDRun",
     "EpsilonStatistics",
@@ -52,7 +54,7 @@ __all__ = [
     "release_epsilon_statistics",
 ]
 
-#: Rényi orders tracked (integer orders are exact; fractional ones are sound upper bounds).
+#: Rényi orders tracked (integer orders: binomial sum; fractional ones: quadrature, rounded up).
 DEFAULT_ORDERS: tuple[float, ...] = (
     1.5, 1.75, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 12.0, 16.0, 20.0, 24.0, 32.0, 48.0, 64.0,
 )  # fmt: skip
@@ -297,13 +299,21 @@ def dpsgd_individual(
     )
 
 
+#: The adjacency of the released ε statistics: two data sets of the same (public) size n that
+#: differ in one example's record.
+STATISTICS_ADJACENCY = "replace-one"
+#: L2 sensitivity of the ε histogram under replace-one: one count −1, another +1.
+HISTOGRAM_SENSITIVITY = math.sqrt(2.0)
+
+
 @dataclass(frozen=True)
 class EpsilonStatistics:
     """Privately released statistics of the individual ε values, and what they cost.
 
     ``mean``: noisy mean of the ε values clipped to ``[0, epsilon_max]``; ``quantiles``: from a
     noisy histogram on a public grid of ``bins`` bins over ``[0, epsilon_max]``. ``rho``: the
-    zCDP charged (``rho_mean + rho_histogram``); ``epsilon``: the (ε, δ) it amounts to (GDP).
+    zCDP charged (``rho_mean + rho_histogram``) under ``adjacency`` (replace-one);
+    ``epsilon``: the (ε, δ) it amounts to (GDP); ``noisy_histogram``: the released counts.
     """
 
     mean: float
@@ -311,6 +321,8 @@ class EpsilonStatistics:
     rho: float
     epsilon: float
     delta: float
+    noisy_histogram: tuple[float, ...] = ()
+    adjacency: str = STATISTICS_ADJACENCY
 
 
 def release_epsilon_statistics(
@@ -326,12 +338,16 @@ def release_epsilon_statistics(
 ) -> EpsilonStatistics:
     """Release the mean and quantiles of the individual ε values with ``rho``-zCDP in total.
 
-    Gaussian mechanism twice, half of ``rho`` each (add/remove one example; n is public, as it is
-    for DP-SGD's sampling rate): the sum of ``min(ε_i, epsilon_max)`` has sensitivity
-    ``epsilon_max``; the histogram's counts have L2 sensitivity 1. Quantiles are post-processing
-    of the noisy histogram (negative counts set to 0, cumulative sums). ``epsilon_max`` must be
-    public — the run's worst-case ε bounds every individual ε. The ``rho`` is charged to
-    ``budget`` (check, then commit): if it does not fit, ``ValueError`` and nothing is released.
+    Adjacency: **replace-one** (n is public — it sets DP-SGD's sampling rate — and divides the
+    sum). Each ε_i is a function of example i's record and of the training iterates at which its
+    norms were measured; the iterates are DP-SGD's output (already released and paid for), so
+    given them, replacing example i changes ε_i alone. Gaussian mechanism twice, half of ``rho``
+    each: the sum of ``min(ε_i, epsilon_max)`` has sensitivity ``epsilon_max`` (one term moves
+    within ``[0, epsilon_max]``); the histogram's counts have L2 sensitivity √2 (one count −1,
+    another +1). Quantiles are post-processing of the noisy histogram (negative counts set to 0,
+    cumulative sums). ``epsilon_max`` must be public — the run's worst-case ε bounds every
+    individual ε. The ``rho`` is charged to ``budget`` (check, then commit): if it does not fit,
+    ``ValueError`` and nothing is released.
     """
     if not (math.isfinite(rho) and rho > 0):
         raise ValueError(f"rho must be > 0, got rho={rho!r}")
@@ -347,10 +363,11 @@ def release_epsilon_statistics(
     eps = np.minimum(ledger._epsilons(), epsilon_max)  # inside the privacy boundary: noised below
     half = rho / 2.0
     sigma_sum = sigma_for_rho(epsilon_max**2, half)  # ε_max²/(2σ²) = ρ/2
-    sigma_hist = sigma_for_rho(1.0, half)
+    sigma_hist = sigma_for_rho(HISTOGRAM_SENSITIVITY**2, half)  # 2/(2σ²) = ρ/2
     noisy_mean = (float(eps.sum()) + float(gaussian(bits, sigma_sum, 1)[0])) / ledger.n
     counts, edges = np.histogram(eps, bins=bins, range=(0.0, epsilon_max))
-    noisy = np.maximum(counts + gaussian(bits, sigma_hist, bins), 0.0)
+    released_counts = counts + gaussian(bits, sigma_hist, bins)
+    noisy = np.maximum(released_counts, 0.0)
     cdf = np.cumsum(noisy) / max(float(noisy.sum()), 1e-300)
     released = {
         float(p): float(edges[min(int(np.searchsorted(cdf, p)) + 1, bins)]) for p in quantiles
@@ -362,6 +379,7 @@ def release_epsilon_statistics(
         rho=rho,
         epsilon=epsilon_from_rho_gdp(rho, delta),
         delta=delta,
+        noisy_histogram=tuple(float(c) for c in released_counts),
     )
 
 

@@ -55,7 +55,8 @@ class AccuracyChecks:
 
     ``count`` checks, after steps ``start, start + every, …``; each releases
     ``(#correct + N(0, sigma_count²))/n``. The returned model is the checked iterate with the
-    highest released accuracy (post-processing of the releases).
+    highest released accuracy (post-processing of the releases). ``sigma_count = 0``: exact
+    counts, **not private** — the paper's protocol (Appendix A), for reproducing its figures.
     """
 
     start: int
@@ -69,8 +70,8 @@ class AccuracyChecks:
                 f"need start >= 0, every >= 1, count >= 1, got start={self.start}, "
                 f"every={self.every}, count={self.count}"
             )
-        if not (np.isfinite(self.sigma_count) and self.sigma_count > 0):
-            raise ValueError(f"sigma_count must be > 0, got sigma_count={self.sigma_count!r}")
+        if not (np.isfinite(self.sigma_count) and self.sigma_count >= 0):
+            raise ValueError(f"sigma_count must be >= 0, got sigma_count={self.sigma_count!r}")
 
     @property
     def last_step(self) -> int:
@@ -160,7 +161,10 @@ def _descend(
             run.grad_norm2.append(norm2)
         if checks is not None and checks.due(t):
             correct = float(np.count_nonzero(model.predict(theta, x) == y))
-            released = (correct + float(gaussian(bits, checks.sigma_count, 1)[0])) / n
+            count_noise = (
+                float(gaussian(bits, checks.sigma_count, 1)[0]) if checks.sigma_count else 0.0
+            )
+            released = (correct + count_noise) / n
             run.released_accuracies.append((t, released))
             if best is None or released > best[0]:
                 best = (released, t, theta.copy())

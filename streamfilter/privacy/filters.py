@@ -33,13 +33,15 @@ import numbers
 from fractions import Fraction
 from typing import Literal
 
+import numpy as np
+
 from streamfilter.privacy.accounting import (
     rho_from_epsilon_delta_cks,
     rho_from_epsilon_delta_thm49,
 )
 from streamfilter.privacy.rounding import float_down, float_up
 
-__all__ = ["DPFilter", "MultiOrderRenyiFilter", "RenyiFilter", "ZCDPFilter"]
+__all__ = ["DPFilter", "IndividualMultiOrderFilters", "MultiOrderRenyiFilter", "RenyiFilter", "ZCDPFilter"]
 
 DPConversion = Literal["thm49", "cks"]
 
@@ -206,6 +208,89 @@ class MultiOrderRenyiFilter:
     @property
     def steps(self) -> int:
         return self._filters[0].steps
+
+
+class IndividualMultiOrderFilters:
+    """One :class:`MultiOrderRenyiFilter` per individual (Algorithm 3 with Remark 4.4's
+    multi-order filter), for n individuals at once.
+
+    Individual i's step continues iff ``spent_i(α_j) + ρ_i(α_j) <= B_j`` at *every* order j
+    (Remark 4.4: if all filters output CONT, the composition is ``(α_j, B_j)``-RDP for all j);
+    a HALT leaves i's ledger unchanged. Theorem 4.5 makes the composition ``(α_j, B_j)``-RDP
+    for every j when each ``ρ_i`` bounds the step's order-α RDP with respect to individual i
+    given the past outputs (it may depend on i's own record).
+
+    Vectorised and exact in integer arithmetic: losses are rounded *up* and budgets *down* to
+    multiples of ``unit`` (a power of two, 2^-40 by default, so the scaling is exact and
+    ``ceil``/``floor`` are exact), and sums are int64. The rounding only makes the filter
+    stricter than :class:`MultiOrderRenyiFilter` (identical decisions on multiples of
+    ``unit``).
+    """
+
+    def __init__(self, n: int, orders: object, budgets: object, unit_exponent: int = -40) -> None:
+        order_arr = np.asarray(list(orders), dtype=np.float64)  # type: ignore[call-overload]
+        budget_arr = np.asarray(list(budgets), dtype=np.float64)  # type: ignore[call-overload]
+        if n < 1 or order_arr.ndim != 1 or order_arr.size == 0:
+            raise ValueError(f"need n >= 1 and a non-empty list of orders, got n={n}")
+        if order_arr.shape != budget_arr.shape:
+            raise ValueError(
+                f"orders and budgets must be of equal length, got {order_arr.size} orders and "
+                f"{budget_arr.size} budgets"
+            )
+        if not (np.all(np.isfinite(order_arr)) and np.all(order_arr >= 1.0)):
+            raise ValueError(f"orders must be finite and >= 1, got orders={orders!r}")
+        if np.unique(order_arr).size != order_arr.size:
+            raise ValueError(f"orders must be distinct, got orders={orders!r}")
+        if not (np.all(np.isfinite(budget_arr)) and np.all(budget_arr >= 0.0)):
+            raise ValueError(f"budgets must be finite and >= 0, got budgets={budgets!r}")
+        self._scale = math.ldexp(1.0, -unit_exponent)
+        scaled = budget_arr * self._scale
+        if np.any(scaled >= 2.0**62):
+            raise ValueError(f"budgets too large for 2^{unit_exponent} units in int64")
+        self._orders = tuple(float(a) for a in order_arr)
+        self._budget_units = np.floor(scaled).astype(np.int64)
+        self._spent_units = np.zeros((n, order_arr.size), np.int64)
+
+    def units(self, rdp: np.ndarray) -> np.ndarray:
+        """Losses in units, rounded up (``inf`` or values above the int64 range: 2^62)."""
+        x = np.asarray(rdp, dtype=np.float64)
+        if x.shape[-1:] != (len(self._orders),) or np.any(~(x >= 0)):
+            raise ValueError(f"rdp must be >= 0 with one value per order, got shape {x.shape}")
+        scaled = np.minimum(x * self._scale, 2.0**62)
+        return np.ceil(scaled).astype(np.int64)
+
+    def fits(self, index: np.ndarray, loss_units: np.ndarray) -> np.ndarray:
+        """Dry run: which individuals ``index`` would continue with ``loss_units`` (len(index),
+        orders) — every order within its budget."""
+        total = self._spent_units[index] + loss_units
+        ok: np.ndarray = np.all(total <= self._budget_units[None, :], axis=1)
+        return ok
+
+    def spend(self, index: np.ndarray, loss_units: np.ndarray) -> np.ndarray:
+        """CONT for those that fit at every order (ledgers charged), HALT for the rest (ledgers
+        unchanged). Returns the CONT mask over ``index``, which must be strictly increasing (so
+        no individual is charged twice in one call)."""
+        idx = np.asarray(index, dtype=np.int64)
+        if idx.size > 1 and not bool(np.all(idx[1:] > idx[:-1])):
+            raise ValueError("index must be strictly increasing (no individual repeated)")
+        ok = self.fits(idx, loss_units)
+        self._spent_units[idx[ok]] += loss_units[ok]
+        return ok
+
+    @property
+    def orders(self) -> tuple[float, ...]:
+        return self._orders
+
+    @property
+    def budgets(self) -> tuple[float, ...]:
+        """Per-order budgets as enforced (rounded down to units)."""
+        return tuple(float(b) / self._scale for b in self._budget_units)
+
+    def spent(self) -> np.ndarray:
+        """(n, orders) spent RDP, exact multiples of the unit (an upper bound of the sums of
+        the losses passed in). Individual values: private (show each to its owner only)."""
+        out: np.ndarray = self._spent_units.astype(np.float64) / self._scale
+        return out
 
 
 class ZCDPFilter(_SumFilter):

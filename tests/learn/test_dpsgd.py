@@ -19,6 +19,8 @@ from streamfilter.privacy.filters import ZCDPFilter
 from streamfilter.privacy.noise import SeededRandomBits
 from streamfilter.privacy.subsampled import epsilon_from_rdp, rdp_poisson_gaussian
 
+from .sigma_check import assert_sigma
+
 ORDERS = (2.0, 4.0, 8.0, 16.0, 32.0)
 
 
@@ -117,3 +119,28 @@ def test_ledger_and_config_validation():
         DPSGDConfig(clip=1.0, noise_multiplier=1.0, sampling_rate=0.0, steps=1, learning_rate=1.0)
     with pytest.raises(ValueError, match="delta"):
         IndividualLedger(3, ORDERS, 0.0)
+
+
+def test_released_statistics_name_replace_one_and_noise_matches_its_sensitivities(run):
+    """The mean's and the histogram's noise against σ computed here from ρ and the replace-one
+    sensitivities (sum: ε_max; histogram: √2), via σ = Δ/sqrt(2·ρ/2) (Gaussian mechanism,
+    Bun & Steinke 2016, Prop. 1.6). Two-sided χ² bounds: a correct σ passes with probability
+    0.999, a σ off by √2 either way fails with probability >= 0.999 (tests/learn/sigma_check)."""
+    ds, _cfg, _model, r = run
+    rho, bins, releases = 2.0, 40, 300
+    eps_max = r.worst_case_epsilon
+    true = np.minimum(r.ledger.epsilons_nonprivate(public_benchmark_data=True), eps_max)
+    counts, _ = np.histogram(true, bins=bins, range=(0.0, eps_max))
+    budget = ZCDPFilter(rho * releases)
+    bits = SeededRandomBits(11)
+    sum_noise, hist_noise = [], []
+    for _ in range(releases):
+        stats = release_epsilon_statistics(
+            r.ledger, budget, rho=rho, epsilon_max=eps_max, bins=bins, bits=bits
+        )
+        assert stats.adjacency == "replace-one"
+        sum_noise.append(stats.mean * ds.n_train - true.sum())
+        hist_noise.append(np.asarray(stats.noisy_histogram) - counts)
+    # the clip of the mean to [0, ε_max] never binds here (noise sd ≈ ε_max·0.7/n of the mean)
+    assert_sigma(np.array(sum_noise), eps_max / math.sqrt(2.0 * (rho / 2.0)))
+    assert_sigma(np.concatenate(hist_noise), math.sqrt(2.0) / math.sqrt(2.0 * (rho / 2.0)))

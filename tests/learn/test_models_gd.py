@@ -171,3 +171,32 @@ def test_plan_without_checks_gives_the_filter_the_whole_budget():
     assert plan.b_norm == pytest.approx(2 * 40.0**2 * plan.rho_target, rel=1e-9)  # ≈ k·C²
     assert plan.gd_steps <= plan.b_norm < plan.gd_steps + 1
     assert plan.k_max == plan.base_steps + 35
+
+
+def test_private_gd_noise_is_sigma_times_clip():
+    """θ₁ − θ₀ = −η·(Σ clipped + noise)/n, so one step reveals the noise; σ₀ = σ·C from the
+    configuration (Algorithm 6's N(0, σ²C²·I)). Two-sided χ² bounds (tests/learn/sigma_check):
+    a correct σ passes with probability 0.999, one off by √2 either way fails with probability
+    >= 0.999."""
+    from .sigma_check import assert_sigma
+
+    ds = digits()
+    model = SoftmaxRegression(64, 10)
+    x, y = ds.x_train[:300], ds.y_train[:300]
+    sigma, clip, lr = 1.5, 0.7, 0.3
+    theta0 = model.init(np.random.default_rng(0))
+    run = private_gd(
+        model,
+        x,
+        y,
+        clip=clip,
+        sigma=sigma,
+        learning_rate=lr,
+        steps=1,
+        params=theta0,
+        record=True,
+        bits=SeededRandomBits(7),
+    )
+    total = model.backward(theta0, x, one_hot(y, 10)).weighted_gradient_sum(run.scales[0])
+    noise = -(run.iterates[0] - theta0) * x.shape[0] / lr - total
+    assert_sigma(noise, sigma * clip)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from fractions import Fraction
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -278,3 +279,28 @@ def test_multi_order_filter_validation(orders, budgets, match):
         f.spend([0.1])
     with pytest.raises(ValueError, match="rdp_t"):
         f.spend([0.1, -1.0])
+
+
+def test_individual_multi_order_filters_match_one_multi_order_filter_each():
+    """On losses that are multiples of the unit, the vectorised filters decide exactly as one
+    MultiOrderRenyiFilter per individual (Remark 4.4), HALT leaving the ledger unchanged."""
+    from streamfilter.privacy.filters import IndividualMultiOrderFilters
+
+    rng = np.random.default_rng(5)
+    orders, budgets = [2.0, 4.0, 8.0], [1.0, 2.5, 3.0]
+    n = 7
+    vec = IndividualMultiOrderFilters(n, orders, budgets, unit_exponent=-10)
+    refs = [MultiOrderRenyiFilter(orders, budgets) for _ in range(n)]
+    for _ in range(40):
+        idx = np.sort(rng.choice(n, size=rng.integers(1, n + 1), replace=False))
+        losses = rng.integers(0, 200, size=(idx.size, 3)) / 1024.0
+        ok = vec.spend(idx, vec.units(losses))
+        assert ok.tolist() == [refs[i].spend(row) for i, row in zip(idx, losses, strict=True)]
+    np.testing.assert_array_equal(vec.spent(), np.array([r.spent for r in refs]))
+    # rounding: a loss just above a unit multiple is charged the next multiple
+    f = IndividualMultiOrderFilters(1, [2.0], [1.0], unit_exponent=-10)
+    assert f.units(np.array([[1.0 / 1024 + 1e-12]])).tolist() == [[2]]
+    assert f.spend(np.array([0]), f.units(np.array([[1.0]]))).tolist() == [True]
+    assert f.spend(np.array([0]), f.units(np.array([[1e-300]]))).tolist() == [False]
+    with pytest.raises(ValueError, match="strictly increasing"):
+        f.spend(np.array([0, 0]), f.units(np.zeros((2, 1))))

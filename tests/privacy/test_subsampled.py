@@ -34,10 +34,12 @@ def test_integer_orders_match_dp_accounting(q, z):
 
 
 @pytest.mark.parametrize(("q", "z"), [(q, z) for q, z in GRID if q <= 0.05 and z >= 1.0])
-def test_fractional_orders_are_upper_bounds_between_neighbours(q, z):
+def test_fractional_orders_no_looser_than_dp_accounting_and_between_neighbours(q, z):
     mine = rdp_poisson_gaussian(q, z, FRACTIONAL_ORDERS)
     ref = _oracle(q, z, FRACTIONAL_ORDERS)  # MTZ's fractional series (where it converges)
-    assert np.all(mine >= ref * (1 - 1e-9))
+    # dp-accounting's fractional values sit up to ~5 % above the exact ones here (the mpmath
+    # oracle below decides exactness): ours are never looser
+    assert np.all(mine <= ref * (1 + 1e-6))
     below = rdp_poisson_gaussian(q, z, np.floor(FRACTIONAL_ORDERS))
     above = rdp_poisson_gaussian(q, z, np.ceil(FRACTIONAL_ORDERS))
     assert np.all(mine <= above * (1 + 1e-12))
@@ -95,3 +97,53 @@ def test_epsilon_per_example_rows_and_validation():
         epsilon_from_rdp(rows, orders, 0.0)
     with pytest.raises(ValueError, match="one value per order"):
         epsilon_from_rdp(rows[:, :2], orders, 1e-5)
+
+
+def _quadrature_oracle(q, z, alpha):
+    """Order-α RDP of the Poisson-subsampled Gaussian by mpmath quadrature at 40 digits, written
+    from the definition (MTZ 2019, §3.3): ``log E_{x∼N(0, z²)}[((1−q) + q·e^{(2x−1)/(2z²)})^α]
+    / (α−1)``, the interval split at 0 and at the tilted mode α so each piece is smooth."""
+    import mpmath
+
+    with mpmath.workdps(40):
+        q_, z_, a_ = mpmath.mpf(q), mpmath.mpf(z), mpmath.mpf(alpha)
+
+        def f(x):
+            ratio = (1 - q_) + q_ * mpmath.exp((2 * x - 1) / (2 * z_**2))
+            density = mpmath.exp(-(x**2) / (2 * z_**2)) / (z_ * mpmath.sqrt(2 * mpmath.pi))
+            return density * ratio**a_
+
+        # A − 1 = E[ratio^α − 1 − α(ratio − 1)] would be kinder to quadrature near 0, but the
+        # oracle stays with the plain definition; 40 digits leave room for the cancellation
+        pts = [-mpmath.inf, -10 * z_, 0, a_, a_ + 10 * z_, mpmath.inf]
+        total = mpmath.quad(f, pts, maxdegree=10)
+        return float(mpmath.log(total) / (a_ - 1))
+
+
+FRACTIONAL_GRID = [
+    (0.01, 1.0, 1.5),
+    (0.01, 1.0, 2.5),
+    (0.05, 0.8, 1.25),
+    (0.2, 2.0, 3.5),
+    (0.178, 2.0, 1.75),
+    (0.6, 5.0, 12.5),
+    (0.001, 20.0, 4.5),
+    (0.1, 0.6, 7.5),
+    (0.02, 3.0, 31.5),
+]
+
+
+@pytest.mark.parametrize(("q", "z", "alpha"), FRACTIONAL_GRID)
+def test_fractional_orders_match_quadrature_never_below(q, z, alpha):
+    exact = _quadrature_oracle(q, z, alpha)
+    mine = float(rdp_poisson_gaussian(q, z, [alpha])[0])
+    assert mine >= exact
+    assert mine <= exact * (1 + 1e-6)
+
+
+def test_fractional_orders_below_two_are_not_the_order_two_value():
+    """Orders in (1, 2) are computed, not replaced by order 2 (which over-states them)."""
+    q, z = 0.178, 2.0
+    mine = rdp_poisson_gaussian(q, z, [1.5, 2.0])
+    assert mine[0] < mine[1] * 0.9
+    assert mine[0] == pytest.approx(_quadrature_oracle(q, z, 1.5), rel=1e-6)
