@@ -41,7 +41,13 @@ from streamfilter.privacy.accounting import (
 )
 from streamfilter.privacy.rounding import float_down, float_up
 
-__all__ = ["DPFilter", "IndividualMultiOrderFilters", "MultiOrderRenyiFilter", "RenyiFilter", "ZCDPFilter"]
+__all__ = [
+    "DPFilter",
+    "IndividualMultiOrderFilters",
+    "MultiOrderRenyiFilter",
+    "RenyiFilter",
+    "ZCDPFilter",
+]
 
 DPConversion = Literal["thm49", "cks"]
 
