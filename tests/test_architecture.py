@@ -14,7 +14,7 @@ PKG = Path(__file__).resolve().parents[1] / "streamfilter"
 def test_importing_the_cores_loads_no_io_library():
     code = (
         "import sys\n"
-        "import streamfilter.privacy.lattice, streamfilter.privacy.individual, streamfilter.privacy.noise\n"
+        "import streamfilter.privacy.lattice, streamfilter.privacy.individual_filter, streamfilter.privacy.noise\n"
         "import streamfilter.privacy.accounting, streamfilter.engine.monitor, streamfilter.engine.day\n"
         "from streamfilter import Monitor\n"
         "bad = [m for m in ('kafka', 'prometheus_client', 'sqlite3', '_sqlite3') if m in sys.modules]\n"

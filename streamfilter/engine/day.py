@@ -27,7 +27,7 @@ from streamfilter.engine.ledger import BudgetLedger, KeyedUsers
 from streamfilter.engine.params import LINF_FAILURE_PROBABILITY, PrivacyParams
 from streamfilter.engine.queries import AnyQuery
 from streamfilter.engine.records import DayRecords
-from streamfilter.privacy.individual import filter_totals, query_vectors
+from streamfilter.privacy.individual_filter import filter_totals, query_vectors
 from streamfilter.privacy.noise import RandomBits, SeededRandomBits, discrete_gaussian, gaussian
 
 __all__ = [
@@ -220,7 +220,7 @@ def close_day(
     active_set: ActiveSetTracker | None = None,
     coverage: CoverageTracker | None = None,
 ) -> DayOutcome:
-    """Algorithm 3 for one day (Theorem 4.5); see ``privacy.individual`` for the argument.
+    """Algorithm 3 for one day (Theorem 4.5); see ``privacy.individual_filter`` for the argument.
 
     With ``active_set`` (opt-in), the day's departures from the active set are counted into it
     and its ``_active_set`` release follows the queries' releases (``engine.active_set``). With

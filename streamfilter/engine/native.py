@@ -8,7 +8,7 @@ ones not built, so the daemon can say so at start.
 
 from __future__ import annotations
 
-from streamfilter.privacy import individual
+from streamfilter.privacy import individual_filter
 
 __all__ = ["cell_table", "jsonl", "missing", "packed_ids", "pair_set", "user_codes"]
 
@@ -42,6 +42,6 @@ def missing() -> list[str]:
         "engine/_user_codes.c": user_codes,
         "engine/_pair_set.c": pair_set,
         "engine/_cell_table.c": cell_table,
-        "privacy/_filter.c": individual._filter,
+        "privacy/_filter.c": individual_filter._filter,
     }
     return [source for source, module in modules.items() if module is None]

@@ -20,7 +20,7 @@ from streamfilter.privacy.accounting import (
     sigma_for_rho,
 )
 from streamfilter.privacy.accuracy import gaussian_halfwidth, linf_bound_for_variance
-from streamfilter.privacy.individual import Exhaustion
+from streamfilter.privacy.individual_filter import Exhaustion
 from streamfilter.privacy.lattice import Lattice
 from streamfilter.privacy.noise import discrete_gaussian_halfwidth
 from streamfilter.privacy.odometer import noise_variance_units, rho_of_units

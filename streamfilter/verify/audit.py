@@ -103,7 +103,7 @@ from streamfilter.engine.queries import AnyQuery
 from streamfilter.engine.records import DayAccumulator
 from streamfilter.privacy.accounting import epsilon_from_rho_cks
 from streamfilter.privacy.continual import MAX_HORIZON, CounterExhausted, EpochCounter
-from streamfilter.privacy.individual import (
+from streamfilter.privacy.individual_filter import (
     Exhaustion,
     FilterStep,
     FilterTotals,
