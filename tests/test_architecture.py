@@ -28,7 +28,7 @@ def test_importing_the_cores_loads_no_io_library():
 
 #: Declared layers, lowest first: a module may import only from its own layer or a lower one.
 #: Keys are the first component below ``streamfilter`` (a package or a top-level module);
-#: ``__init__`` is the package's lazy facade (``Monitor``), ``policies`` an import shim.
+#: ``__init__`` is the package's lazy facade (``Monitor``), ``policies`` the example query policies.
 LAYERS: dict[str, int] = {
     "errors": 0,
     "privacy": 1,
