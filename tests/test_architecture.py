@@ -61,8 +61,8 @@ RUNTIME_LAYERS: dict[str, int] = {
     "active_set": 2,
     "coverage": 2,  # coverage with every release (issue #16 point 1)
     "daemon": 2,
-    "cluster": 2,  # the cluster worker: the daemon loop over a consumer group (issue #18)
-    "budget": 2,
+    "cluster_worker": 2,  # the cluster worker: the daemon loop over a consumer group (issue #18)
+    "user_budgets": 2,
     "notebook": 2,  # PersistentMonitor: Monitor + the state store (issue #16)
     "app": 3,
 }
@@ -265,7 +265,7 @@ def test_nothing_in_the_runtime_engine_or_client_imports_learn():
     code = (
         "import sys\n"
         "import streamfilter, streamfilter.client, streamfilter.engine.monitor\n"
-        "import streamfilter.runtime.app, streamfilter.runtime.budget\n"
+        "import streamfilter.runtime.app, streamfilter.runtime.user_budgets\n"
         "print(sorted(m for m in sys.modules if m.startswith('streamfilter.learn') or m == 'sklearn'))\n"
     )
     out = subprocess.run(
@@ -278,7 +278,7 @@ def test_nothing_in_the_runtime_engine_or_client_imports_learn():
         [
             sys.executable,
             "-c",
-            code.replace("streamfilter.runtime.budget", "streamfilter.cli.main"),
+            code.replace("streamfilter.runtime.user_budgets", "streamfilter.cli.main"),
         ],
         capture_output=True,
         text=True,

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     pass
-from streamfilter.runtime.budget import budget_stats, user_budget
+from streamfilter.runtime.user_budgets import budget_stats, user_budget
 
 
 def _budget_text(b: dict[str, Any]) -> str:

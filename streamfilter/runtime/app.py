@@ -381,7 +381,7 @@ def _serve_metrics(settings: Settings, parts: Components) -> None:
 def _build_worker(settings: Settings, params: PrivacyParams, bits: RandomBits) -> Components:
     """Cluster mode (docs/design.md §7): a worker over the group's partitions and the shared
     ledger; the release sink is built only if this worker becomes the releaser."""
-    from streamfilter.runtime.cluster import ClusterDaemon
+    from streamfilter.runtime.cluster_worker import ClusterDaemon
     from streamfilter.runtime.io.kafka import KafkaGroupSource
     from streamfilter.runtime.io.kafka_errors import check_group_access, kafka_access
     from streamfilter.runtime.store.cluster import ClusterLedger
