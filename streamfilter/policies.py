@@ -3,8 +3,8 @@
 A policy is ``f(history, next_day) -> iterable of query dicts``: it sees every release published
 so far (noisy, so using them is post-processing) and returns queries to register before
 ``next_day`` closes. It must be deterministic in its inputs so that a restarted daemon registers
-the same queries again (re-registering an identical query is a no-op). A configuration names one by its path, e.g.
-``policy = "streamfilter.policies:drill_down"``.
+the same queries again (re-registering an identical query is a no-op). A configuration names
+one by its path, e.g. ``policy = "streamfilter.policies:drill_down"``.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import logging
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple
 
-from streamfilter.engine.active_set import ACTIVE_SET_QUERY_ID
 from streamfilter.engine.contract import Release
+from streamfilter.telemetry.active_set import ACTIVE_SET_QUERY_ID
 
 __all__ = [
     "ActiveFraction",

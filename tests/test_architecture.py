@@ -33,6 +33,7 @@ LAYERS: dict[str, int] = {
     "errors": 0,
     "privacy": 1,
     "engine": 2,
+    "telemetry": 2,
     "client": 2,
     "learn": 2,
     "policies": 2,
@@ -49,7 +50,8 @@ ONLY_FROM: dict[str, set[str]] = {
     "privacy": {"errors", "privacy"},
     "client": {"errors", "privacy", "client"},
     "learn": {"errors", "privacy", "learn"},
-    "engine": {"errors", "privacy", "engine"},
+    "engine": {"errors", "privacy", "engine", "telemetry"},
+    "telemetry": {"errors", "privacy", "engine", "telemetry"},
 }
 #: Sub-layers inside ``runtime``: adapters below the loop, the loop below the wiring.
 RUNTIME_LAYERS: dict[str, int] = {
@@ -58,8 +60,7 @@ RUNTIME_LAYERS: dict[str, int] = {
     "store": 1,
     "observe": 1,
     "event_ids": 1,  # the day's event-id index that spills to disk (issue #17 point 2)
-    "active_set": 2,
-    "coverage": 2,  # coverage with every release (issue #16 point 1)
+    "telemetry": 2,  # the telemetry trackers' charge-once-and-resume wiring
     "daemon": 2,
     "cluster_worker": 2,  # the cluster worker: the daemon loop over a consumer group (issue #18)
     "user_budgets": 2,

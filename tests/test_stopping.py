@@ -7,9 +7,9 @@ import pytest
 
 from streamfilter import Monitor, Release
 from streamfilter.config import load_config
-from streamfilter.engine.active_set import ActiveSetSpec
 from streamfilter.policies import active_fraction, stop_when_inactive
 from streamfilter.runtime.app import build_daemon
+from streamfilter.telemetry.active_set import ActiveSetSpec
 
 COUNT = {
     "query_id": "c",

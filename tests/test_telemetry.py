@@ -12,12 +12,6 @@ from streamfilter import Monitor
 from streamfilter.cli.budget import budget_stats
 from streamfilter.cli.main import main
 from streamfilter.config import load_config
-from streamfilter.engine.active_set import (
-    ACTIVE_SET_QUERY_ID,
-    ActiveSetSpec,
-    ActiveSetTracker,
-    departures,
-)
 from streamfilter.engine.params import PrivacyParams
 from streamfilter.errors import ConfigError
 from streamfilter.privacy import population
@@ -32,6 +26,12 @@ from streamfilter.runtime.store import (
     StoreError,
     TelemetryBudgetError,
     TelemetryCharge,
+)
+from streamfilter.telemetry.active_set import (
+    ACTIVE_SET_QUERY_ID,
+    ActiveSetSpec,
+    ActiveSetTracker,
+    departures,
 )
 from tests.run_configs import file_run
 

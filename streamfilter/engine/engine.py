@@ -17,9 +17,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from streamfilter.engine.active_set import ActiveSetTracker
 from streamfilter.engine.contract import Reject, Release, load_object, parse_event, parse_query
-from streamfilter.engine.coverage import CoverageTracker
 from streamfilter.engine.day import DayOutcome, close_day
 from streamfilter.engine.event_ids import EventIdIndex
 from streamfilter.engine.ingest import EventColumns, parse_columns, parse_events
@@ -28,6 +26,8 @@ from streamfilter.engine.params import PrivacyParams
 from streamfilter.engine.queries import AnyQuery, QueryBook
 from streamfilter.engine.records import DayAccumulator, DaySize
 from streamfilter.privacy.noise import RandomBits
+from streamfilter.telemetry.active_set import ActiveSetTracker
+from streamfilter.telemetry.coverage import CoverageTracker
 
 
 class InputRecord(Protocol):
@@ -72,9 +72,9 @@ class Engine:
         self.queries = QueryBook()
         self.last_closed_day: str | None = None
         self.history: list[Release] = []
-        #: opt-in private active-set estimate (``engine.active_set``); None = off
+        #: opt-in private active-set estimate (``telemetry.active_set``); None = off
         self.active_set = active_set
-        #: coverage with every release (``engine.coverage``); None = off
+        #: coverage with every release (``telemetry.coverage``); None = off
         self.coverage = coverage
         self.event_id_index = event_id_index
         # the size of the days before the next one, which its tables are allocated for at once

@@ -7,10 +7,8 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
-from streamfilter.engine.active_set import ActiveSetSpec, ActiveSetTracker
 from streamfilter.engine.affordability import affordability_warning, query_cost
 from streamfilter.engine.contract import Event, Reject, Release, parse_event
-from streamfilter.engine.coverage import CoverageSpec, CoverageTracker
 from streamfilter.engine.day import DayOutcome, SeededPerRelease
 from streamfilter.engine.engine import Engine, RejectedRecord
 from streamfilter.engine.params import PrivacyParams
@@ -18,6 +16,8 @@ from streamfilter.engine.queries import AnyQuery
 from streamfilter.engine.records import DayAccumulator
 from streamfilter.privacy.accounting import Guarantee
 from streamfilter.privacy.noise import RandomBits, SystemRandomBits
+from streamfilter.telemetry.active_set import ActiveSetSpec, ActiveSetTracker
+from streamfilter.telemetry.coverage import CoverageSpec, CoverageTracker
 
 __all__ = ["Monitor"]
 
@@ -31,9 +31,9 @@ class Monitor:
 
     ``test_seed`` makes noise reproducible and is for tests only: releases produced with it are
     not private (the noise can be recomputed). ``active_set`` (opt-in) adds the daily private
-    active-set estimate ``_active_set`` (``engine.active_set``); its ρ adds to the run's.
+    active-set estimate ``_active_set`` (``telemetry.active_set``); its ρ adds to the run's.
     ``coverage`` (opt-in here; on by default in ``streamfilter run``) makes every query's release
-    carry its coverage estimate (``engine.coverage``, docs/design.md §2.11); its ρ adds too.
+    carry its coverage estimate (``telemetry.coverage``, docs/design.md §2.11); its ρ adds too.
     """
 
     def __init__(

@@ -10,8 +10,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from streamfilter.config import Settings, config_fingerprint
-from streamfilter.engine.active_set import ActiveSetTracker
-from streamfilter.engine.coverage import CoverageTracker
 from streamfilter.engine.day import SeededPerRelease
 from streamfilter.engine.engine import Engine
 from streamfilter.engine.event_ids import EventIdIndex
@@ -20,8 +18,6 @@ from streamfilter.engine.local import LocalEngine
 from streamfilter.engine.params import PrivacyParams
 from streamfilter.errors import ConfigError, StreamfilterError
 from streamfilter.privacy.noise import RandomBits, SystemRandomBits
-from streamfilter.runtime.active_set import load_active_set
-from streamfilter.runtime.coverage import load_coverage
 from streamfilter.runtime.daemon import Daemon, InputLimits
 from streamfilter.runtime.event_ids import SpillingEventIds
 from streamfilter.runtime.io.base import NoQueryFeed, QueryFeed, Sink, Source
@@ -30,6 +26,9 @@ from streamfilter.runtime.io.policy import PolicyFeed
 from streamfilter.runtime.io.synthetic import SyntheticSource
 from streamfilter.runtime.store import StateStore, StoredState
 from streamfilter.runtime.store.open import open_store
+from streamfilter.runtime.telemetry import load_active_set, load_coverage
+from streamfilter.telemetry.active_set import ActiveSetTracker
+from streamfilter.telemetry.coverage import CoverageTracker
 
 log = logging.getLogger("streamfilter.app")
 

@@ -41,7 +41,6 @@ import numpy as np
 from kafka.errors import KafkaError
 
 from streamfilter.engine.contract import Reject, RejectReason, Release
-from streamfilter.engine.coverage import CoverageTracker
 from streamfilter.engine.day import (
     coverage_counts_of,
     exact_stats_of,
@@ -62,6 +61,7 @@ from streamfilter.runtime.store.cluster import (
     PartitionFencedError,
     ReleaserFencedError,
 )
+from streamfilter.telemetry.coverage import CoverageTracker
 
 __all__ = ["ClusterDaemon", "NoSink", "worker_name"]
 
