@@ -27,19 +27,22 @@ def test_importing_the_cores_loads_no_io_library():
 
 
 #: Declared layers, lowest first: a module may import only from its own layer or a lower one.
-#: Keys are the first component below ``streamfilter`` (a package or a top-level module);
+#: Keys are the first component below ``streamfilter`` (a package or a top-level module), or a
+#: module of a package whose modules sit in different layers (``dedup.spill``);
 #: ``__init__`` is the package's lazy facade (``Monitor``), ``policies`` the example query policies.
 LAYERS: dict[str, int] = {
     "errors": 0,
     "privacy": 1,
     "engine": 2,
     "telemetry": 2,
+    "dedup": 2,
     "client": 2,
     "learn": 2,
     "policies": 2,
     "__init__": 2,
     "config": 3,
     "runtime": 4,
+    "dedup.spill": 4,  # the event-id index's tier that spills to disk: an adapter
     "testing": 5,
     "cli": 6,
     "verify": 6,
@@ -50,8 +53,9 @@ ONLY_FROM: dict[str, set[str]] = {
     "privacy": {"errors", "privacy"},
     "client": {"errors", "privacy", "client"},
     "learn": {"errors", "privacy", "learn"},
-    "engine": {"errors", "privacy", "engine", "telemetry"},
+    "engine": {"errors", "privacy", "engine", "telemetry", "dedup"},
     "telemetry": {"errors", "privacy", "engine", "telemetry"},
+    "dedup": {"errors", "privacy", "engine", "dedup"},
 }
 #: Sub-layers inside ``runtime``: adapters below the loop, the loop below the wiring.
 RUNTIME_LAYERS: dict[str, int] = {
@@ -59,12 +63,11 @@ RUNTIME_LAYERS: dict[str, int] = {
     "io": 1,
     "store": 1,
     "observe": 1,
-    "event_ids": 1,  # the day's event-id index that spills to disk (issue #17 point 2)
     "telemetry": 2,  # the telemetry trackers' charge-once-and-resume wiring
     "daemon": 2,
-    "cluster_worker": 2,  # the cluster worker: the daemon loop over a consumer group (issue #18)
+    "cluster_worker": 2,  # the cluster worker: the daemon loop over a consumer group
     "user_budgets": 2,
-    "notebook": 2,  # PersistentMonitor: Monitor + the state store (issue #16)
+    "notebook": 2,  # PersistentMonitor: Monitor + the state store
     "app": 3,
 }
 
@@ -111,7 +114,9 @@ def _modules() -> dict[str, set[str]]:
 
 def _room(module: str) -> str:
     parts = module.split(".")
-    return "__init__" if len(parts) == 1 else parts[1]
+    if len(parts) == 1:
+        return "__init__"
+    return ".".join(parts[1:3]) if ".".join(parts[1:3]) in LAYERS else parts[1]
 
 
 def _violations(graph: dict[str, set[str]]) -> list[str]:
@@ -190,6 +195,8 @@ def test_the_layer_check_catches_an_upward_and_a_cyclic_import():
     graph = {
         "streamfilter.engine.day": {"streamfilter.runtime.daemon"},
         "streamfilter.client.core": {"streamfilter.engine.day"},
+        "streamfilter.dedup.memory": {"streamfilter.dedup.spill"},
+        "streamfilter.dedup.spill": set(),
         "streamfilter.runtime.store.base": {"streamfilter.runtime.app"},
         "streamfilter.runtime.app": {"streamfilter.runtime.store.base"},
         "streamfilter.runtime.daemon": set(),
@@ -198,6 +205,7 @@ def test_the_layer_check_catches_an_upward_and_a_cyclic_import():
     problems = "\n".join(_violations(graph))
     assert "engine.day imports streamfilter.runtime.daemon" in problems
     assert "client.core imports streamfilter.engine.day" in problems
+    assert "dedup.memory imports streamfilter.dedup.spill: dedup.spill is above dedup" in problems
     assert "runtime.app is above" in problems
     assert "not in any declared layer" in problems
     assert _cycles(graph) == [["streamfilter.runtime.app", "streamfilter.runtime.store.base"]]

@@ -17,9 +17,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from streamfilter.dedup.index import EventIdIndex
 from streamfilter.engine.contract import Reject, Release, load_object, parse_event, parse_query
 from streamfilter.engine.day import DayOutcome, close_day
-from streamfilter.engine.event_ids import EventIdIndex
 from streamfilter.engine.ingest import EventColumns, parse_columns, parse_events
 from streamfilter.engine.ledger import BudgetLedger
 from streamfilter.engine.params import PrivacyParams

@@ -16,7 +16,7 @@ try:  # the column scanner (engine/_jsonl.c): engine/ingest.py
     from streamfilter.engine import _jsonl as jsonl
 except ImportError:
     jsonl = None  # type: ignore[assignment]
-try:  # id packing (engine/_packed_ids.c): engine/ledger.py, engine/event_ids.py
+try:  # id packing (engine/_packed_ids.c): engine/ledger.py, dedup/index.py
     from streamfilter.engine import _packed_ids as packed_ids
 except ImportError:
     packed_ids = None  # type: ignore[assignment]

@@ -10,16 +10,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from streamfilter.config import Settings, config_fingerprint
+from streamfilter.dedup.index import EventIdIndex
+from streamfilter.dedup.spill import SpillingEventIds
 from streamfilter.engine.day import SeededPerRelease
 from streamfilter.engine.engine import Engine
-from streamfilter.engine.event_ids import EventIdIndex
 from streamfilter.engine.ingest import SCANNER
 from streamfilter.engine.local import LocalEngine
 from streamfilter.engine.params import PrivacyParams
 from streamfilter.errors import ConfigError, StreamfilterError
 from streamfilter.privacy.noise import RandomBits, SystemRandomBits
 from streamfilter.runtime.daemon import Daemon, InputLimits
-from streamfilter.runtime.event_ids import SpillingEventIds
 from streamfilter.runtime.io.base import NoQueryFeed, QueryFeed, Sink, Source
 from streamfilter.runtime.io.files import FileQueryFeed, FileSink, FileSource, StdoutSink
 from streamfilter.runtime.io.policy import PolicyFeed
