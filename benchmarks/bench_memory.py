@@ -19,7 +19,7 @@ accumulator folds into per-cell counts as they arrive).
 ``event_id_index_memory`` (not in ``make bench``: minutes): the repeated-event index alone —
 peak RSS and insert throughput of ``N`` distinct (user code, event id) pairs of ``n_users`` users
 (ids ``e{u}-{r}``, round ``r`` of every user, batches of 50,000 as the daemon inserts them), in
-memory (``memory.SeenEventIds``) and spilling to disk (``dedup.spill.SpillingEventIds``),
+memory (``in_memory.SeenEventIds``) and spilling to disk (``dedup.spill.SpillingEventIds``),
 each size and kind in its own process: ``python -m benchmarks.bench_memory --event-ids
 [--pairs 10000000,100000000] [--users 10000000]`` (``BENCH_SPILL_DIR`` picks the spill directory,
 ``BENCH_SPILL_PAIRS`` the pairs held in memory; default: the daemon's).
@@ -115,8 +115,8 @@ def _event_ids_child(kind: str, n_pairs: int, n_users: int) -> None:
     peak RSS, the RSS before the first pair and the seconds spent inside ``insert``."""
     import numpy as np
 
+    from streamfilter.dedup.in_memory import SeenEventIds
     from streamfilter.dedup.index import EventIdIndex
-    from streamfilter.dedup.memory import SeenEventIds
     from streamfilter.dedup.spill import DEFAULT_MEMORY_PAIRS, SpillingEventIds
 
     bound = int(os.environ.get("BENCH_SPILL_PAIRS", DEFAULT_MEMORY_PAIRS))

@@ -195,7 +195,7 @@ def test_the_layer_check_catches_an_upward_and_a_cyclic_import():
     graph = {
         "streamfilter.engine.day": {"streamfilter.runtime.daemon"},
         "streamfilter.client.core": {"streamfilter.engine.day"},
-        "streamfilter.dedup.memory": {"streamfilter.dedup.spill"},
+        "streamfilter.dedup.in_memory": {"streamfilter.dedup.spill"},
         "streamfilter.dedup.spill": set(),
         "streamfilter.runtime.store.base": {"streamfilter.runtime.app"},
         "streamfilter.runtime.app": {"streamfilter.runtime.store.base"},
@@ -205,7 +205,9 @@ def test_the_layer_check_catches_an_upward_and_a_cyclic_import():
     problems = "\n".join(_violations(graph))
     assert "engine.day imports streamfilter.runtime.daemon" in problems
     assert "client.core imports streamfilter.engine.day" in problems
-    assert "dedup.memory imports streamfilter.dedup.spill: dedup.spill is above dedup" in problems
+    assert (
+        "dedup.in_memory imports streamfilter.dedup.spill: dedup.spill is above dedup" in problems
+    )
     assert "runtime.app is above" in problems
     assert "not in any declared layer" in problems
     assert _cycles(graph) == [["streamfilter.runtime.app", "streamfilter.runtime.store.base"]]
@@ -296,3 +298,34 @@ def test_nothing_in_the_runtime_engine_or_client_imports_learn():
     )
     loaded = ["streamfilter.learn", "streamfilter.learn.commands", "streamfilter.learn.grid"]
     assert cli.stdout.strip() == str(loaded)
+
+
+#: the most lines a module of the package may have: a module is one concept, read in one sitting
+MAX_MODULE_LINES = 800
+#: file names several packages may use: a package's facade and an interface's base
+SHARED_FILE_NAMES = {"__init__.py", "base.py"}
+#: being split or renamed on other branches (the settings; learn's report and study), to be
+#: emptied when they land
+PENDING_SIZE = {"streamfilter/config.py", "streamfilter/runtime/daemon.py"}
+PENDING_NAMES = {"report.py"}
+
+
+def test_no_module_exceeds_the_line_limit():
+    too_long = {
+        str(path.relative_to(PKG.parent)): n
+        for path in PKG.rglob("*.py")
+        if (n := len(path.read_text().splitlines())) > MAX_MODULE_LINES
+    }
+    assert set(too_long) <= PENDING_SIZE, too_long
+
+
+def test_no_two_modules_share_a_file_name():
+    by_name: dict[str, list[str]] = {}
+    for path in sorted(PKG.rglob("*.py")):
+        by_name.setdefault(path.name, []).append(str(path.relative_to(PKG)))
+    shared = {
+        name: paths
+        for name, paths in by_name.items()
+        if len(paths) > 1 and name not in SHARED_FILE_NAMES | PENDING_NAMES
+    }
+    assert shared == {}

@@ -18,7 +18,8 @@ from streamfilter.client import Announcement, DeviceConfig, DeviceFleet
 from streamfilter.engine.contract import Reject, parse_query
 from streamfilter.engine.local import LOCAL_NOISE, LocalEngine
 from streamfilter.engine.params import PrivacyParams
-from streamfilter.privacy.noise import SeededRandomBits, discrete_gaussian_variance
+from streamfilter.privacy.discrete_gaussian_moments import discrete_gaussian_variance
+from streamfilter.privacy.noise import SeededRandomBits
 from tests.test_cli import stored_budgets
 
 GAMMA = 2.0**-10

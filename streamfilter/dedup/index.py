@@ -3,10 +3,10 @@ packing every tier shares.
 
 ``DayAccumulator`` counts an event whose ``event_id`` the same user already sent that day once
 (docs/design.md §2.2). What it needs from the index is :class:`EventIdIndex`; the in-memory tier
-keeps every pair in memory (``dedup/memory.py``), the daemon's spills to disk past a bound
+keeps every pair in memory (``dedup/in_memory.py``), the daemon's spills to disk past a bound
 (``dedup/spill.py``), so an open day's memory does not grow with its events. Either way the
 answer is exact: a key match is confirmed against the user code and the id text. Both keep a
-pair packed the same way (``dedup.memory.PairRun``): its key, its int32 user code and the id's
+pair packed the same way (``dedup.in_memory.PairRun``): its key, its int32 user code and the id's
 UTF-8 bytes (``id_bytes``) in one blob shared by many pairs — no Python object per pair.
 """
 

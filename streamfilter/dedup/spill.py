@@ -2,9 +2,9 @@
 
 :class:`SpillingEventIds` implements ``dedup.index.EventIdIndex`` with the same exact
 answers as the in-memory index. Recent pairs are held once, in memory, packed: in the native
-hash set (``engine/_pair_set.c``) when built, else a ``dedup.memory.SeenEventIds`` (sorted runs,
-``dedup.memory.PairRun``) — 24 B a pair plus the id's UTF-8 bytes either way
-(``dedup.memory.new_seen_event_ids``); once a batch brings them to ``memory_pairs`` they are taken
+hash set (``engine/_pair_set.c``) when built, else a ``dedup.in_memory.SeenEventIds`` (sorted runs,
+``dedup.in_memory.PairRun``) — 24 B a pair plus the id's UTF-8 bytes either way
+(``dedup.in_memory.new_seen_event_ids``); once a batch brings them to ``memory_pairs`` they are taken
 as runs sorted by key and merged, as they are, into one immutable *segment* file sorted by the
 pairs' 64-bit keys, and memory starts empty again. A segment is four columns sorted by key —
 keys (int64), user codes (int32), each id's start (int64) and length (int32) in the text — then
@@ -41,8 +41,8 @@ from typing import cast
 import numpy as np
 
 from streamfilter.dedup import index as dedup_index
+from streamfilter.dedup.in_memory import PairRun, new_seen_event_ids
 from streamfilter.dedup.index import id_bytes, user_codes
-from streamfilter.dedup.memory import PairRun, new_seen_event_ids
 from streamfilter.engine.lines import EventIdSpans, id_list
 
 __all__ = ["DEFAULT_MEMORY_PAIRS", "SpillingEventIds"]

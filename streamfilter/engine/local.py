@@ -43,7 +43,8 @@ from streamfilter.engine.ingest import day_ok
 from streamfilter.engine.params import LINF_FAILURE_PROBABILITY, PrivacyParams
 from streamfilter.engine.queries import AnyQuery
 from streamfilter.privacy.accuracy import linf_bound_for_variance
-from streamfilter.privacy.noise import RandomBits, discrete_gaussian_variance
+from streamfilter.privacy.discrete_gaussian_moments import discrete_gaussian_variance
+from streamfilter.privacy.noise import RandomBits
 
 __all__ = [
     "CENTRAL_NOISE",

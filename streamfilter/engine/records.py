@@ -31,8 +31,8 @@ from typing import Any, Literal, NamedTuple, cast
 
 import numpy as np
 
+from streamfilter.dedup.in_memory import new_seen_event_ids
 from streamfilter.dedup.index import MAX_USER_CODE, EventIdIndex
-from streamfilter.dedup.memory import new_seen_event_ids
 from streamfilter.engine.cell_table import (
     COORD_BITS,
     CellStore,

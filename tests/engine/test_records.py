@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamfilter.dedup import memory
+from streamfilter.dedup import in_memory
 from streamfilter.engine import cell_table, records
 from streamfilter.engine.contract import parse_event
 from streamfilter.engine.records import DayAccumulator
@@ -94,9 +94,9 @@ def test_add_many_and_folding_are_add_one_by_one(items, batch, fold_often, by_sc
     one = DayAccumulator("2026-01-05", cells=cell_table.NumpyCells() if numpy_cells else None)
     added_one = [one.add(e) for e in events]
     saved, cell_table._FOLD_MIN = cell_table._FOLD_MIN, (1 if fold_often else 1 << 20)
-    saved_ids = memory.SeenEventIds.PENDING_MAX
+    saved_ids = in_memory.SeenEventIds.PENDING_MAX
     saved_schemas = records._SCHEMAS_MAX
-    memory.SeenEventIds.PENDING_MAX = 1 if fold_often else 1 << 12
+    in_memory.SeenEventIds.PENDING_MAX = 1 if fold_often else 1 << 12
     records._SCHEMAS_MAX = saved_schemas if by_schema else 1
     try:
         many = DayAccumulator("2026-01-05")
@@ -104,7 +104,7 @@ def test_add_many_and_folding_are_add_one_by_one(items, batch, fold_often, by_sc
         added_many = sum(many.add_many(events[i : i + batch]) for i in steps)
     finally:
         cell_table._FOLD_MIN = saved
-        memory.SeenEventIds.PENDING_MAX = saved_ids
+        in_memory.SeenEventIds.PENDING_MAX = saved_ids
         records._SCHEMAS_MAX = saved_schemas
     assert added_many == sum(added_one)
     assert (many.events, many.duplicates) == (one.events, one.duplicates)
@@ -127,7 +127,7 @@ def test_seen_event_ids_at_scale_through_filter_rebuilds():
     set's answers while the runs merge and the Bloom filter is rebuilt bigger many times (a
     key whose bit were lost would let a repeated event count twice)."""
     rng = np.random.default_rng(7)
-    seen, model = memory.SeenEventIds(), set()
+    seen, model = in_memory.SeenEventIds(), set()
     held: list[tuple[int, str]] = []
     for b in range(20):
         fresh = [(int(u), f"e{b}-{i}") for i, u in enumerate(rng.integers(0, 5000, 10_000))]
@@ -157,14 +157,14 @@ def test_seen_event_ids_at_scale_through_filter_rebuilds():
 def test_seen_event_ids_is_a_set(batches, colliding, pending_max):
     """Batches (``insert``) and single pairs (``add``) alike: membership is exactly a Python
     set's, including when every key collides with others (keys cut to 2 bits)."""
-    saved_keys, saved_max = memory._pair_keys, memory.SeenEventIds.PENDING_MAX
-    saved_key = memory._pair_key
+    saved_keys, saved_max = in_memory._pair_keys, in_memory.SeenEventIds.PENDING_MAX
+    saved_key = in_memory._pair_key
     if colliding:
-        memory._pair_keys = lambda users, ids: saved_keys(users, ids) & 3
-        memory._pair_key = lambda user, event_id: saved_key(user, event_id) & 3
-    memory.SeenEventIds.PENDING_MAX = pending_max
+        in_memory._pair_keys = lambda users, ids: saved_keys(users, ids) & 3
+        in_memory._pair_key = lambda user, event_id: saved_key(user, event_id) & 3
+    in_memory.SeenEventIds.PENDING_MAX = pending_max
     try:
-        seen, model = memory.SeenEventIds(), set()
+        seen, model = in_memory.SeenEventIds(), set()
         for b, batch in enumerate(batches):
             assert [k in seen for k in batch] == [k in model for k in batch]
             if b % 3 == 2:  # one pair at a time
@@ -183,8 +183,8 @@ def test_seen_event_ids_is_a_set(batches, colliding, pending_max):
         probe = [k for b in batches for k in b] + [(0, "zz"), (9, "")]
         assert [k in seen for k in probe] == [k in model for k in probe]
     finally:
-        memory._pair_keys, memory.SeenEventIds.PENDING_MAX = saved_keys, saved_max
-        memory._pair_key = saved_key
+        in_memory._pair_keys, in_memory.SeenEventIds.PENDING_MAX = saved_keys, saved_max
+        in_memory._pair_key = saved_key
 
 
 @settings(max_examples=80, deadline=None)

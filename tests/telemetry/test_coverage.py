@@ -17,7 +17,8 @@ from streamfilter.privacy.continual import (
     noise_halfwidth,
     noise_variance,
 )
-from streamfilter.privacy.noise import SeededRandomBits, discrete_gaussian_variance
+from streamfilter.privacy.discrete_gaussian_moments import discrete_gaussian_variance
+from streamfilter.privacy.noise import SeededRandomBits
 from streamfilter.telemetry.coverage import (
     CoverageCounts,
     CoverageSpec,
