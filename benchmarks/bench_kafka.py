@@ -19,7 +19,7 @@ seconds of this process (less sensitive to other load on a shared machine).
 Two more arms in every pair, so that the ratio is not flattered:
 
 * ``ratio_same_gc``: the bare loop run under the daemon's own collector policy
-  (:func:`~streamfilter.runtime.daemon.collector_for_run`) — interpreter tuning the plain loop
+  (:func:`~streamfilter.runtime.process.collector_for_run`) — interpreter tuning the plain loop
   would profit from too, so this is the like-for-like ratio;
 * ``ratio_fold_early``: the daemon with ``[state] budget_log_max_rows = 0``, which folds the
   budget log into the budgets table whenever it outgrows the table (day 1, then every second
@@ -47,7 +47,7 @@ from kafka.admin import NewTopic
 
 from benchmarks.common import entry, skipped
 from streamfilter.policies import standing_monitoring
-from streamfilter.runtime.daemon import collector_for_run
+from streamfilter.runtime.process import collector_for_run
 from streamfilter.runtime.store import BUDGET_LOG_MAX_ROWS
 
 NAME = "kafka_vs_bare_consumer"

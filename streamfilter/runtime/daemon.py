@@ -21,15 +21,12 @@ when they had no events, so releases leave on a data-independent schedule.
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
-import gc
 import logging
 import threading
 import time
-from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from itertools import compress
 from operator import attrgetter, ne, not_
 from typing import Any
@@ -50,6 +47,7 @@ from streamfilter.runtime.io.base import (
     reject_payload,
 )
 from streamfilter.runtime.observe.observer import DaemonObserver
+from streamfilter.runtime.process import RunSummary, collector_for_run, is_transient
 from streamfilter.runtime.store import (
     DayCommit,
     Position,
@@ -59,39 +57,11 @@ from streamfilter.runtime.store import (
     check_sink_not_ahead,
 )
 
-__all__ = ["Daemon", "InputLimits", "RunSummary", "collector_for_run"]
+__all__ = ["Daemon", "InputLimits"]
 
 log = logging.getLogger("streamfilter.daemon")
 DAY = dt.timedelta(days=1)
 _DAY = attrgetter("day")
-
-
-@dataclass
-class RunSummary:
-    """Operator-side counts of this process's run (input volume and reject reasons; never
-    per-user or admitted/refused counts)."""
-
-    records_read: int = 0
-    events_accepted: int = 0
-    events_duplicate: int = 0
-    rejects: Counter[str] = field(default_factory=Counter)
-    queries_registered: int = 0
-    days_closed: int = 0
-    releases_published: int = 0
-    replayed_skipped: int = 0
-    rejects_dropped: int = 0
-
-    def as_dict(self) -> dict[str, object]:
-        return {
-            "records_read": self.records_read,
-            "events_accepted": self.events_accepted,
-            "events_duplicate": self.events_duplicate,
-            "rejected": sum(self.rejects.values()),
-            "rejects_by_reason": dict(sorted(self.rejects.items())),
-            "queries_registered": self.queries_registered,
-            "days_closed": self.days_closed,
-            "releases_published": self.releases_published,
-        }
 
 
 @dataclass(frozen=True)
@@ -107,34 +77,6 @@ class InputLimits:
     max_reject_raw_bytes: int = DEFAULT_REJECT_RAW_BYTES
 
 
-#: allocations between two young-generation collections during a run (CPython's default: 700)
-GC_YOUNG_THRESHOLD = 30_000
-
-
-@contextlib.contextmanager
-def collector_for_run() -> Iterator[None]:
-    """The cyclic garbage collector's settings while the daemon runs, restored afterwards.
-
-    The loop allocates a few objects per input record (kafka-python's records, decoded events)
-    that reference counting frees; none forms a cycle. With CPython's defaults the collector
-    still runs a young pass every 700 allocations and, every hundred of those, a full pass over
-    every tracked object — the start-up heap (modules, clients, the restored state) and the open
-    days' buffers included: ~10% of the run's CPU on Kafka. So, for the run: the start-up heap
-    is frozen (``gc.freeze``: it lives as long as the run; later objects are collected as
-    usual) and young passes are rarer (``GC_YOUNG_THRESHOLD``), which makes full passes rarer
-    too. Cycles are still collected, only later.
-    """
-    young, *older = gc.get_threshold()
-    gc.freeze()
-    if young:  # 0: automatic collection is off; leave it so
-        gc.set_threshold(max(young, GC_YOUNG_THRESHOLD), *older)
-    try:
-        yield
-    finally:
-        gc.set_threshold(young, *older)
-        gc.unfreeze()
-
-
 #: first and longest wait between two attempts to relay the outbox (seconds)
 RELAY_BACKOFF_S = (1.0, 30.0)
 
@@ -148,14 +90,6 @@ COMPACT_BETWEEN_CLOSES_ENTRIES = 100_000
 
 #: seconds between probes of an input whose broker did not answer (see ``_probe_input``)
 INPUT_PROBE_S = 2.0
-
-
-def _transient(exc: BaseException) -> bool:
-    """An error that may heal by itself: a client error marked ``retriable`` (kafka-python's
-    timeouts, connection and leadership errors) or a timeout. Store errors never are."""
-    if isinstance(exc, StoreError):
-        return False
-    return bool(getattr(exc, "retriable", False)) or isinstance(exc, TimeoutError)
 
 
 def _next_day(day: str) -> str:
@@ -826,7 +760,7 @@ class Daemon:
             try:
                 self._relay_once()
             except Exception as exc:
-                if not _transient(exc) or self.stop_event.is_set():
+                if not is_transient(exc) or self.stop_event.is_set():
                     raise
                 self.observer.sink_unavailable(type(exc).__name__)
                 log.warning(
