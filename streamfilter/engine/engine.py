@@ -38,11 +38,16 @@ class InputRecord(Protocol):
 
 
 class DayInput(Protocol):
-    """One open day's input buffer: ``add`` returns False for a duplicate record."""
+    """One open day's input buffer (``DayAccumulator``; local mode's
+    ``ContributionAccumulator``): ``add`` returns False for a duplicate record, ``add_many`` the
+    number of new records of a batch. A batch decoded as columns (``parse_columns``) exists only
+    for an engine that parses events, whose days are ``DayAccumulator``s (``add_columns``)."""
 
     day: str
 
     def add(self, record: Any) -> bool: ...
+
+    def add_many(self, records: Sequence[Any]) -> int: ...
 
 
 @dataclass(frozen=True)

@@ -166,6 +166,10 @@ class ContributionAccumulator:
         self.events += 1
         return True
 
+    def add_many(self, records: Sequence[ContributionRecord]) -> int:
+        """``add`` each record in order; the number that were new."""
+        return sum(map(self.add, records))
+
     def count(self, query_id: str) -> int:
         return len(self._units.get(query_id, ()))
 

@@ -36,10 +36,12 @@ from streamfilter.engine.contract import MAX_EVENT_BYTES, Reject, RejectReason, 
 from streamfilter.engine.engine import DayInput, Engine
 from streamfilter.engine.ingest import EventColumns
 from streamfilter.engine.lines import BlockLines
+from streamfilter.engine.records import DayAccumulator
 from streamfilter.errors import RetentionGapError
 from streamfilter.runtime.faults import crash_point
 from streamfilter.runtime.io.base import (
     DEFAULT_REJECT_RAW_BYTES,
+    BrokerSource,
     QueryFeed,
     RecordBatch,
     Sink,
@@ -137,6 +139,8 @@ class Daemon:
         self.engine = engine
         self.store = store
         self.source = source
+        #: the source's broker abilities (lag, gaps, partitions added, offsets mirrored), if any
+        self._broker = source if isinstance(source, BrokerSource) else None
         self.feed = feed
         self.sink = sink
         self.reject_sink = reject_sink
@@ -184,7 +188,7 @@ class Daemon:
         offsets = {p: pos.resume_offset for p, pos in state.positions.items()}
         self._high = {p: pos.high_offset for p, pos in state.positions.items()}
         self.source.seek(offsets)
-        self._check_retention_gaps(self.source.retention_gaps())
+        self._check_retention_gaps(self._broker.retention_gaps() if self._broker else {})
         for p in self.source.partitions():
             self._read_offset[p] = offsets.get(p, 0)
         self.observer.partitions(len(self._read_offset), [])
@@ -399,19 +403,21 @@ class Daemon:
 
     @staticmethod
     def _add_run(
-        acc: Any, columns: EventColumns | None, parsed: Sequence[Any], a: int, b: int, part: bool
+        acc: DayInput,
+        columns: EventColumns | None,
+        parsed: Sequence[Any],
+        a: int,
+        b: int,
+        part: bool,
     ) -> int:
-        """Add events ``a..b`` of a batch to one day's input: as columns, as a batch of events,
-        or one by one — whichever the input takes (``part``: the run is not the whole batch)."""
+        """Add events ``a..b`` of a batch to one day's input, as columns when the batch was
+        decoded as columns, else as a batch of records (``part``: the run is not the whole
+        batch)."""
         if columns is not None:
-            batch = columns.slice(a, b) if part else columns
-            if hasattr(acc, "add_columns"):
-                return int(acc.add_columns(batch))
-            run: Sequence[Any] = batch.events()
-        else:
-            run = parsed[a:b] if part else parsed
-        add_many = getattr(acc, "add_many", None)
-        return int(add_many(run) if add_many else sum(map(acc.add, run)))
+            # only an engine that parses events decodes columns, and its days are accumulators
+            assert isinstance(acc, DayAccumulator)
+            return acc.add_columns(columns.slice(a, b) if part else columns)
+        return acc.add_many(parsed[a:b] if part else parsed)
 
     def _open_runs(self, days: list[str], horizon: str | None) -> list[tuple[int, int]] | None:
         """The runs of consecutive events of one day (one run but at a day's boundary), when
@@ -584,7 +590,9 @@ class Daemon:
             if self._max_day.get(p, "") > day:
                 continue
             idle_s = now - self._last_seen.get(p, self._started)
-            if idle_s >= self.idle_timeout_s and self.source.caught_up(p):
+            if idle_s >= self.idle_timeout_s and (
+                self._broker is None or self._broker.caught_up(p)
+            ):
                 continue
             return False
         return True
@@ -614,7 +622,7 @@ class Daemon:
 
     def _read_lag(self) -> None:
         try:
-            lags = self.source.lag()
+            lags = self._broker.lag() if self._broker is not None else {}
         except Exception as exc:
             self._input_unavailable("could not read the input's lag", exc)
             return
@@ -649,7 +657,7 @@ class Daemon:
         nothing now) when partitions were added — they are read first — or when the source
         cannot tell (a broker outage: an unknown partition may hold the day's events)."""
         try:
-            added = self.source.refresh_partitions(fresh=True)
+            added = self._broker.refresh_partitions(fresh=True) if self._broker else []
         except Exception as exc:
             self._input_unavailable("could not refresh the input's partitions; days wait", exc)
             return False
@@ -730,7 +738,8 @@ class Daemon:
         crash_point("after_commit")
         # 2b. mirror the committed input positions to the source (lag tools); not the truth
         try:
-            self.source.committed({p: pos.resume_offset for p, pos in positions.items()})
+            if self._broker is not None:
+                self._broker.committed({p: pos.resume_offset for p, pos in positions.items()})
         except Exception as exc:  # the store holds the real positions
             self._input_unavailable("could not mirror input offsets to the source", exc)
         # a metric: a broker outage here must not end the run (the day is committed)
