@@ -267,8 +267,8 @@ class _NativeSeenEventIds:
     """:class:`SeenEventIds`' answers from ``engine/_pair_set.c``'s ``PairSet``: an open-addressing
     set of the same packed pairs (keys, int32 user codes, the ids' UTF-8 bytes in one arena), one
     probe a pair instead of a sort, a filter and a search per run
-    (``tests/engine/test_pair_set.py`` checks it against a ``set``;
-    ``tests/runtime/test_event_id_index_contract.py`` runs the index contract on both). ``take_runs`` sorts the pairs by key into one
+    (``tests/engine/test_pair_set.py`` checks it against a ``set``; ``tests/dedup/test_index.py``
+    runs the index contract on both). ``take_runs`` sorts the pairs by key into one
     :class:`PairRun`, the columns a spill writes."""
 
     def __init__(self) -> None:
