@@ -90,7 +90,7 @@ class PairRun:
         return False
 
 
-#: the pairs' 64-bit keys (``engine.event_ids.pair_keys``; a module name tests can narrow)
+#: the pairs' 64-bit keys (``dedup.index.pair_keys``; a module name tests can narrow)
 _pair_keys = pair_keys
 _pair_key = pair_key  # one pair's (the same key)
 

@@ -20,15 +20,15 @@ try:  # id packing (engine/_packed_ids.c): engine/ledger.py, dedup/index.py
     from streamfilter.engine import _packed_ids as packed_ids
 except ImportError:
     packed_ids = None  # type: ignore[assignment]
-try:  # the open day's user-code table (engine/_user_codes.c): engine/records.py
+try:  # the open day's user-code table (engine/_user_codes.c): engine/user_codes.py
     from streamfilter.engine import _user_codes as user_codes
 except ImportError:
     user_codes = None  # type: ignore[assignment]
-try:  # the open day's event-id set (engine/_pair_set.c): engine/records.py
+try:  # the open day's event-id set (engine/_pair_set.c): dedup/in_memory.py
     from streamfilter.engine import _pair_set as pair_set
 except ImportError:
     pair_set = None  # type: ignore[assignment]
-try:  # the open day's cells and their exact sums (engine/_cell_table.c): engine/records.py
+try:  # the open day's cells and their exact sums (engine/_cell_table.c): engine/cell_table.py
     from streamfilter.engine import _cell_table as cell_table
 except ImportError:
     cell_table = None  # type: ignore[assignment]
