@@ -51,7 +51,7 @@ from kafka.admin import NewTopic
 
 from benchmarks.bench_kafka import BrokerUnavailable, broker, fill_topic
 from benchmarks.common import entry, skipped
-from streamfilter.engine.policies import standing_monitoring
+from streamfilter.policies import standing_monitoring
 
 NAME = "cluster_workers"
 BASELINE = "1 worker, same topic and ledger"

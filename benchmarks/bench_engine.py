@@ -306,7 +306,7 @@ _PHASES = [
     ("locate", "engine/ledger.py", "locate"),
     ("state", "engine/ledger.py", "state_at"),
     ("matrix", "engine/records.py", "matrix"),
-    ("filter", "privacy/individual.py", "filter_totals"),
+    ("filter", "privacy/individual_filter.py", "filter_totals"),
     ("queries", "engine/day.py", "_filter_day"),
     ("close", "engine/day.py", "close_day"),
     ("commit", "engine/ledger.py", "apply"),

@@ -48,8 +48,8 @@ from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import NewTopic
 
 from benchmarks.common import entry, skipped
-from streamfilter.engine.policies import standing_monitoring
-from streamfilter.runtime.daemon import collector_for_run
+from streamfilter.policies import standing_monitoring
+from streamfilter.runtime.process import collector_for_run
 from streamfilter.runtime.store import BUDGET_LOG_MAX_ROWS
 
 NAME = "kafka_vs_bare_consumer"

@@ -23,8 +23,8 @@ from benchmarks.common import entry
 from streamfilter.client import Announcement, DeviceConfig, DeviceFleet
 from streamfilter.config import load_config
 from streamfilter.engine.contract import parse_event, parse_query
-from streamfilter.engine.policies import standing_monitoring
 from streamfilter.engine.records import DayAccumulator
+from streamfilter.policies import standing_monitoring
 from streamfilter.privacy.noise import SeededRandomBits
 from streamfilter.runtime.app import build_daemon
 

@@ -18,7 +18,7 @@ accumulator folds into per-cell counts as they arrive).
 ``event_id_index_memory`` (not in ``make bench``: minutes): the repeated-event index alone —
 peak RSS and insert throughput of ``N`` distinct (user code, event id) pairs of ``n_users`` users
 (ids ``e{u}-{r}``, round ``r`` of every user, batches of 50,000 as the daemon inserts them), in
-memory (``records.SeenEventIds``) and spilling to disk (``runtime.event_ids.SpillingEventIds``),
+memory (``in_memory.SeenEventIds``) and spilling to disk (``dedup.spill.SpillingEventIds``),
 each size and kind in its own process: ``python -m benchmarks.bench_memory --event-ids
 [--pairs 10000000,100000000] [--users 10000000]`` (``BENCH_SPILL_DIR`` picks the spill directory,
 ``BENCH_SPILL_PAIRS`` the pairs held in memory; default: the daemon's).
@@ -75,9 +75,9 @@ def _vm(field: str) -> float:
 
 
 def _child(n_users: int, k: int, numeric: bool, spill: bool = False) -> None:
+    from streamfilter.dedup.spill import SpillingEventIds
     from streamfilter.engine.ingest import parse_columns, parse_events
     from streamfilter.engine.records import DayAccumulator
-    from streamfilter.runtime.event_ids import SpillingEventIds
     from streamfilter.runtime.memory import keep_freed_memory
 
     keep_freed_memory()  # what `streamfilter run` does first (its input never goes quiet here)
@@ -114,9 +114,9 @@ def _event_ids_child(kind: str, n_pairs: int, n_users: int) -> None:
     peak RSS, the RSS before the first pair and the seconds spent inside ``insert``."""
     import numpy as np
 
-    from streamfilter.engine.event_ids import EventIdIndex
-    from streamfilter.engine.records import SeenEventIds
-    from streamfilter.runtime.event_ids import DEFAULT_MEMORY_PAIRS, SpillingEventIds
+    from streamfilter.dedup.in_memory import SeenEventIds
+    from streamfilter.dedup.index import EventIdIndex
+    from streamfilter.dedup.spill import DEFAULT_MEMORY_PAIRS, SpillingEventIds
 
     bound = int(os.environ.get("BENCH_SPILL_PAIRS", DEFAULT_MEMORY_PAIRS))
     index: EventIdIndex = (

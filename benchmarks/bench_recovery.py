@@ -36,7 +36,7 @@ import urllib.request
 from pathlib import Path
 
 from benchmarks.common import entry
-from streamfilter.engine.policies import standing_monitoring
+from streamfilter.policies import standing_monitoring
 
 DAY_BEFORE, DAY, DAY_AFTER = "2026-01-04", "2026-01-05", "2026-01-06"
 # the example policy's three standing queries (active, plans, hours); from_day set per run

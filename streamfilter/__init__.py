@@ -5,11 +5,9 @@
 device importing ``streamfilter.client`` gets only the privacy core (no pydantic, no server).
 """
 
-from __future__ import annotations
+import typing as _typing
 
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
+if _typing.TYPE_CHECKING:
     from streamfilter.engine.contract import Release
     from streamfilter.engine.monitor import Monitor
 
@@ -18,11 +16,12 @@ __all__ = ["Monitor", "Release", "__version__"]
 
 
 def __dir__() -> list[str]:
-    """The lazily loaded names too, so ``dir(streamfilter)`` shows ``Monitor``."""
-    return sorted({*globals(), *__all__})
+    """The public names only (the lazily loaded ones included), so ``dir(streamfilter)`` shows
+    ``Monitor`` and not the typing helpers this module imports."""
+    return sorted(__all__)
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> _typing.Any:
     if name == "Monitor":
         from streamfilter.engine.monitor import Monitor
 

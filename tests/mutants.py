@@ -43,8 +43,8 @@ class Mutant:
 
 
 STATISTICAL = "tests/test_accuracy_statement.py::test_each_release_draws_the_calibrated_noise_and_states_the_bound_it_holds"
-COVERAGE = "tests/engine/test_coverage.py::test_coverage_estimates_are_unbiased_with_the_oracle_variance_and_hold_95_percent"
-EPOCHS = "tests/engine/test_coverage.py::test_the_epoch_counter_is_unbiased_with_the_oracle_variance_across_epochs"
+COVERAGE = "tests/telemetry/test_coverage.py::test_coverage_estimates_are_unbiased_with_the_oracle_variance_and_hold_95_percent"
+EPOCHS = "tests/telemetry/test_coverage.py::test_the_epoch_counter_is_unbiased_with_the_oracle_variance_across_epochs"
 ACTIVE = "tests/test_telemetry.py::test_the_estimate_draws_the_oracle_variance"
 NATIVE_EDGE = "tests/privacy/test_native_filter.py::test_the_rounding_fallback_paths_agree"
 NATIVE_TIES = (
@@ -60,10 +60,10 @@ BUDGET = (
 MUTANTS = (
     Mutant(
         "admission <= → < (Python)",
-        "streamfilter/privacy/individual.py",
+        "streamfilter/privacy/individual_filter.py",
         "fits = cost <= remaining",
         "fits = cost < remaining",
-        ("tests/privacy/test_individual.py::test_skip_admits_iff_spent_plus_cost_fits",),
+        ("tests/privacy/test_individual_filter.py::test_skip_admits_iff_spent_plus_cost_fits",),
         drop_native=True,
     ),
     Mutant(

@@ -15,7 +15,7 @@ PKG = Path(__file__).resolve().parents[1] / "streamfilter"
 def test_importing_the_cores_loads_no_io_library():
     code = (
         "import sys\n"
-        "import streamfilter.privacy.lattice, streamfilter.privacy.individual, streamfilter.privacy.noise\n"
+        "import streamfilter.privacy.lattice, streamfilter.privacy.individual_filter, streamfilter.privacy.noise\n"
         "import streamfilter.privacy.accounting, streamfilter.engine.monitor, streamfilter.engine.day\n"
         "from streamfilter import Monitor\n"
         "bad = [m for m in ('kafka', 'prometheus_client', 'sqlite3', '_sqlite3') if m in sys.modules]\n"
@@ -28,19 +28,23 @@ def test_importing_the_cores_loads_no_io_library():
 
 
 #: Declared layers, lowest first: a module may import only from its own layer or a lower one.
-#: Keys are the first component below ``streamfilter`` (a package or a top-level module);
-#: ``__init__`` is the package's lazy facade (``Monitor``), ``policies`` an import shim.
+#: Keys are the first component below ``streamfilter`` (a package or a top-level module), or a
+#: module of a package whose modules sit in different layers (``dedup.spill``);
+#: ``__init__`` is the package's lazy facade (``Monitor``), ``policies`` the example query policies.
 LAYERS: dict[str, int] = {
     "errors": 0,
-    "charts": 0,  # the one SVG chart renderer (pure strings), used by cli/report and learn/report
+    "charts": 0,  # the one SVG chart renderer (pure strings), used by cli/report and learn/learning_report
     "privacy": 1,
     "engine": 2,
+    "telemetry": 2,
+    "dedup": 2,
     "client": 2,
     "learn": 2,
     "policies": 2,
     "__init__": 2,
     "config": 3,
     "runtime": 4,
+    "dedup.spill": 4,  # the event-id index's tier that spills to disk: an adapter
     "testing": 5,
     "cli": 6,
     "verify": 6,
@@ -51,7 +55,9 @@ ONLY_FROM: dict[str, set[str]] = {
     "privacy": {"errors", "privacy"},
     "client": {"errors", "privacy", "client"},
     "learn": {"errors", "privacy", "learn", "charts"},
-    "engine": {"errors", "privacy", "engine"},
+    "engine": {"errors", "privacy", "engine", "telemetry", "dedup"},
+    "telemetry": {"errors", "privacy", "engine", "telemetry"},
+    "dedup": {"errors", "privacy", "engine", "dedup"},
 }
 #: Sub-layers inside ``runtime``: adapters below the loop, the loop below the wiring.
 RUNTIME_LAYERS: dict[str, int] = {
@@ -59,12 +65,11 @@ RUNTIME_LAYERS: dict[str, int] = {
     "io": 1,
     "store": 1,
     "observe": 1,
-    "event_ids": 1,  # the day's event-id index that spills to disk
-    "active_set": 2,
-    "coverage": 2,  # coverage with every release
+    "process": 1,  # the run's process settings, shared by the daemon and the cluster worker
+    "telemetry": 2,  # the telemetry trackers' charge-once-and-resume wiring
     "daemon": 2,
-    "cluster": 2,  # the cluster worker: the daemon loop over a consumer group
-    "budget": 2,
+    "cluster_worker": 2,  # the cluster worker: the daemon loop over a consumer group
+    "user_budgets": 2,
     "notebook": 2,  # PersistentMonitor: Monitor + the state store
     "app": 3,
 }
@@ -112,7 +117,9 @@ def _modules() -> dict[str, set[str]]:
 
 def _room(module: str) -> str:
     parts = module.split(".")
-    return "__init__" if len(parts) == 1 else parts[1]
+    if len(parts) == 1:
+        return "__init__"
+    return ".".join(parts[1:3]) if ".".join(parts[1:3]) in LAYERS else parts[1]
 
 
 def _violations(graph: dict[str, set[str]]) -> list[str]:
@@ -191,6 +198,8 @@ def test_the_layer_check_catches_an_upward_and_a_cyclic_import():
     graph = {
         "streamfilter.engine.day": {"streamfilter.runtime.daemon"},
         "streamfilter.client.core": {"streamfilter.engine.day"},
+        "streamfilter.dedup.in_memory": {"streamfilter.dedup.spill"},
+        "streamfilter.dedup.spill": set(),
         "streamfilter.runtime.store.base": {"streamfilter.runtime.app"},
         "streamfilter.runtime.app": {"streamfilter.runtime.store.base"},
         "streamfilter.runtime.daemon": set(),
@@ -199,6 +208,9 @@ def test_the_layer_check_catches_an_upward_and_a_cyclic_import():
     problems = "\n".join(_violations(graph))
     assert "engine.day imports streamfilter.runtime.daemon" in problems
     assert "client.core imports streamfilter.engine.day" in problems
+    assert (
+        "dedup.in_memory imports streamfilter.dedup.spill: dedup.spill is above dedup" in problems
+    )
     assert "runtime.app is above" in problems
     assert "not in any declared layer" in problems
     assert _cycles(graph) == [["streamfilter.runtime.app", "streamfilter.runtime.store.base"]]
@@ -267,7 +279,7 @@ def test_nothing_in_the_runtime_engine_or_client_imports_learn():
     code = (
         "import sys\n"
         "import streamfilter, streamfilter.client, streamfilter.engine.monitor\n"
-        "import streamfilter.runtime.app, streamfilter.runtime.budget\n"
+        "import streamfilter.runtime.app, streamfilter.runtime.user_budgets\n"
         "print(sorted(m for m in sys.modules if m.startswith('streamfilter.learn') or m == 'sklearn'))\n"
     )
     out = subprocess.run(
@@ -280,7 +292,7 @@ def test_nothing_in_the_runtime_engine_or_client_imports_learn():
         [
             sys.executable,
             "-c",
-            code.replace("streamfilter.runtime.budget", "streamfilter.cli.main"),
+            code.replace("streamfilter.runtime.user_budgets", "streamfilter.cli.main"),
         ],
         capture_output=True,
         text=True,
@@ -289,3 +301,34 @@ def test_nothing_in_the_runtime_engine_or_client_imports_learn():
     )
     loaded = ["streamfilter.learn", "streamfilter.learn.commands", "streamfilter.learn.grid"]
     assert cli.stdout.strip() == str(loaded)
+
+
+#: the most lines a module of the package may have: a module is one concept, read in one sitting
+MAX_MODULE_LINES = 800
+#: file names several packages may use: a package's facade and an interface's base
+SHARED_FILE_NAMES = {"__init__.py", "base.py"}
+#: being split or renamed on other branches (the settings; learn's report and study), to be
+#: emptied when they land
+PENDING_SIZE = {"streamfilter/config.py"}
+PENDING_NAMES: set[str] = set()
+
+
+def test_no_module_exceeds_the_line_limit():
+    too_long = {
+        str(path.relative_to(PKG.parent)): n
+        for path in PKG.rglob("*.py")
+        if (n := len(path.read_text().splitlines())) > MAX_MODULE_LINES
+    }
+    assert set(too_long) <= PENDING_SIZE, too_long
+
+
+def test_no_two_modules_share_a_file_name():
+    by_name: dict[str, list[str]] = {}
+    for path in sorted(PKG.rglob("*.py")):
+        by_name.setdefault(path.name, []).append(str(path.relative_to(PKG)))
+    shared = {
+        name: paths
+        for name, paths in by_name.items()
+        if len(paths) > 1 and name not in SHARED_FILE_NAMES | PENDING_NAMES
+    }
+    assert shared == {}

@@ -519,8 +519,8 @@ CONFIG_SCHEMA = {
     },
     "queries": {
         "kind": ['"file"', '"kafka"', '"policy"', '"none"', '"x"'],
-        "path": ['"queries.jsonl"', '"streamfilter.engine.policies:drill_down"'],
-        "policy": ['"streamfilter.engine.policies:drill_down"', '"nocolon"', '""'],
+        "path": ['"queries.jsonl"', '"streamfilter.policies:drill_down"'],
+        "policy": ['"streamfilter.policies:drill_down"', '"nocolon"', '""'],
         "topic": ['"queries"'],
     },
     "sink": {

@@ -190,7 +190,7 @@ def test_a_spilling_event_id_index_releases_the_same_bytes(name, tmp_path, monke
     index spilling past 5 pairs: the repeats are all found — the releases are the pinned ones,
     byte for byte — while the index really spilled and merged, and the day's close removed its
     files."""
-    from streamfilter.runtime import event_ids
+    from streamfilter.dedup import spill as event_ids
     from streamfilter.runtime.io.files import FileSource
 
     poll = FileSource.poll_batches

@@ -44,7 +44,7 @@ def config_text(tmp: Path, mode: str, extra: str = "", source: str = "") -> str:
     return (
         "[privacy]\nb_norm = 3.0\nrho = 0.5\n"
         + source
-        + '[queries]\nkind = "policy"\npolicy = "streamfilter.engine.policies:drill_down"\n'
+        + '[queries]\nkind = "policy"\npolicy = "streamfilter.policies:drill_down"\n'
         + f'[sink]\nkind = "file"\npath = "{tmp}/{mode}-releases.jsonl"\n'
         + f'[state]\npath = "{tmp}/{mode}.db"\n'
         + f'[mode]\nkind = "{mode}"\n'
@@ -102,7 +102,7 @@ def test_an_exhausted_device_sends_nothing_on_the_wire(tmp_path):
     queries.write_text(json.dumps(QUERY) + "\n")
     source = f'[source]\nkind = "file"\npath = "{events}"\n'
     text = config_text(tmp_path, "local", source=source).replace(
-        '[queries]\nkind = "policy"\npolicy = "streamfilter.engine.policies:drill_down"\n',
+        '[queries]\nkind = "policy"\npolicy = "streamfilter.policies:drill_down"\n',
         f'[queries]\nkind = "file"\npath = "{queries}"\n',
     )
     cfg = write(tmp_path, "l.toml", text)
@@ -337,7 +337,7 @@ def test_local_server_restarts_after_sigkill_with_identical_releases(tmp_path):
 
     def cfg(where: Path) -> Path:
         text = config_text(where, "local").replace(
-            '[queries]\nkind = "policy"\npolicy = "streamfilter.engine.policies:drill_down"\n',
+            '[queries]\nkind = "policy"\npolicy = "streamfilter.policies:drill_down"\n',
             f'[queries]\nkind = "file"\npath = "{queries}"\n',
         )
         return write(where, "local.toml", text)

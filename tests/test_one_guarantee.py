@@ -7,15 +7,15 @@ import re
 
 import pytest
 from prometheus_client import CollectorRegistry
+from streamfilter.telemetry.active_set import ActiveSetSpec
+from streamfilter.telemetry.coverage import CoverageSpec
 
 from streamfilter.cli.main import main
 from streamfilter.cli.report import ReportData, render_report
 from streamfilter.config import load_config
-from streamfilter.engine.active_set import ActiveSetSpec
-from streamfilter.engine.coverage import CoverageSpec
 from streamfilter.engine.monitor import Monitor
-from streamfilter.engine.population import PopulationSpec
 from streamfilter.runtime.observe.http import metrics_endpoint
+from streamfilter.telemetry.population import PopulationSpec
 
 # exact binary fractions, so that every surface's sum is the same float
 RHO, COVERAGE, ACTIVE = 0.5, 0.125, 0.0625

@@ -7,9 +7,9 @@ import pytest
 
 from streamfilter import Monitor, Release
 from streamfilter.config import load_config
-from streamfilter.engine.active_set import ActiveSetSpec
-from streamfilter.engine.policies import active_fraction, stop_when_inactive
+from streamfilter.policies import active_fraction, stop_when_inactive
 from streamfilter.runtime.app import build_daemon
+from streamfilter.telemetry.active_set import ActiveSetSpec
 
 COUNT = {
     "query_id": "c",
@@ -55,12 +55,12 @@ def test_the_policy_runs_templates_day_by_day_until_the_fraction_drops(caplog):
     history = [estimate(1, 20), estimate(2, 95)]  # 0.9, then 0.525 (interval 0.475..0.575)
     assert [q["query_id"] for q in policy(history, day(3))] == ["c:2026-01-03"]
     history.append(estimate(3, 115))  # 0.425, interval up to 0.475 < 0.5: confidently below
-    with caplog.at_level(logging.WARNING, logger="streamfilter.engine.policies"):
+    with caplog.at_level(logging.WARNING, logger="streamfilter.policies"):
         assert policy(history, day(4)) == []
     assert len(caplog.records) == 1 and "stopping 1 standing queries" in caplog.text
     caplog.clear()
     history.append(estimate(4, 40))  # noise says "back up": stopping is final
-    with caplog.at_level(logging.WARNING, logger="streamfilter.engine.policies"):
+    with caplog.at_level(logging.WARNING, logger="streamfilter.policies"):
         assert policy(history, day(5)) == []
     assert caplog.records == []  # warned once
 

@@ -115,6 +115,6 @@ def test_a_spill_directory_must_exist_and_is_relative_to_the_config(tmp_path):
 
 def test_the_spill_bound_defaults_to_the_index_default():
     from streamfilter.config import SpillSection
-    from streamfilter.runtime.event_ids import DEFAULT_MEMORY_PAIRS
+    from streamfilter.dedup.spill import DEFAULT_MEMORY_PAIRS
 
     assert SpillSection().event_ids_in_memory == DEFAULT_MEMORY_PAIRS

@@ -13,17 +13,11 @@ from streamfilter import Monitor
 from streamfilter.cli.budget import budget_stats
 from streamfilter.cli.main import main
 from streamfilter.config import load_config
-from streamfilter.engine.active_set import (
-    ACTIVE_SET_QUERY_ID,
-    ActiveSetSpec,
-    ActiveSetTracker,
-    departures,
-)
 from streamfilter.engine.params import PrivacyParams
 from streamfilter.errors import ConfigError
-from streamfilter.privacy import population
+from streamfilter.privacy import budget_stats as population
+from streamfilter.privacy.budget_stats import SPENT_FRACTION_SCALE, BudgetStatsMechanism
 from streamfilter.privacy.noise import SeededRandomBits
-from streamfilter.privacy.population import SPENT_FRACTION_SCALE, BudgetStatsMechanism
 from streamfilter.runtime.app import build_daemon
 from streamfilter.runtime.store import (
     DayCommit,
@@ -33,6 +27,12 @@ from streamfilter.runtime.store import (
     StoreError,
     TelemetryBudgetError,
     TelemetryCharge,
+)
+from streamfilter.telemetry.active_set import (
+    ACTIVE_SET_QUERY_ID,
+    ActiveSetSpec,
+    ActiveSetTracker,
+    departures,
 )
 from tests import oracle
 from tests.run_configs import file_run

@@ -15,7 +15,7 @@ command useless while the daemon runs, and a daemon restarting during a lookup w
 (exit 3).
 
 ``budget-stats`` releases noisy statistics of the spent fractions ``spent/B`` over all users in the
-ledger (:mod:`streamfilter.privacy.population`), charged to the ``[telemetry]`` budget. It writes
+ledger (:mod:`streamfilter.privacy.budget_stats`), charged to the ``[telemetry]`` budget. It writes
 (the telemetry ledger), so it takes the exclusive lock like ``run``: with the daemon running it
 exits 3 ("in use"); stop the daemon (SIGTERM drains it), run it, restart. A call that would exceed
 ``telemetry.rho`` is refused before any noise is drawn (exit 5); the ledger is checked again, and
@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     pass
-from streamfilter.runtime.budget import budget_stats, user_budget
+from streamfilter.runtime.user_budgets import budget_stats, user_budget
 
 
 def _budget_text(b: dict[str, Any]) -> str:

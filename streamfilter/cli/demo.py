@@ -39,7 +39,7 @@ seed = 7
 
 [queries]
 kind = "policy"
-policy = "streamfilter.engine.policies:drill_down"
+policy = "streamfilter.policies:drill_down"
 
 [sink]
 kind = "file"

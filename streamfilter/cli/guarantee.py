@@ -52,7 +52,7 @@ def cmd_guarantee(args: argparse.Namespace) -> int:
             # what each release reports (engine.local.local_noise_release): the server adds no
             # noise, so a release's σ is that of the sum of ñ ≥ n devices' noise, ñ = n rounded
             # up to a power of two: σ = sqrt(ñ · variance_local). No central σ applies.
-            from streamfilter.privacy.noise import discrete_gaussian_variance
+            from streamfilter.privacy.discrete_gaussian_moments import discrete_gaussian_variance
 
             var_units = discrete_gaussian_variance(s2_local)
             out["variance_local"] = float(var_units) * params.granularity**2

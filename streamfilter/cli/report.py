@@ -51,9 +51,9 @@ from streamfilter.charts import (  # the one chart renderer, shared with the lea
 )
 from streamfilter.cli.guarantee import with_telemetry
 from streamfilter.config import Settings
-from streamfilter.engine.active_set import ACTIVE_SET_QUERY_ID
 from streamfilter.engine.contract import Coverage, Release
 from streamfilter.runtime.store import SQLiteStateReader, TelemetryCharge
+from streamfilter.telemetry.active_set import ACTIVE_SET_QUERY_ID
 
 __all__ = ["ReportData", "load_report_data", "render_report", "write_report"]
 

@@ -33,6 +33,7 @@ from streamfilter.engine.records import DayAccumulator
 from streamfilter.errors import ConfigError
 from streamfilter.privacy.noise import RandomBits, SeededRandomBits, SystemRandomBits
 from streamfilter.runtime.app import build_daemon, event_source
+from streamfilter.runtime.io.base import BrokerSource
 
 __all__ = ["SimulationSummary", "device_config", "simulate_local"]
 
@@ -192,7 +193,8 @@ def simulate_local(settings: Settings, *, allow_test_seed: bool = False) -> Simu
                 elif acc is not None:
                     fleet.rows(acc.finish().users)  # enrol the devices; nothing to answer
                 wire.flush()
-                daemon.source.mark_end()
+                if isinstance(daemon.source, BrokerSource):
+                    daemon.source.mark_end()
                 daemon.run(until_end=True, through_day=day)
                 summary.days += 1
                 summary.per_day_seconds.append(time.perf_counter() - t0)

@@ -4,7 +4,7 @@ Remark 4.6 of Feldman & Zrnic: the individual filter's decision for user ``i`` d
 ``i``'s own records and on what was already published, so each user can run it themselves and
 the server needs no per-user state. ``answer_day`` is that decision: for every announced query of
 the day, in announcement order, clip → lattice → exact integer cost → admit iff
-``spent + c ≤ B`` (``privacy.individual.filter_contributions``, the same function the central
+``spent + c ≤ B`` (``privacy.individual_filter.filter_contributions``, the same function the central
 engine calls), and the noise of the ``local_noise`` variant.
 
 What leaves the device is only what the filter admitted with a non-zero vector. A refused (or
@@ -24,7 +24,7 @@ import numpy as np
 
 from streamfilter.client.protocol import Announcement
 from streamfilter.privacy.accounting import Mechanism, sigma_for_rho
-from streamfilter.privacy.individual import Exhaustion, filter_contributions, query_vectors
+from streamfilter.privacy.individual_filter import Exhaustion, filter_contributions, query_vectors
 from streamfilter.privacy.lattice import Lattice
 from streamfilter.privacy.noise import RandomBits, discrete_gaussian
 from streamfilter.privacy.odometer import noise_variance_units, rho_of_units

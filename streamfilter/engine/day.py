@@ -15,22 +15,22 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from streamfilter.engine.active_set import ACTIVE_SET_QUERY_ID, ActiveSetTracker
 from streamfilter.engine.contract import Release
-from streamfilter.engine.coverage import (
+from streamfilter.engine.ledger import BudgetLedger, KeyedUsers
+from streamfilter.engine.params import LINF_FAILURE_PROBABILITY, PrivacyParams
+from streamfilter.engine.queries import AnyQuery
+from streamfilter.engine.records import DayRecords
+from streamfilter.privacy.departed import filter_departures
+from streamfilter.privacy.individual_filter import filter_totals, query_vectors
+from streamfilter.privacy.noise import RandomBits, SeededRandomBits, discrete_gaussian, gaussian
+from streamfilter.telemetry.active_set import ACTIVE_SET_QUERY_ID, ActiveSetTracker
+from streamfilter.telemetry.coverage import (
     COVERAGE_NOISE_ID,
     CoverageCounts,
     CoverageTracker,
     coverage_counts,
 )
-from streamfilter.engine.ledger import BudgetLedger, KeyedUsers
-from streamfilter.engine.params import LINF_FAILURE_PROBABILITY, PrivacyParams
-from streamfilter.engine.population import POPULATION_NOISE_PREFIX, PopulationTracker
-from streamfilter.engine.queries import AnyQuery
-from streamfilter.engine.records import DayRecords
-from streamfilter.privacy.departed import filter_departures
-from streamfilter.privacy.individual import filter_totals, query_vectors
-from streamfilter.privacy.noise import RandomBits, SeededRandomBits, discrete_gaussian, gaussian
+from streamfilter.telemetry.population import POPULATION_NOISE_PREFIX, PopulationTracker
 
 __all__ = [
     "DayOutcome",
@@ -242,15 +242,15 @@ def close_day(
     coverage: CoverageTracker | None = None,
     population: PopulationTracker | None = None,
 ) -> DayOutcome:
-    """Algorithm 3 for one day (Theorem 4.5); see ``privacy.individual`` for the argument.
+    """Algorithm 3 for one day (Theorem 4.5); see ``privacy.individual_filter`` for the argument.
 
     With ``population``, users follow the departure rule (``privacy.departed``) and each query's
-    release carries its population estimate (``engine.population``; noise from its own key).
+    release carries its population estimate (``telemetry.population``; noise from its own key).
 
     With ``active_set`` (opt-in), the day's departures from the active set are counted into it
-    and its ``_active_set`` release follows the queries' releases (``engine.active_set``). With
+    and its ``_active_set`` release follows the queries' releases (``telemetry.active_set``). With
     ``coverage``, the day's exact coverage counts go into it and each query's release carries
-    its coverage (``engine.coverage``; noise from its own per-release key, so no other value
+    its coverage (``telemetry.coverage``; noise from its own per-release key, so no other value
     moves).
     """
     users = records.users

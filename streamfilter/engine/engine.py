@@ -17,18 +17,18 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from streamfilter.engine.active_set import ActiveSetTracker
+from streamfilter.dedup.index import EventIdIndex
 from streamfilter.engine.contract import Reject, Release, load_object, parse_event, parse_query
-from streamfilter.engine.coverage import CoverageTracker
 from streamfilter.engine.day import DayOutcome, close_day
-from streamfilter.engine.event_ids import EventIdIndex
 from streamfilter.engine.ingest import EventColumns, parse_columns, parse_events
 from streamfilter.engine.ledger import BudgetLedger
 from streamfilter.engine.params import PrivacyParams
-from streamfilter.engine.population import PopulationTracker
 from streamfilter.engine.queries import AnyQuery, QueryBook
 from streamfilter.engine.records import DayAccumulator, DaySize
 from streamfilter.privacy.noise import RandomBits
+from streamfilter.telemetry.active_set import ActiveSetTracker
+from streamfilter.telemetry.coverage import CoverageTracker
+from streamfilter.telemetry.population import PopulationTracker
 
 
 class InputRecord(Protocol):
@@ -39,11 +39,16 @@ class InputRecord(Protocol):
 
 
 class DayInput(Protocol):
-    """One open day's input buffer: ``add`` returns False for a duplicate record."""
+    """One open day's input buffer (``DayAccumulator``; local mode's
+    ``ContributionAccumulator``): ``add`` returns False for a duplicate record, ``add_many`` the
+    number of new records of a batch. A batch decoded as columns (``parse_columns``) exists only
+    for an engine that parses events, whose days are ``DayAccumulator``s (``add_columns``)."""
 
     day: str
 
     def add(self, record: Any) -> bool: ...
+
+    def add_many(self, records: Sequence[Any]) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -74,11 +79,11 @@ class Engine:
         self.queries = QueryBook()
         self.last_closed_day: str | None = None
         self.history: list[Release] = []
-        #: opt-in private active-set estimate (``engine.active_set``); None = off
+        #: opt-in private active-set estimate (``telemetry.active_set``); None = off
         self.active_set = active_set
-        #: coverage with every release (``engine.coverage``); None = off
+        #: coverage with every release (``telemetry.coverage``); None = off
         self.coverage = coverage
-        #: population estimate with every release (``engine.population``); None = off
+        #: population estimate with every release (``telemetry.population``); None = off
         self.population = population
         self.event_id_index = event_id_index
         # the size of the days before the next one, which its tables are allocated for at once

@@ -43,7 +43,8 @@ from streamfilter.engine.ingest import day_ok
 from streamfilter.engine.params import LINF_FAILURE_PROBABILITY, PrivacyParams
 from streamfilter.engine.queries import AnyQuery
 from streamfilter.privacy.accuracy import linf_bound_for_variance
-from streamfilter.privacy.noise import RandomBits, discrete_gaussian_variance
+from streamfilter.privacy.discrete_gaussian_moments import discrete_gaussian_variance
+from streamfilter.privacy.noise import RandomBits
 
 __all__ = [
     "CENTRAL_NOISE",
@@ -164,6 +165,10 @@ class ContributionAccumulator:
         self._units.setdefault(record.query_id, []).append(record.units)
         self.events += 1
         return True
+
+    def add_many(self, records: Sequence[ContributionRecord]) -> int:
+        """``add`` each record in order; the number that were new."""
+        return sum(map(self.add, records))
 
     def count(self, query_id: str) -> int:
         return len(self._units.get(query_id, ()))

@@ -8,19 +8,19 @@ from collections.abc import Iterable
 from fractions import Fraction
 from typing import Any
 
-from streamfilter.engine.active_set import ActiveSetSpec, ActiveSetTracker
 from streamfilter.engine.affordability import affordability_warning, query_cost
 from streamfilter.engine.contract import Event, Reject, Release, parse_event
-from streamfilter.engine.coverage import CoverageSpec, CoverageTracker
 from streamfilter.engine.day import DayOutcome, SeededPerRelease
 from streamfilter.engine.engine import Engine, RejectedRecord
 from streamfilter.engine.params import PrivacyParams
-from streamfilter.engine.population import PopulationSpec, PopulationTracker
 from streamfilter.engine.queries import AnyQuery
 from streamfilter.engine.records import DayAccumulator
 from streamfilter.privacy.accounting import Guarantee, guarantee
 from streamfilter.privacy.noise import RandomBits, SystemRandomBits
 from streamfilter.privacy.rounding import float_up
+from streamfilter.telemetry.active_set import ActiveSetSpec, ActiveSetTracker
+from streamfilter.telemetry.coverage import CoverageSpec, CoverageTracker
+from streamfilter.telemetry.population import PopulationSpec, PopulationTracker
 
 __all__ = ["Monitor"]
 
@@ -34,11 +34,11 @@ class Monitor:
 
     ``test_seed`` makes noise reproducible and is for tests only: releases produced with it are
     not private (the noise can be recomputed). ``active_set`` (opt-in) adds the daily private
-    active-set estimate ``_active_set`` (``engine.active_set``); its ρ adds to the run's.
+    active-set estimate ``_active_set`` (``telemetry.active_set``); its ρ adds to the run's.
     ``coverage`` (opt-in here; on by default in ``streamfilter run``) makes every query's release
-    carry its coverage estimate (``engine.coverage``, docs/design.md §2.11); its ρ adds too.
+    carry its coverage estimate (``telemetry.coverage``, docs/design.md §2.11); its ρ adds too.
     ``population`` (opt-in) makes every query's release carry its population estimate
-    (``engine.population``, docs/design.md §2.12), paid inside each user's own filter.
+    (``telemetry.population``, docs/design.md §2.12), paid inside each user's own filter.
     """
 
     def __init__(

@@ -20,9 +20,9 @@ from streamfilter.privacy.accounting import (
     sigma_for_rho,
 )
 from streamfilter.privacy.accuracy import gaussian_halfwidth, linf_bound_for_variance
-from streamfilter.privacy.individual import Exhaustion
+from streamfilter.privacy.discrete_gaussian_moments import discrete_gaussian_halfwidth
+from streamfilter.privacy.individual_filter import Exhaustion
 from streamfilter.privacy.lattice import Lattice
-from streamfilter.privacy.noise import discrete_gaussian_halfwidth
 from streamfilter.privacy.odometer import noise_variance_units, rho_of_units
 from streamfilter.privacy.rounding import float_up
 

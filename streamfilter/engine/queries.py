@@ -15,7 +15,7 @@ __all__ = ["AnyQuery", "QueryBook"]
 AnyQuery = SumQuery | HistogramQuery | LinearQuery
 #: the id of the opt-in active-set release (``engine.telemetry``); never a registered query's
 RESERVED_QUERY_ID = "_active_set"
-#: the per-release noise key of the coverage estimates (engine.coverage)
+#: the per-release noise key of the coverage estimates (telemetry.coverage)
 COVERAGE_NOISE_ID = "_coverage"
 
 

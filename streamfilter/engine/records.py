@@ -23,25 +23,27 @@ from __future__ import annotations
 
 import itertools
 import operator
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from itertools import chain, compress, count, repeat
 from operator import attrgetter
-from typing import Any, Literal, NamedTuple, Protocol, cast
+from typing import Any, Literal, NamedTuple, cast
 
 import numpy as np
 
-from streamfilter.engine.contract import Event
-from streamfilter.engine.event_ids import (
-    MAX_USER_CODE,
-    EventIdIndex,
-    id_bytes,
-    packed_ids,
-    pair_key,
-    pair_keys,
-    user_codes,
+from streamfilter.dedup.in_memory import new_seen_event_ids
+from streamfilter.dedup.index import MAX_USER_CODE, EventIdIndex
+from streamfilter.engine.cell_table import (
+    COORD_BITS,
+    CellStore,
+    CodedCells,
+    NativeCells,
+    NumpyCells,
+    new_cells,
+    packed_cells,
 )
-from streamfilter.engine.exact_sums import FOLD_MIN, CellSums, exact_sums_by_key, sorted_with_order
+from streamfilter.engine.contract import Event
+from streamfilter.engine.exact_sums import exact_sums_by_key, sorted_with_order
 from streamfilter.engine.ingest import EventColumns
 from streamfilter.engine.ledger import (
     Hasher,
@@ -54,614 +56,19 @@ from streamfilter.engine.ledger import (
     python_hash,
 )
 from streamfilter.engine.lines import EventIdSpans, id_list
-from streamfilter.engine.native import cell_table as _cell_table  # None: NumpyCells
-from streamfilter.engine.native import pair_set as _pair_set  # None: SeenEventIds' runs
-from streamfilter.engine.native import user_codes as _user_codes  # None: a dict codes them
+from streamfilter.engine.user_codes import UserCodeTable, fill_new_codes, new_user_codes
 
-__all__ = [
-    "DayAccumulator",
-    "DayRecords",
-    "DictUserCodes",
-    "NumpyCells",
-    "PairRun",
-    "SeenEventIds",
-    "new_cells",
-    "new_seen_event_ids",
-]
+__all__ = ["DayAccumulator", "DayRecords", "DaySize"]
 
 _USER = attrgetter("user_id")
 _EVENT_ID = attrgetter("event_id")
 _VALUES = attrgetter("values")
 #: buffered per-event values kept in Python lists (``add``) before they move into arrays
 _PENDING_MAX = 1 << 16
-#: category counts are folded into cells once this many are buffered (and the buffer is at least
-#: the folded cells' size, so folding costs O(1) amortised per value)
-_FOLD_MIN = 1 << 20
 #: a batch of at most this many schemas (features' names in order) is added one schema at a time
 _SCHEMAS_MAX = 8
-#: a packed category cell: the user's code above the coordinate's code (codes < 2**31 each)
-_COORD_BITS = 31
-_COORD_MASK = (1 << _COORD_BITS) - 1
 #: codes are int32, and a user's code is the day's count of events at its first arrival; an
 #: exact-sum limb (engine/exact_sums.py) takes this many additions before it could overflow
-
-
-class PairRun:
-    """(user code, event id) pairs sorted by their 64-bit key, packed: the keys (int64), the user
-    codes (int32), each id's start (int64) and length (int32) in ``text``, the ids' UTF-8 bytes
-    (``event_ids.id_bytes``) in one ``bytes`` — 24 B a pair plus the id. These are the columns
-    of a spilled segment (runtime/event_ids.py), which is written from the runs as they are."""
-
-    __slots__ = ("keys", "lengths", "starts", "text", "users")
-
-    def __init__(
-        self,
-        keys: np.ndarray,
-        users: np.ndarray,
-        starts: np.ndarray,
-        lengths: np.ndarray,
-        text: bytes,
-    ) -> None:
-        self.keys, self.users, self.starts, self.lengths, self.text = (
-            keys,
-            users,
-            starts,
-            lengths,
-            text,
-        )
-
-    @classmethod
-    def of(cls, keys: np.ndarray, users: np.ndarray, event_ids: list[str]) -> PairRun:
-        """The pairs ``(users[i], event_ids[i])`` with keys ``keys`` — already in key order (the
-        text follows that order, so each id starts where the one before it ends)."""
-        text, lengths = packed_ids(event_ids)
-        starts = np.cumsum(lengths, dtype=np.int64) - lengths
-        return cls(keys, np.asarray(users, np.int32), starts, lengths, text)
-
-    @property
-    def nbytes(self) -> int:
-        """The memory its pairs take (the columns and the text)."""
-        columns = (self.keys, self.users, self.starts, self.lengths)
-        return sum(c.nbytes for c in columns) + len(self.text)
-
-    def merged(self, other: PairRun) -> PairRun:
-        keys = np.concatenate([self.keys, other.keys])
-        order = np.argsort(keys, kind="stable")
-        keys = keys[order]  # the unsorted copy goes now, not after the other columns' copies
-        return PairRun(
-            keys,
-            np.concatenate([self.users, other.users])[order],
-            np.concatenate([self.starts, other.starts + len(self.text)])[order],
-            np.concatenate([self.lengths, other.lengths])[order],
-            self.text + other.text,
-        )
-
-    def holds(self, key: int, user: int, event_id: bytes) -> bool:
-        """The pair is in this run (its key located, then user and bytes compared exactly)."""
-        j = int(np.searchsorted(self.keys, key))
-        while j < len(self.keys) and int(self.keys[j]) == key:
-            start = int(self.starts[j])
-            if (
-                int(self.users[j]) == user
-                and self.text[start : start + int(self.lengths[j])] == event_id
-            ):
-                return True
-            j += 1
-        return False
-
-
-#: the pairs' 64-bit keys (``engine.event_ids.pair_keys``; a module name tests can narrow)
-_pair_keys = pair_keys
-_pair_key = pair_key  # one pair's (the same key)
-
-
-class SeenEventIds:
-    """The exact set of a day's (user code, event id) pairs, with no Python object per pair.
-
-    The pairs are kept in sorted runs of packed columns (``PairRun``, a log-structured merge):
-    the 64-bit key (``_pair_keys``), the int32 user code and the id's UTF-8 bytes as a slice of
-    the run's one ``bytes`` — 24 B a pair plus the id. A batch is one new run; the newest two
-    runs merge while the newer is at least half the older, so there are O(log n) runs and each
-    pair is merged O(log n) times. A look-up first asks a one-hash Bloom filter over all keys
-    held (at least ``FILTER_BITS`` bits a pair: about one absent key in eight passes it, one
-    random read each), then binary-searches each run for the keys that pass; a key match (a
-    repeated pair, or a collision) is confirmed by comparing the user code and the id exactly.
-
-    The daemon's spilling index keeps its in-memory tier in one of these: it keys each batch
-    once and passes the keys (``insert_keyed``, ``holds_keyed``), and at a spill takes the runs
-    (``take_runs``) and writes them as a segment.
-    """
-
-    #: pairs added one at a time (``add``) are buffered in a ``set`` up to this many
-    PENDING_MAX = 1 << 12
-    #: the filter's size in bits per pair held, at least (it doubles as the pairs do)
-    FILTER_BITS = 8
-
-    def __init__(self) -> None:
-        self._runs: list[PairRun] = []
-        self._pending: set[tuple[int, str]] = set()
-        self._filter = np.zeros(1, np.uint8)  # bit (key >> _filter_shift) of every key held
-        self._filter_shift = 61
-
-    def _filter_bits(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(byte, bit mask) of each key's filter bit: its top bits, read as unsigned."""
-        top = np.ascontiguousarray(keys, np.int64).view(np.uint64) >> np.uint64(self._filter_shift)
-        byte = (top >> np.uint64(3)).astype(np.intp)
-        return byte, np.left_shift(np.uint8(1), (top & np.uint64(7)).astype(np.uint8))
-
-    def _may_hold_one(self, key: int) -> bool:
-        """``_may_hold`` of one key, in Python ints (the per-event path: no numpy call)."""
-        top = (key % (1 << 64)) >> self._filter_shift  # its top bits, read as unsigned
-        return bool((int(self._filter[top >> 3]) >> (top & 7)) & 1)
-
-    def _may_hold(self, keys: np.ndarray) -> np.ndarray:
-        """False where no run holds the key (no false negatives)."""
-        byte, bit = self._filter_bits(keys)
-        held: np.ndarray = (self._filter[byte] & bit) != 0
-        return held
-
-    def _set_filter(self, keys: np.ndarray) -> None:
-        for a in range(0, len(keys), 1 << 20):  # bounded index arrays
-            byte, bit = self._filter_bits(keys[a : a + (1 << 20)])
-            np.bitwise_or.at(self._filter, byte, bit)
-
-    def _filter_add(self, keys: np.ndarray) -> None:
-        """Set the bits of a new run's keys; past ``FILTER_BITS`` a pair, rebuild twice as big
-        (or more) from every run, so each key is set O(1) times amortised."""
-        held = sum(len(run.keys) for run in self._runs)  # the new run's included
-        if held * self.FILTER_BITS <= 8 * len(self._filter):
-            self._set_filter(keys)
-            return
-        bits = max(3, (held * self.FILTER_BITS * 2 - 1).bit_length())
-        self._filter = np.zeros(1 << (bits - 3), np.uint8)
-        self._filter_shift = 64 - bits
-        for run in self._runs:
-            self._set_filter(run.keys)
-
-    def __len__(self) -> int:
-        return len(self._pending) + sum(len(r.keys) for r in self._runs)
-
-    @property
-    def nbytes(self) -> int:
-        """The memory the runs' pairs take (``PairRun.nbytes``; not the filter nor ``add``'s
-        buffer)."""
-        return sum(run.nbytes for run in self._runs)
-
-    def __contains__(self, key: tuple[int, str]) -> bool:
-        """One pair (the per-event path, ``Monitor``): its key and filter bit in Python ints."""
-        if key in self._pending:
-            return True
-        if not self._runs:
-            return False
-        user, event_id = key
-        k = _pair_key(user, event_id)
-        if not self._may_hold_one(k):
-            return False
-        encoded = id_bytes(event_id)
-        return any(run.holds(k, user, encoded) for run in self._runs)
-
-    def holds_keyed(self, key: int, user: int, event_id: str) -> bool:
-        """The runs hold the pair whose key is ``key`` (``add``'s buffer is not asked)."""
-        if not self._runs or not self._may_hold(np.array([key], np.int64))[0]:
-            return False
-        encoded = id_bytes(event_id)
-        return any(run.holds(key, user, encoded) for run in self._runs)
-
-    def add(self, key: tuple[int, str]) -> None:
-        self._pending.add(key)
-        if len(self._pending) >= self.PENDING_MAX:
-            self._flush()
-
-    def _flush(self) -> None:
-        if self._pending:
-            users, event_ids = zip(*self._pending, strict=True)
-            self._pending = set()
-            self.insert(np.array(users, np.int32), list(event_ids))
-
-    def insert(self, users: np.ndarray, event_ids: list[str] | EventIdSpans) -> np.ndarray:
-        """Add each pair not already held; True where the pair is new — neither held before
-        nor earlier in the batch."""
-        self._flush()
-        if len(event_ids) == 0:
-            return np.ones(0, bool)
-        users = user_codes(users)
-        ids = cast(list[str], id_list(event_ids))
-        return self.insert_keyed(_pair_keys(users, ids), users, ids)
-
-    def insert_keyed(self, keys: np.ndarray, users: np.ndarray, event_ids: list[str]) -> np.ndarray:
-        """``insert``, the pairs' keys given (``users``: int32 codes, as ``user_codes`` makes
-        them); ``add``'s buffer is not flushed."""
-        n = len(event_ids)
-        if n == 0:
-            return np.ones(0, bool)
-        new = np.ones(n, bool)
-        order = np.argsort(keys, kind="stable")
-        ks = keys[order]
-        tied = np.flatnonzero(ks[1:] == ks[:-1])
-        if len(tied):  # equal keys inside the batch (repeats, or collisions): compared exactly
-            for j in tied.tolist():
-                later = int(order[j + 1])
-                i = j
-                while i >= 0 and ks[i] == ks[j + 1]:
-                    earlier = int(order[i])
-                    if users[earlier] == users[later] and event_ids[earlier] == event_ids[later]:
-                        new[later] = False
-                        break
-                    i -= 1
-        passed = np.flatnonzero(self._may_hold(ks))
-        kp = ks[passed]  # sorted, like ks
-        for run in self._runs:
-            pos = np.minimum(np.searchsorted(run.keys, kp), len(run.keys) - 1)
-            for j in passed[np.flatnonzero(run.keys[pos] == kp)].tolist():
-                i = int(order[j])
-                if new[i] and run.holds(int(ks[j]), int(users[i]), id_bytes(event_ids[i])):
-                    new[i] = False
-        kept = order if new.all() else order[new[order]]  # the new pairs, in key order
-        if len(kept):
-            ids = list(map(event_ids.__getitem__, kept.tolist()))
-            self._push(PairRun.of(keys[kept], users[kept], ids))
-        return new
-
-    def _push(self, run: PairRun) -> None:
-        self._runs.append(run)
-        self._filter_add(run.keys)
-        while len(self._runs) > 1 and 2 * len(self._runs[-1].keys) >= len(self._runs[-2].keys):
-            newer = self._runs.pop()
-            self._runs[-1] = self._runs[-1].merged(newer)
-
-    def take_runs(self) -> list[PairRun]:
-        """Every pair ``insert`` added, as the runs that hold them; the index is empty after
-        (``add``'s buffer flushed first)."""
-        self._flush()
-        runs = self._runs
-        self.close()
-        return runs
-
-    def close(self) -> None:
-        """Drop every pair, freeing their memory (``EventIdIndex.close``)."""
-        self._runs, self._pending = [], set()
-        self._filter, self._filter_shift = np.zeros(1, np.uint8), 61
-
-
-class _NativeSeenEventIds:
-    """:class:`SeenEventIds`' answers from ``engine/_pair_set.c``'s ``PairSet``: an open-addressing
-    set of the same packed pairs (keys, int32 user codes, the ids' UTF-8 bytes in one arena), one
-    probe a pair instead of a sort, a filter and a search per run
-    (``tests/engine/test_pair_set.py`` checks it against a ``set``;
-    ``tests/runtime/test_event_id_index_contract.py`` runs the index contract on both). ``take_runs`` sorts the pairs by key into one
-    :class:`PairRun`, the columns a spill writes."""
-
-    def __init__(self) -> None:
-        assert _pair_set is not None
-        self._set = _pair_set.PairSet()
-
-    def __len__(self) -> int:
-        return len(self._set)
-
-    @property
-    def nbytes(self) -> int:
-        """The memory the pairs take (their columns, text and slot table, as allocated)."""
-        return self._set.nbytes
-
-    def __contains__(self, key: tuple[int, str]) -> bool:
-        user, event_id = key
-        return self._set.contains(user, event_id)
-
-    def holds_keyed(self, key: int, user: int, event_id: str) -> bool:
-        return self._set.contains_keyed(key, user, event_id)
-
-    def add(self, key: tuple[int, str]) -> None:
-        self._set.add(*key)
-
-    def insert(self, users: np.ndarray, event_ids: list[str] | EventIdSpans) -> np.ndarray:
-        """Add each pair not already held; True where the pair is new — neither held before
-        nor earlier in the batch. Spans are read in place (no ``str`` per id)."""
-        if isinstance(event_ids, EventIdSpans):
-            new = self._set.insert_spans(
-                user_codes(users), event_ids.block, event_ids.starts, event_ids.lengths
-            )
-        else:
-            new = self._set.insert(user_codes(users), event_ids)
-        return np.frombuffer(new, np.bool_).copy()
-
-    def insert_keyed(self, keys: np.ndarray, users: np.ndarray, event_ids: list[str]) -> np.ndarray:
-        """``insert``, the pairs' keys given (``pair_keys``: the set keeps them as given)."""
-        keys = np.ascontiguousarray(keys, np.int64)
-        new = self._set.insert_keyed(keys, user_codes(users), event_ids)
-        return np.frombuffer(new, np.bool_).copy()
-
-    def take_runs(self) -> list[PairRun]:
-        """Every pair held, as one run sorted by key; the index is empty after."""
-        if len(self._set) == 0:
-            return []
-        # the set hands its columns over as it frees them, and each is replaced by its sorted
-        # copy in turn: the pairs are held about once at any time, not twice
-        packed: list[bytes | np.ndarray] = list(self._set.take())
-        text = packed.pop()
-        assert isinstance(text, bytes)
-        order = np.argsort(np.frombuffer(packed[0], np.int64), kind="stable")
-        for i, dtype in enumerate((np.int64, np.int32, np.int64, np.int32)):
-            packed[i] = np.frombuffer(packed[i], dtype)[order]
-        keys, users, starts, lengths = cast(list[np.ndarray], packed)
-        return [PairRun(keys, users, starts, lengths, text)]
-
-    def close(self) -> None:
-        self._set.clear()
-
-
-def new_seen_event_ids() -> SeenEventIds | _NativeSeenEventIds:
-    """An empty in-memory event-id index: native when the extension is built."""
-    return _NativeSeenEventIds() if _pair_set is not None else SeenEventIds()
-
-
-class DictUserCodes:
-    """The open day's user codes in a dict — what ``engine/_user_codes.c``'s ``UserCodes`` does
-    natively, with the same results (``tests/engine/test_user_codes.py``): ``codes(ids,
-    first)`` gives the ids not held ``first``, ``first + 1``, ... in order of first arrival,
-    ``code_of(id, code)`` is one ``setdefault``."""
-
-    def __init__(self) -> None:
-        self._code: dict[str, int] = {}
-
-    def codes(self, ids: list[str], first: int, new_ids: list[str] | None = None) -> np.ndarray:
-        """Each id's code, the ids not held taking ``first``, ``first + 1``, ... in order of
-        first arrival and, with ``new_ids``, appended to it in that order."""
-        codes = np.fromiter(map(self._code.get, ids, repeat(-1)), np.int64, len(ids))
-        counter = count(first)
-
-        def new_code(user_id: str) -> int:
-            code = self._code.setdefault(user_id, next(counter))
-            if new_ids is not None:
-                new_ids.append(user_id)
-            return code
-
-        return _fill_new_codes(codes, ids, new_code)
-
-    def code_of(self, user_id: str, code: int) -> int:
-        return self._code.setdefault(user_id, code)
-
-    def reserve(self, more: int) -> None:
-        """A dict cannot be sized ahead."""
-
-    def clear(self) -> None:
-        self._code = {}
-
-    def __len__(self) -> int:
-        return len(self._code)
-
-
-class _NativeUserCodes:
-    """``engine/_user_codes.c``'s ``UserCodes`` with ``codes`` as an int64 array."""
-
-    def __init__(self) -> None:
-        assert _user_codes is not None
-        self._table = _user_codes.UserCodes()
-
-    def codes(self, ids: list[str], first: int, new_ids: list[str] | None = None) -> np.ndarray:
-        return np.frombuffer(self._table.codes(ids, first, new_ids), np.int64)
-
-    def code_of(self, user_id: str, code: int) -> int:
-        return self._table.code_of(user_id, code)
-
-    def reserve(self, more: int) -> None:
-        self._table.reserve(more)
-
-    def clear(self) -> None:
-        self._table.clear()
-
-    def __len__(self) -> int:
-        return len(self._table)
-
-
-def new_user_codes() -> DictUserCodes | _NativeUserCodes:
-    """The open day's id → code table: native when the extension is built, else a dict."""
-    return _NativeUserCodes() if _user_codes is not None else DictUserCodes()
-
-
-class CellStore(Protocol):
-    """The open day's (user, coordinate) cells and their exact sums (``NumpyCells``,
-    ``NativeCells``; ``_CodedCells`` for cells given as columns): a user code is dense (an index
-    into the day's users), a packed cell is ``_cell``'s."""
-
-    def users_present(self, n: int) -> np.ndarray:
-        """Which of the user codes ``0..n-1`` have a cell (a code >= n is a ValueError)."""
-        ...
-
-    def coords_present(self, n: int) -> np.ndarray:
-        """Which of the coordinate codes ``0..n-1`` have a cell."""
-        ...
-
-    def records(
-        self, user_rank: np.ndarray, coord_rank: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(user rank, coordinate rank, exact sum rounded once) of every cell, ordered by the
-        ranks (``user_rank[code]``, ``coord_rank[code]``: dense ranks of the present codes)."""
-        ...
-
-
-class NumpyCells:
-    """The open day's (user, coordinate) cells and their exact sums, in numpy — what
-    ``engine/_cell_table.c``'s ``CellTable`` does natively, with the same records bit for bit
-    (``tests/engine/test_cell_table.py``).
-
-    A category hit adds exactly 1.0 to its cell: hits are buffered as packed cells and folded
-    into sorted (cell, count) columns (counts of 1.0s are exact in any order). A numeric
-    coordinate keeps each user's exact sum (``engine.exact_sums.CellSums``: the value itself
-    while there is one, else a fixed-point accumulator). Buffers are folded once they hold as
-    many values as there are cells (and at least ``_FOLD_MIN`` / ``FOLD_MIN``), so memory stays
-    bounded by the cells, not by the values."""
-
-    def __init__(self) -> None:
-        self.clear()
-
-    def clear(self) -> None:
-        """Drop every cell (the store is empty again)."""
-        # numeric coordinate code → its exact per-user sums (values buffered, then folded)
-        self._num: dict[int, CellSums] = {}
-        self._cat: list[np.ndarray] = []  # category hits as packed cells (``_cell``)
-        self._cat_buffered = 0
-        # folded category cells: (ascending packed cells, counts)
-        self._folded: tuple[np.ndarray, np.ndarray] = (np.zeros(0, np.int64), np.zeros(0))
-        self._cells: _CodedCells | None = None  # every cell once, when gathered
-
-    def reserve(self, cells: int) -> None:
-        """Nothing to allocate ahead: the folds grow by concatenation."""
-
-    def count(self) -> int:
-        """The cells folded so far (a size hint: buffered values are not counted)."""
-        return len(self._folded[0]) + sum(map(len, self._num.values()))
-
-    def add_numbers(self, coord: int, users: np.ndarray, values: np.ndarray) -> None:
-        sums = self._num.get(coord)
-        if sums is None:
-            sums = self._num[coord] = CellSums()
-        sums.add(users, values)
-
-    def add_hits(self, cells: np.ndarray) -> None:
-        self._cat.append(cells)
-        self._cat_buffered += len(cells)
-
-    @property
-    def buffered(self) -> int:
-        """Numeric values waiting in the coordinates' buffers."""
-        return sum(sums.buffered for sums in self._num.values())
-
-    def maybe_fold(self) -> None:
-        if self._cat_buffered >= max(_FOLD_MIN, len(self._folded[1])):
-            self.fold_hits()
-        if self.buffered >= max(FOLD_MIN, sum(map(len, self._num.values()))):
-            for sums in self._num.values():
-                sums.fold()
-
-    def fold_hits(self) -> None:
-        """Fold every buffered category hit into its cell's count: the buffer is counted alone
-        (its temporaries are the buffer's, not the day's), then added to the cells held and its
-        new cells inserted."""
-        if not self._cat:
-            return
-        cells = np.concatenate(self._cat)
-        self._cat, self._cat_buffered = [], 0
-        unique, counts = np.unique(cells, return_counts=True)
-        del cells
-        f_cells, f_counts = self._folded
-        at = np.searchsorted(f_cells, unique)
-        found = at < len(f_cells)
-        found[found] = f_cells[at[found]] == unique[found]
-        f_counts[at[found]] += counts[found]
-        if not found.all():
-            new = ~found
-            f_cells = np.insert(f_cells, at[new], unique[new])
-            f_counts = np.insert(f_counts, at[new], counts[new].astype(np.float64))
-        self._folded = (f_cells, f_counts)
-
-    def _gathered(self) -> _CodedCells:
-        """Every cell once (user codes, coordinate codes, exact sums); the tables are freed as
-        their cells come out."""
-        if self._cells is None:
-            self.fold_hits()
-            cells, counts = self._folded
-            self._folded = (np.zeros(0, np.int64), np.zeros(0))
-            users = [cells >> _COORD_BITS]
-            coords = [cells & _COORD_MASK]
-            values = [counts]
-            del cells, counts
-            for coord in list(self._num):
-                codes, summed = self._num.pop(coord).sums()
-                users.append(codes)
-                coords.append(np.full(len(codes), coord, np.int64))
-                values.append(summed)
-                del codes, summed
-            self._cells = _CodedCells(
-                _concatenated(users), _concatenated(coords), _concatenated(values)
-            )
-        return self._cells
-
-    def users_present(self, n: int) -> np.ndarray:
-        return self._gathered().users_present(n)
-
-    def coords_present(self, n: int) -> np.ndarray:
-        return self._gathered().coords_present(n)
-
-    def records(
-        self, user_rank: np.ndarray, coord_rank: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        return self._gathered().records(user_rank, coord_rank)
-
-
-class NativeCells:
-    """``engine/_cell_table.c``'s ``CellTable``: one exact accumulator per cell in a hash
-    table, each value added as it arrives (no buffer, no fold), and the records read off it in
-    canonical order by a counting sort of the users' ranks."""
-
-    def __init__(self) -> None:
-        assert _cell_table is not None
-        self._table = _cell_table.CellTable()
-
-    def reserve(self, cells: int) -> None:
-        """Room for ``cells`` more cells, allocated at once."""
-        self._table.reserve(cells)
-
-    def count(self) -> int:
-        return len(self._table)
-
-    def add_numbers(self, coord: int, users: np.ndarray, values: np.ndarray) -> None:
-        cells = (users.astype(np.int64) << _COORD_BITS) | coord
-        self._table.add(cells, np.ascontiguousarray(values, np.float64))
-
-    def add_hits(self, cells: np.ndarray) -> None:
-        self._table.add(np.ascontiguousarray(cells, np.int64), None)
-
-    def maybe_fold(self) -> None:
-        """Nothing is buffered."""
-
-    def users_present(self, n: int) -> np.ndarray:
-        return np.frombuffer(self._table.users_present(n), np.uint8).astype(bool)
-
-    def coords_present(self, n: int) -> np.ndarray:
-        return np.frombuffer(self._table.coords_present(n), np.uint8).astype(bool)
-
-    def records(
-        self, user_rank: np.ndarray, coord_rank: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        pos, coord, value = self._table.records(
-            np.ascontiguousarray(user_rank, np.int64), np.ascontiguousarray(coord_rank, np.int64)
-        )
-        return np.frombuffer(pos, np.int64), np.frombuffer(coord, np.int64), np.frombuffer(value)
-
-    def clear(self) -> None:
-        self._table.clear()
-
-
-def new_cells() -> NumpyCells | NativeCells:
-    """The open day's cell table: native when the extension is built, else numpy."""
-    return NativeCells() if _cell_table is not None else NumpyCells()
-
-
-def _present(codes: np.ndarray, n: int) -> np.ndarray:
-    """Which of the codes ``0..n-1`` occur in ``codes``."""
-    if len(codes) and int(codes.max()) >= n:
-        raise ValueError(f"a cell's code is >= {n}")
-    mark = np.zeros(n, bool)
-    mark[codes] = True
-    return mark
-
-
-def _ranked_sums(
-    users: np.ndarray,
-    coords: np.ndarray,
-    values: np.ndarray,
-    user_rank: np.ndarray,
-    coord_rank: np.ndarray,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(user rank, coordinate rank, exact sum) of each distinct (user, coordinate) of the cells
-    ``(users[i], coords[i], values[i])``, ordered by the ranks (``exact_sums_by_key``)."""
-    n = int(user_rank.max()) + 1 if len(user_rank) else 0
-    k = int(coord_rank.max()) + 1 if len(coord_rank) else 0
-    ranks, cranks = user_rank[users], coord_rank[coords]
-    if len(values) and (int(ranks.min()) < 0 or int(cranks.min()) < 0):
-        raise ValueError("a cell's code has no rank")
-    cell_key, summed = exact_sums_by_key(ranks * k + cranks, values, n * k)
-    return cell_key // k, cell_key % k, summed
 
 
 def _records_of_cells(
@@ -723,24 +130,6 @@ def _canonical_coords(coords: Sequence[str], used: np.ndarray) -> tuple[np.ndarr
     return coord_rank, _objects([names[i] for i in by_name])
 
 
-class _CodedCells:
-    """Integer-coded cells given as columns (``DayRecords.from_codes``), duplicates allowed."""
-
-    def __init__(self, users: np.ndarray, coords: np.ndarray, values: np.ndarray) -> None:
-        self._users, self._coords, self._values = users, coords, values
-
-    def users_present(self, n: int) -> np.ndarray:
-        return _present(self._users, n)
-
-    def coords_present(self, n: int) -> np.ndarray:
-        return _present(self._coords, n)
-
-    def records(
-        self, user_rank: np.ndarray, coord_rank: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        return _ranked_sums(self._users, self._coords, self._values, user_rank, coord_rank)
-
-
 class DaySize(NamedTuple):
     """How large an open day has grown: its distinct users and its (user, coordinate) cells.
     A new day's tables are allocated for the size of the days before it at once
@@ -789,7 +178,7 @@ class DayAccumulator:
         self._cat_code: dict[str, dict[str, int]] = {}  # feature → category → coordinate code
         #: feature → (a code table: category → index, the coordinate code of each index), the
         #: columns' path to ``_cat_code`` (``_category_codes``)
-        self._cat_index: dict[str, tuple[DictUserCodes | _NativeUserCodes, list[int]]] = {}
+        self._cat_index: dict[str, tuple[UserCodeTable, list[int]]] = {}
         # per-event ``add``: Python lists, moved into the arrays every _PENDING_MAX values
         self._p_users: list[int] = []
         self._p_coords: list[int] = []
@@ -851,7 +240,7 @@ class DayAccumulator:
         self.events += 1
         for name, v in event.values.items():
             if isinstance(v, str):
-                self._p_cats.append((user << _COORD_BITS) | self._cat_code_of(name, v))
+                self._p_cats.append((user << COORD_BITS) | self._cat_code_of(name, v))
             else:
                 self._p_users.append(user)
                 self._p_coords.append(self._coord_code_of(name))
@@ -876,7 +265,7 @@ class DayAccumulator:
     def _coordinate_codes(self, names: list[str]) -> np.ndarray:
         """The code of each numeric feature name (a dict look-up in C; new names are few)."""
         codes = np.fromiter(map(self._coord_code.get, names, repeat(-1)), np.int64, len(names))
-        return _fill_new_codes(codes, names, self._coord_code_of)
+        return fill_new_codes(codes, names, self._coord_code_of)
 
     def _category_codes(self, name: str, categories: list[str]) -> np.ndarray:
         """The coordinate code of each category ``f"{name}={category}"`` of one feature: each
@@ -991,7 +380,9 @@ class DayAccumulator:
         """One feature's values of a batch, ``column[i]`` the value of user ``codes[i]``: all
         categories (folded into cells later) or all numbers."""
         if categorical:
-            self._cells.add_hits(_cell(codes, self._category_codes(name, cast(list[str], column))))
+            self._cells.add_hits(
+                packed_cells(codes, self._category_codes(name, cast(list[str], column)))
+            )
         else:
             values = (
                 column
@@ -1023,7 +414,7 @@ class DayAccumulator:
                 np.int64,
                 int(cat.sum()),
             )
-            self._cells.add_hits(_cell(user_col[cat], cat_codes))
+            self._cells.add_hits(packed_cells(user_col[cat], cat_codes))
             is_num = list(map(operator.not_, is_cat))
             names, values = list(compress(names, is_num)), list(compress(values, is_num))
             user_col = user_col[~cat]
@@ -1079,34 +470,6 @@ class DayAccumulator:
     def _check_open(self) -> None:
         if self._finished:
             raise RuntimeError(f"day {self.day} is finished: it takes no more events")
-
-
-def _fill_new_codes(
-    codes: np.ndarray, keys: list[str], code_of: Callable[[str], int]
-) -> np.ndarray:
-    """``codes`` with each -1 (a key the day had not coded) replaced by ``code_of(key)``, called
-    once per distinct new key, in order of first appearance (so codes are given as one call per
-    value would give them)."""
-    missing = np.flatnonzero(codes < 0)
-    if len(missing):
-        new_keys = list(map(keys.__getitem__, missing.tolist()))
-        code = {key: code_of(key) for key in dict.fromkeys(new_keys)}
-        codes[missing] = np.fromiter(map(code.__getitem__, new_keys), np.int64, len(new_keys))
-    return codes
-
-
-def _concatenated(parts: list[np.ndarray]) -> np.ndarray:
-    """``np.concatenate(parts)``, emptying the list as it goes (the parts are freed once
-    copied)."""
-    out = np.concatenate(parts)
-    parts.clear()
-    return out
-
-
-def _cell(users: np.ndarray, coords: np.ndarray) -> np.ndarray:
-    """(user code, coordinate code) cells packed in one int64 each."""
-    packed: np.ndarray = (users.astype(np.int64) << _COORD_BITS) | coords
-    return packed
 
 
 def _objects(items: Sequence[object]) -> np.ndarray:
@@ -1195,7 +558,7 @@ class DayRecords:
         ``users[cell_user[i]]`` at coordinate ``coords[cell_coord[i]]`` (``users`` distinct,
         ``coords`` distinct). Equal to :meth:`from_columns` of the decoded columns, bit for bit;
         one hash per user instead of one per cell."""
-        cells = _CodedCells(
+        cells = CodedCells(
             np.asarray(cell_user, np.int64),
             np.asarray(cell_coord, np.int64),
             np.asarray(values, dtype=np.float64),

@@ -56,7 +56,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
 def cmd_individual(args: argparse.Namespace) -> int:
     """Yu et al.'s individual ε of DP-SGD on digits: JSON and (optionally) the HTML report."""
     from .individual_accounting import individual_study
-    from .report import write_individual_report
+    from .learning_report import write_individual_report
 
     study = individual_study(steps=args.steps, exact_sample=args.exact_sample, seed=args.seed)
     _write_json(study, args.json)

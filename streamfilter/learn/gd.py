@@ -10,7 +10,7 @@ step each example's gradient is clipped, the clipped gradients are summed, Gauss
   clips example i's gradient to ``min(C, sqrt(B_norm − spent_i))`` (clip to the remaining
   budget): ``B_norm/(2σ²C²)``-zCDP whatever the number of steps ``k_max`` (Proposition 5.2).
 
-Admission is the privacy core's exact integer filter: :func:`streamfilter.privacy.individual.
+Admission is the privacy core's exact integer filter: :func:`streamfilter.privacy.individual_filter.
 filter_squared_norms` (policy ``clip``) on the squared norms from the model's outer-product
 trick, so no n × d matrix is built and no float comparison decides what an example may spend.
 Algorithm 6 uses the same function with a one-step budget ``floor(C²/γ²)`` renewed at every
@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from streamfilter.privacy.individual import Exhaustion, filter_squared_norms
+from streamfilter.privacy.individual_filter import Exhaustion, filter_squared_norms
 from streamfilter.privacy.lattice import Lattice
 from streamfilter.privacy.noise import RandomBits, SystemRandomBits, gaussian
 

@@ -31,7 +31,7 @@ inputs). :meth:`BinaryTreeCounter.for_rho` picks ``s² = ceil(L/(2ρ))`` so that
 
 Accuracy: the release at step t has error equal to a sum of ``popcount(t) <= L`` independent
 ``N_Z(0, s²)`` variables: standard deviation ``sqrt(popcount(t)·Var N_Z(0, s²))`` (exact variance
-from :func:`streamfilter.privacy.noise.discrete_gaussian_variance`) and a 95% half-width computed
+from :func:`streamfilter.privacy.discrete_gaussian_moments.discrete_gaussian_variance`) and a 95% half-width computed
 from the exact distribution of that sum (:func:`discrete_gaussian_sum_halfwidth`).
 
 The counter is an immutable description (:class:`BinaryTreeCounter`) and an immutable state
@@ -53,11 +53,13 @@ from fractions import Fraction
 import numpy as np
 
 from streamfilter.privacy.accuracy import gaussian_halfwidth
+from streamfilter.privacy.discrete_gaussian_moments import (
+    discrete_gaussian_halfwidth,
+    discrete_gaussian_variance,
+)
 from streamfilter.privacy.noise import (
     RandomBits,
     discrete_gaussian,
-    discrete_gaussian_halfwidth,
-    discrete_gaussian_variance,
 )
 from streamfilter.privacy.rounding import float_up
 
@@ -255,7 +257,7 @@ def fft_convolve(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 def discrete_gaussian_sum_halfwidth(sigma2_units: int, k: int, coverage: float = 0.95) -> int:
     """Smallest integer h with ``P(|Z_1 + … + Z_k| <= h) >= coverage``, ``Z_j ~ N_Z(0, s²)`` iid.
 
-    ``k = 1`` is :func:`~streamfilter.privacy.noise.discrete_gaussian_halfwidth`. For ``k >= 2``
+    ``k = 1`` is :func:`~streamfilter.privacy.discrete_gaussian_moments.discrete_gaussian_halfwidth`. For ``k >= 2``
     the pmf of one ``Z`` is tabulated on ``|z| <= M`` with ``M = ceil(12·s) + 1`` (the mass beyond
     is below ``e^-72``) and convolved k-fold (FFT; float round-off ~1e-15, far below the steps of
     the cumulative distribution near the 95% point). When the table would exceed 2^22 points

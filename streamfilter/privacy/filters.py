@@ -11,7 +11,7 @@ the same way).
 When *not* to use these classes
 -------------------------------
 streamfilter's per-user admission (Algorithm 3) does **not** use them: it works with exact integer
-costs in lattice units (``streamfilter.privacy.individual``), so no floating-point comparison ever
+costs in lattice units (``streamfilter.privacy.individual_filter``), so no floating-point comparison ever
 decides admission. These classes take float losses for use on their own (notebooks, tests, other
 pipelines). Callers must pass losses that are *upper bounds* on the true per-step loss; a loss
 rounded down before it gets here is outside what this module can fix.

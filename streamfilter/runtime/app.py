@@ -10,27 +10,26 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from streamfilter.config import Settings, config_fingerprint
-from streamfilter.engine.active_set import ActiveSetTracker
-from streamfilter.engine.coverage import CoverageTracker
+from streamfilter.dedup.index import EventIdIndex
+from streamfilter.dedup.spill import SpillingEventIds
 from streamfilter.engine.day import SeededPerRelease
 from streamfilter.engine.engine import Engine
-from streamfilter.engine.event_ids import EventIdIndex
 from streamfilter.engine.ingest import SCANNER
 from streamfilter.engine.local import LocalEngine
 from streamfilter.engine.params import PrivacyParams
-from streamfilter.engine.population import PopulationSpec, PopulationTracker
 from streamfilter.errors import ConfigError, StreamfilterError
 from streamfilter.privacy.noise import RandomBits, SystemRandomBits
-from streamfilter.runtime.active_set import load_active_set
-from streamfilter.runtime.coverage import load_coverage
 from streamfilter.runtime.daemon import Daemon, InputLimits
-from streamfilter.runtime.event_ids import SpillingEventIds
 from streamfilter.runtime.io.base import NoQueryFeed, QueryFeed, Sink, Source
 from streamfilter.runtime.io.files import FileQueryFeed, FileSink, FileSource, StdoutSink
 from streamfilter.runtime.io.policy import PolicyFeed
 from streamfilter.runtime.io.synthetic import SyntheticSource
 from streamfilter.runtime.store import StateStore, StoredState
 from streamfilter.runtime.store.open import open_store
+from streamfilter.runtime.telemetry import load_active_set, load_coverage
+from streamfilter.telemetry.active_set import ActiveSetTracker
+from streamfilter.telemetry.coverage import CoverageTracker
+from streamfilter.telemetry.population import PopulationSpec, PopulationTracker
 
 log = logging.getLogger("streamfilter.app")
 
@@ -412,7 +411,7 @@ def _build_worker(settings: Settings, params: PrivacyParams, bits: RandomBits) -
             "telemetry.population is not available in cluster mode yet (the partial days "
             "carry no departed sums); run a single process or set population = false"
         )
-    from streamfilter.runtime.cluster import ClusterDaemon
+    from streamfilter.runtime.cluster_worker import ClusterDaemon
     from streamfilter.runtime.io.kafka import KafkaGroupSource
     from streamfilter.runtime.io.kafka_errors import check_group_access, kafka_access
     from streamfilter.runtime.store.cluster import ClusterLedger

@@ -21,15 +21,12 @@ when they had no events, so releases leave on a data-independent schedule.
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
-import gc
 import logging
 import threading
 import time
-from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from itertools import compress
 from operator import attrgetter, ne, not_
 from typing import Any
@@ -39,10 +36,12 @@ from streamfilter.engine.contract import MAX_EVENT_BYTES, Reject, RejectReason, 
 from streamfilter.engine.engine import DayInput, Engine
 from streamfilter.engine.ingest import EventColumns
 from streamfilter.engine.lines import BlockLines
+from streamfilter.engine.records import DayAccumulator
 from streamfilter.errors import RetentionGapError
 from streamfilter.runtime.faults import crash_point
 from streamfilter.runtime.io.base import (
     DEFAULT_REJECT_RAW_BYTES,
+    BrokerSource,
     QueryFeed,
     RecordBatch,
     Sink,
@@ -50,6 +49,7 @@ from streamfilter.runtime.io.base import (
     reject_payload,
 )
 from streamfilter.runtime.observe.observer import DaemonObserver
+from streamfilter.runtime.process import RunSummary, collector_for_run, is_transient
 from streamfilter.runtime.store import (
     DayCommit,
     Position,
@@ -59,39 +59,11 @@ from streamfilter.runtime.store import (
     check_sink_not_ahead,
 )
 
-__all__ = ["Daemon", "InputLimits", "RunSummary", "collector_for_run"]
+__all__ = ["Daemon", "InputLimits"]
 
 log = logging.getLogger("streamfilter.daemon")
 DAY = dt.timedelta(days=1)
 _DAY = attrgetter("day")
-
-
-@dataclass
-class RunSummary:
-    """Operator-side counts of this process's run (input volume and reject reasons; never
-    per-user or admitted/refused counts)."""
-
-    records_read: int = 0
-    events_accepted: int = 0
-    events_duplicate: int = 0
-    rejects: Counter[str] = field(default_factory=Counter)
-    queries_registered: int = 0
-    days_closed: int = 0
-    releases_published: int = 0
-    replayed_skipped: int = 0
-    rejects_dropped: int = 0
-
-    def as_dict(self) -> dict[str, object]:
-        return {
-            "records_read": self.records_read,
-            "events_accepted": self.events_accepted,
-            "events_duplicate": self.events_duplicate,
-            "rejected": sum(self.rejects.values()),
-            "rejects_by_reason": dict(sorted(self.rejects.items())),
-            "queries_registered": self.queries_registered,
-            "days_closed": self.days_closed,
-            "releases_published": self.releases_published,
-        }
 
 
 @dataclass(frozen=True)
@@ -107,34 +79,6 @@ class InputLimits:
     max_reject_raw_bytes: int = DEFAULT_REJECT_RAW_BYTES
 
 
-#: allocations between two young-generation collections during a run (CPython's default: 700)
-GC_YOUNG_THRESHOLD = 30_000
-
-
-@contextlib.contextmanager
-def collector_for_run() -> Iterator[None]:
-    """The cyclic garbage collector's settings while the daemon runs, restored afterwards.
-
-    The loop allocates a few objects per input record (kafka-python's records, decoded events)
-    that reference counting frees; none forms a cycle. With CPython's defaults the collector
-    still runs a young pass every 700 allocations and, every hundred of those, a full pass over
-    every tracked object — the start-up heap (modules, clients, the restored state) and the open
-    days' buffers included: ~10% of the run's CPU on Kafka. So, for the run: the start-up heap
-    is frozen (``gc.freeze``: it lives as long as the run; later objects are collected as
-    usual) and young passes are rarer (``GC_YOUNG_THRESHOLD``), which makes full passes rarer
-    too. Cycles are still collected, only later.
-    """
-    young, *older = gc.get_threshold()
-    gc.freeze()
-    if young:  # 0: automatic collection is off; leave it so
-        gc.set_threshold(max(young, GC_YOUNG_THRESHOLD), *older)
-    try:
-        yield
-    finally:
-        gc.set_threshold(young, *older)
-        gc.unfreeze()
-
-
 #: first and longest wait between two attempts to relay the outbox (seconds)
 RELAY_BACKOFF_S = (1.0, 30.0)
 
@@ -148,14 +92,6 @@ COMPACT_BETWEEN_CLOSES_ENTRIES = 100_000
 
 #: seconds between probes of an input whose broker did not answer (see ``_probe_input``)
 INPUT_PROBE_S = 2.0
-
-
-def _transient(exc: BaseException) -> bool:
-    """An error that may heal by itself: a client error marked ``retriable`` (kafka-python's
-    timeouts, connection and leadership errors) or a timeout. Store errors never are."""
-    if isinstance(exc, StoreError):
-        return False
-    return bool(getattr(exc, "retriable", False)) or isinstance(exc, TimeoutError)
 
 
 def _next_day(day: str) -> str:
@@ -203,6 +139,8 @@ class Daemon:
         self.engine = engine
         self.store = store
         self.source = source
+        #: the source's broker abilities (lag, gaps, partitions added, offsets mirrored), if any
+        self._broker = source if isinstance(source, BrokerSource) else None
         self.feed = feed
         self.sink = sink
         self.reject_sink = reject_sink
@@ -250,7 +188,7 @@ class Daemon:
         offsets = {p: pos.resume_offset for p, pos in state.positions.items()}
         self._high = {p: pos.high_offset for p, pos in state.positions.items()}
         self.source.seek(offsets)
-        self._check_retention_gaps(self.source.retention_gaps())
+        self._check_retention_gaps(self._broker.retention_gaps() if self._broker else {})
         for p in self.source.partitions():
             self._read_offset[p] = offsets.get(p, 0)
         self.observer.partitions(len(self._read_offset), [])
@@ -465,19 +403,21 @@ class Daemon:
 
     @staticmethod
     def _add_run(
-        acc: Any, columns: EventColumns | None, parsed: Sequence[Any], a: int, b: int, part: bool
+        acc: DayInput,
+        columns: EventColumns | None,
+        parsed: Sequence[Any],
+        a: int,
+        b: int,
+        part: bool,
     ) -> int:
-        """Add events ``a..b`` of a batch to one day's input: as columns, as a batch of events,
-        or one by one — whichever the input takes (``part``: the run is not the whole batch)."""
+        """Add events ``a..b`` of a batch to one day's input, as columns when the batch was
+        decoded as columns, else as a batch of records (``part``: the run is not the whole
+        batch)."""
         if columns is not None:
-            batch = columns.slice(a, b) if part else columns
-            if hasattr(acc, "add_columns"):
-                return int(acc.add_columns(batch))
-            run: Sequence[Any] = batch.events()
-        else:
-            run = parsed[a:b] if part else parsed
-        add_many = getattr(acc, "add_many", None)
-        return int(add_many(run) if add_many else sum(map(acc.add, run)))
+            # only an engine that parses events decodes columns, and its days are accumulators
+            assert isinstance(acc, DayAccumulator)
+            return acc.add_columns(columns.slice(a, b) if part else columns)
+        return acc.add_many(parsed[a:b] if part else parsed)
 
     def _open_runs(self, days: list[str], horizon: str | None) -> list[tuple[int, int]] | None:
         """The runs of consecutive events of one day (one run but at a day's boundary), when
@@ -650,7 +590,9 @@ class Daemon:
             if self._max_day.get(p, "") > day:
                 continue
             idle_s = now - self._last_seen.get(p, self._started)
-            if idle_s >= self.idle_timeout_s and self.source.caught_up(p):
+            if idle_s >= self.idle_timeout_s and (
+                self._broker is None or self._broker.caught_up(p)
+            ):
                 continue
             return False
         return True
@@ -680,7 +622,7 @@ class Daemon:
 
     def _read_lag(self) -> None:
         try:
-            lags = self.source.lag()
+            lags = self._broker.lag() if self._broker is not None else {}
         except Exception as exc:
             self._input_unavailable("could not read the input's lag", exc)
             return
@@ -715,7 +657,7 @@ class Daemon:
         nothing now) when partitions were added — they are read first — or when the source
         cannot tell (a broker outage: an unknown partition may hold the day's events)."""
         try:
-            added = self.source.refresh_partitions(fresh=True)
+            added = self._broker.refresh_partitions(fresh=True) if self._broker else []
         except Exception as exc:
             self._input_unavailable("could not refresh the input's partitions; days wait", exc)
             return False
@@ -797,7 +739,8 @@ class Daemon:
         crash_point("after_commit")
         # 2b. mirror the committed input positions to the source (lag tools); not the truth
         try:
-            self.source.committed({p: pos.resume_offset for p, pos in positions.items()})
+            if self._broker is not None:
+                self._broker.committed({p: pos.resume_offset for p, pos in positions.items()})
         except Exception as exc:  # the store holds the real positions
             self._input_unavailable("could not mirror input offsets to the source", exc)
         # a metric: a broker outage here must not end the run (the day is committed)
@@ -827,7 +770,7 @@ class Daemon:
             try:
                 self._relay_once()
             except Exception as exc:
-                if not _transient(exc) or self.stop_event.is_set():
+                if not is_transient(exc) or self.stop_event.is_set():
                     raise
                 self.observer.sink_unavailable(type(exc).__name__)
                 log.warning(

@@ -2,7 +2,7 @@
 
 Set ``STREAMFILTER_CRASH_AT=<name>[:<n>]`` and the process SIGKILLs itself the n-th time (default
 the first) it reaches ``crash_point(<name>)``. Names used by the daemon: ``after_commit``,
-``after_publish``, ``before_mark_sent``; by a cluster worker (``runtime.cluster``):
+``after_publish``, ``before_mark_sent``; by a cluster worker (``runtime.cluster_worker``):
 ``before_partition_commit``, ``after_partition_commit``, ``after_release_insert``; by the SQLite
 store: ``before_mirror`` (the day is
 committed, its sequence not yet mirrored to ``<state>.seq``) and ``mid_compaction`` (inside an

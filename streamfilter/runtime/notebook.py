@@ -15,12 +15,12 @@ from pathlib import Path
 from typing import Any
 
 from streamfilter.config import config_fingerprint
-from streamfilter.engine.coverage import CoverageTracker
 from streamfilter.engine.day import DayOutcome
 from streamfilter.engine.monitor import Monitor
 from streamfilter.engine.queries import AnyQuery
 from streamfilter.errors import ConfigError
 from streamfilter.runtime.store import DayCommit, SQLiteStateStore
+from streamfilter.telemetry.coverage import CoverageTracker
 
 __all__ = ["PersistentMonitor"]
 

@@ -96,14 +96,13 @@ import scipy.stats
 
 import streamfilter.engine.day as day_module
 from streamfilter.engine.contract import Event, Release, parse_event, parse_query
-from streamfilter.engine.coverage import CoverageSpec, CoverageTracker
 from streamfilter.engine.engine import Engine
 from streamfilter.engine.params import PrivacyParams
 from streamfilter.engine.queries import AnyQuery
 from streamfilter.engine.records import DayAccumulator
 from streamfilter.privacy.accounting import epsilon_from_rho_cks
 from streamfilter.privacy.continual import MAX_HORIZON, CounterExhausted, EpochCounter
-from streamfilter.privacy.individual import (
+from streamfilter.privacy.individual_filter import (
     Exhaustion,
     FilterStep,
     FilterTotals,
@@ -114,6 +113,7 @@ from streamfilter.privacy.individual import (
 from streamfilter.privacy.lattice import Lattice, round_to_lattice
 from streamfilter.privacy.noise import RandomBits, SystemRandomBits
 from streamfilter.privacy.rounding import float_up
+from streamfilter.telemetry.coverage import CoverageSpec, CoverageTracker
 
 __all__ = ["BUGS", "AuditConfig", "AuditResult", "Bug", "audit", "main"]
 

@@ -1,6 +1,6 @@
 """The open day's cell table: the native ``CellTable`` (``engine/_cell_table.c``) gives every
 (user, coordinate) cell the exact sum of its values rounded once — ``math.fsum``'s value, bit for
-bit, and ``records.NumpyCells``' — for values across the whole fixed point (carries and borrows
+bit, and ``cell_table.NumpyCells``' — for values across the whole fixed point (carries and borrows
 through every word), values kept aside (tiny, huge, inf, nan), category hits, any batching and
 growth through many resizes; its records come out in the ranks' order; a bad batch or bad ranks
 change nothing. In CI a missing build is a failure."""
@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamfilter.engine import native, records
+from streamfilter.engine import cell_table, native
 from tests.native_build import check_built_in_ci, needs
 
 built = needs(native.cell_table, "engine/_cell_table.c")
@@ -25,7 +25,7 @@ COORD_BITS = 31
 def test_the_native_cell_table_is_built_in_ci():
     check_built_in_ci(native.cell_table, "engine/_cell_table.c")
     assert "engine/_cell_table.c" not in native.missing()
-    assert isinstance(records.new_cells(), records.NativeCells)
+    assert isinstance(cell_table.new_cells(), cell_table.NativeCells)
 
 
 def new_table():
@@ -106,7 +106,7 @@ def all_records(store, n_users: int, n_coords: int, user_rank, coord_rank):
     st.permutations(range(4)),
 )
 def test_each_cell_is_fsum_of_its_values_in_rank_order(items, batch, user_perm, coord_perm):
-    native_cells, numpy_cells = records.NativeCells(), records.NumpyCells()
+    native_cells, numpy_cells = cell_table.NativeCells(), cell_table.NumpyCells()
     add_items(native_cells, items, batch)
     add_items(numpy_cells, items, batch)
     want = reference(items)

@@ -8,7 +8,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamfilter.engine import exact_sums, records
+from streamfilter.engine import cell_table, exact_sums
 from streamfilter.engine.contract import Event
 from streamfilter.engine.exact_sums import (
     FRACTION_BITS,
@@ -175,8 +175,8 @@ def test_the_open_day_holds_each_cell_as_the_fsum_of_its_values_in_any_order(pai
 def test_memory_is_bounded_by_cells_the_buffer_is_folded(monkeypatch):
     """With a small fold threshold, many values for few cells never pile up in the buffer."""
     monkeypatch.setattr(exact_sums, "FOLD_MIN", 64)
-    monkeypatch.setattr(records, "FOLD_MIN", 64)
-    cells = records.NumpyCells()
+    monkeypatch.setattr(cell_table, "FOLD_MIN", 64)
+    cells = cell_table.NumpyCells()
     acc = DayAccumulator("2026-01-01", cells=cells)
     peak = 0
     for _ in range(200):

@@ -13,7 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamfilter.engine import event_ids, ledger, records
+from streamfilter.dedup import index as event_ids
+from streamfilter.engine import ledger, records
 from streamfilter.engine.ledger import python_hash
 from tests.native_build import check_built_in_ci, needs
 

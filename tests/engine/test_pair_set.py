@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from streamfilter.dedup.index import id_bytes, pair_key, pair_keys
 from streamfilter.engine import native
-from streamfilter.engine.event_ids import id_bytes, pair_key, pair_keys
 from tests.native_build import check_built_in_ci, needs
 
 built = needs(native.pair_set, "engine/_pair_set.c")

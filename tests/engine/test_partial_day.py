@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 
 from streamfilter.engine.contract import parse_event, parse_query
-from streamfilter.engine.coverage import CoverageSpec, CoverageTracker
 from streamfilter.engine.day import (
     SeededPerRelease,
     close_day,
@@ -22,6 +21,7 @@ from streamfilter.engine.day import (
 from streamfilter.engine.ledger import BudgetLedger
 from streamfilter.engine.params import PrivacyParams
 from streamfilter.engine.records import DayAccumulator
+from streamfilter.telemetry.coverage import CoverageSpec, CoverageTracker
 
 QUERIES = [
     parse_query(q)

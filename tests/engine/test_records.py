@@ -5,7 +5,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamfilter.engine import records
+from streamfilter.dedup import in_memory
+from streamfilter.engine import cell_table, records
 from streamfilter.engine.contract import parse_event
 from streamfilter.engine.records import DayAccumulator
 
@@ -90,20 +91,20 @@ def test_add_many_and_folding_are_add_one_by_one(items, batch, fold_often, by_sc
     for bit, and the same counts of events and duplicates — in the native cell table (when
     built) and in numpy's."""
     events = [ev(u, vals, eid) for u, vals, eid in items]
-    one = DayAccumulator("2026-01-05", cells=records.NumpyCells() if numpy_cells else None)
+    one = DayAccumulator("2026-01-05", cells=cell_table.NumpyCells() if numpy_cells else None)
     added_one = [one.add(e) for e in events]
-    saved, records._FOLD_MIN = records._FOLD_MIN, (1 if fold_often else 1 << 20)
-    saved_ids = records.SeenEventIds.PENDING_MAX
+    saved, cell_table._FOLD_MIN = cell_table._FOLD_MIN, (1 if fold_often else 1 << 20)
+    saved_ids = in_memory.SeenEventIds.PENDING_MAX
     saved_schemas = records._SCHEMAS_MAX
-    records.SeenEventIds.PENDING_MAX = 1 if fold_often else 1 << 12
+    in_memory.SeenEventIds.PENDING_MAX = 1 if fold_often else 1 << 12
     records._SCHEMAS_MAX = saved_schemas if by_schema else 1
     try:
         many = DayAccumulator("2026-01-05")
         steps = range(0, len(events), batch)
         added_many = sum(many.add_many(events[i : i + batch]) for i in steps)
     finally:
-        records._FOLD_MIN = saved
-        records.SeenEventIds.PENDING_MAX = saved_ids
+        cell_table._FOLD_MIN = saved
+        in_memory.SeenEventIds.PENDING_MAX = saved_ids
         records._SCHEMAS_MAX = saved_schemas
     assert added_many == sum(added_one)
     assert (many.events, many.duplicates) == (one.events, one.duplicates)
@@ -111,7 +112,7 @@ def test_add_many_and_folding_are_add_one_by_one(items, batch, fold_often, by_sc
 
 
 def test_categories_fold_into_cells():
-    cells = records.NumpyCells()
+    cells = cell_table.NumpyCells()
     acc = DayAccumulator("2026-01-05", cells=cells)
     for i in range(3000):
         acc.add_many([ev(f"u{i % 10}", {"c": "ab"[(i // 10) % 2]})])
@@ -119,71 +120,6 @@ def test_categories_fold_into_cells():
     assert len(cells._folded[1]) == 20 and cells._cat_buffered == 0
     rec = acc.finish()
     assert rec.matrix(["c=a", "c=b"]).sum() == 3000
-
-
-def test_seen_event_ids_at_scale_through_filter_rebuilds():
-    """200,000 pairs in batches, 5% of them repeating a pair of an earlier batch: exactly a
-    set's answers while the runs merge and the Bloom filter is rebuilt bigger many times (a
-    key whose bit were lost would let a repeated event count twice)."""
-    rng = np.random.default_rng(7)
-    seen, model = records.SeenEventIds(), set()
-    held: list[tuple[int, str]] = []
-    for b in range(20):
-        fresh = [(int(u), f"e{b}-{i}") for i, u in enumerate(rng.integers(0, 5000, 10_000))]
-        again = [held[int(j)] for j in rng.integers(0, len(held), 500)] if held else []
-        batch = fresh + again
-        expected = [k not in model for k in batch]
-        for k in batch:
-            model.add(k)
-        users = np.array([u for u, _ in batch], np.int64)
-        assert seen.insert(users, [e for _, e in batch]).tolist() == expected
-        held += fresh
-    assert len(seen) == len(model) == 200_000
-    assert seen._filter.nbytes * 8 >= seen.FILTER_BITS * len(seen)
-    probe = [*held[::97], (1, "absent"), (4999, "e0-0x")]
-    assert [k in seen for k in probe] == [k in model for k in probe]
-
-
-@settings(max_examples=80, deadline=None)
-@given(
-    st.lists(
-        st.lists(st.tuples(st.integers(0, 3), st.text(max_size=3)), max_size=8),
-        max_size=8,
-    ),
-    st.booleans(),
-    st.integers(1, 4),
-)
-def test_seen_event_ids_is_a_set(batches, colliding, pending_max):
-    """Batches (``insert``) and single pairs (``add``) alike: membership is exactly a Python
-    set's, including when every key collides with others (keys cut to 2 bits)."""
-    saved_keys, saved_max = records._pair_keys, records.SeenEventIds.PENDING_MAX
-    saved_key = records._pair_key
-    if colliding:
-        records._pair_keys = lambda users, ids: saved_keys(users, ids) & 3
-        records._pair_key = lambda user, event_id: saved_key(user, event_id) & 3
-    records.SeenEventIds.PENDING_MAX = pending_max
-    try:
-        seen, model = records.SeenEventIds(), set()
-        for b, batch in enumerate(batches):
-            assert [k in seen for k in batch] == [k in model for k in batch]
-            if b % 3 == 2:  # one pair at a time
-                for k in batch:
-                    if k not in seen:
-                        seen.add(k)
-                    model.add(k)
-                continue
-            expected = []
-            for k in batch:
-                expected.append(k not in model)
-                model.add(k)
-            users = np.array([u for u, _ in batch], np.int64)
-            assert seen.insert(users, [e for _, e in batch]).tolist() == expected
-        assert len(seen) == len(model)
-        probe = [k for b in batches for k in b] + [(0, "zz"), (9, "")]
-        assert [k in seen for k in probe] == [k in model for k in probe]
-    finally:
-        records._pair_keys, records.SeenEventIds.PENDING_MAX = saved_keys, saved_max
-        records._pair_key = saved_key
 
 
 @settings(max_examples=80, deadline=None)
@@ -264,15 +200,6 @@ def test_a_finished_day_gives_the_same_records_again_and_takes_no_more_events():
         acc.add_many([ev("c", {"x": 1.0})])
 
 
-@settings(max_examples=300, deadline=None)
-@given(st.integers(0, 2**31 - 1), st.text(max_size=12))
-def test_one_pairs_key_is_the_batch_key(user, event_id):
-    """The per-event look-up keys a pair in Python ints exactly as the batch path does."""
-    from streamfilter.engine.event_ids import pair_key, pair_keys
-
-    assert pair_key(user, event_id) == int(pair_keys(np.array([user], np.int32), [event_id])[0])
-
-
 def test_a_new_day_is_sized_for_the_days_before_it():
     """``Engine.new_accumulator`` reserves the newest open day's size (then the last prepared
     day's) for the next day: one allocation instead of a chain of growths, the same records."""
@@ -287,7 +214,7 @@ def test_a_new_day_is_sized_for_the_days_before_it():
     first.add_many(events)
     assert first.size() == records.DaySize(3000, 6000)
     second = eng.new_accumulator("2026-01-06")
-    if isinstance(second._cells, records.NativeCells):
+    if isinstance(second._cells, cell_table.NativeCells):
         assert second._cells._table.nbytes >= 6000 * 32  # allocated for the first day's cells
     second.add_many([ev(e.user_id, e.values, e.event_id) for e in events])
     mat = second.finish().matrix(["x", "c=a"])

@@ -1,5 +1,5 @@
 """The open day's user-code table: the native ``UserCodes`` (``engine/_user_codes.c``) gives
-exactly the codes of the dict it replaces (``records.DictUserCodes``: ``dict.setdefault``),
+exactly the codes of the dict it replaces (``user_codes.DictUserCodes``: ``dict.setdefault``),
 for batches and single ids, equal ids from different objects, any text, and growth from an
 empty table through many resizes. In CI a missing build is a failure."""
 
@@ -10,16 +10,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamfilter.engine import records
-from streamfilter.engine.records import DictUserCodes
+from streamfilter.engine import user_codes
+from streamfilter.engine.user_codes import DictUserCodes
 from tests.native_build import check_built_in_ci, needs
 
-native = needs(records._user_codes, "engine/_user_codes.c")
+native = needs(user_codes._user_codes, "engine/_user_codes.c")
 
 
 def test_the_native_user_codes_are_built_in_ci():
-    check_built_in_ci(records._user_codes, "engine/_user_codes.c")
-    assert isinstance(records.new_user_codes(), records._NativeUserCodes)
+    check_built_in_ci(user_codes._user_codes, "engine/_user_codes.c")
+    assert isinstance(user_codes.new_user_codes(), user_codes._NativeUserCodes)
 
 
 ids = st.one_of(
@@ -42,7 +42,7 @@ ops = st.lists(
 @settings(max_examples=300, deadline=None)
 @given(ops)
 def test_native_codes_are_the_dicts(sequence):
-    table, reference = records._NativeUserCodes(), DictUserCodes()
+    table, reference = user_codes._NativeUserCodes(), DictUserCodes()
     next_code = 0
     for op, arg in sequence:
         if op == "batch":
@@ -74,7 +74,7 @@ def test_native_codes_are_the_dicts(sequence):
 
 @native
 def test_a_table_grown_through_many_resizes_keeps_every_code():
-    table = records._NativeUserCodes()
+    table = user_codes._NativeUserCodes()
     n = 200_000
     users = [f"u{i}" for i in range(n)]
     first = table.codes(users, 10)
@@ -87,7 +87,7 @@ def test_a_table_grown_through_many_resizes_keeps_every_code():
 
 @native
 def test_a_reservation_out_of_range_is_refused_and_changes_nothing():
-    table = records._NativeUserCodes()
+    table = user_codes._NativeUserCodes()
     table.codes(["a", "b"], 0)
     for bad in (-1, 2**62):
         with pytest.raises(ValueError):
@@ -97,7 +97,7 @@ def test_a_reservation_out_of_range_is_refused_and_changes_nothing():
 
 @native
 def test_ids_must_be_str():
-    table = records._NativeUserCodes()
+    table = user_codes._NativeUserCodes()
     with pytest.raises(TypeError, match="str"):
         table.codes(["a", 5], 0)  # type: ignore[list-item]
     assert len(table) == 0  # checked before any id is coded
@@ -115,6 +115,6 @@ def test_a_hash_that_changes_the_list_does_not_change_the_batch():
             return str.__hash__(self)
 
     ids.extend([Emptying("a"), "b", "c", "a"])
-    table = records._NativeUserCodes()
+    table = user_codes._NativeUserCodes()
     assert table.codes(ids, 0).tolist() == [0, 1, 2, 0]
     assert len(table) == 3 and ids == []

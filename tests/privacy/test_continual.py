@@ -18,11 +18,13 @@ from streamfilter.privacy.continual import (
     CounterState,
     discrete_gaussian_sum_halfwidth,
 )
+from streamfilter.privacy.discrete_gaussian_moments import (
+    discrete_gaussian_halfwidth,
+    discrete_gaussian_variance,
+)
 from streamfilter.privacy.noise import (
     SeededRandomBits,
     SystemRandomBits,
-    discrete_gaussian_halfwidth,
-    discrete_gaussian_variance,
 )
 
 

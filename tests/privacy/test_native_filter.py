@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamfilter.privacy import individual
-from streamfilter.privacy.individual import (
+from streamfilter.privacy import individual_filter
+from streamfilter.privacy.individual_filter import (
     Exhaustion,
     FilterTotals,
     filter_contributions,
@@ -19,7 +19,7 @@ from streamfilter.privacy.individual import (
 from streamfilter.privacy.lattice import Lattice
 from tests.native_build import check_built_in_ci, needs
 
-native = needs(individual._filter, "privacy/_filter.c")
+native = needs(individual_filter._filter, "privacy/_filter.c")
 
 
 def reference(x, clip, lattice, spent, retired, budget, policy) -> FilterTotals:
@@ -41,7 +41,7 @@ def assert_same(got: FilterTotals, want: FilterTotals) -> None:
 
 
 def test_native_filter_built_in_ci():
-    check_built_in_ci(individual._filter, "privacy/_filter.c")
+    check_built_in_ci(individual_filter._filter, "privacy/_filter.c")
 
 
 #: values that stress each branch: zeros of both signs, halves (rounding to even), values at
@@ -137,7 +137,7 @@ def test_a_corrupt_ledger_is_refused_by_both():
 
 
 def test_without_the_native_twin_the_reference_runs(monkeypatch):
-    monkeypatch.setattr(individual, "_filter", None)
+    monkeypatch.setattr(individual_filter, "_filter", None)
     x = np.array([[3.0, 4.0], [0.0, 0.0]])
     args = (x, 1.0, Lattice(2.0**-4), np.zeros(2, np.int64), np.zeros(2, bool), 1024)
     got = filter_totals(*args, Exhaustion.SKIP)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.runtime.test_cluster import (
+from tests.runtime.test_cluster_worker import (
     Cluster,
     assert_debits_as_reference,
     assert_same_as_reference,

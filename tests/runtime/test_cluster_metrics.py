@@ -11,7 +11,7 @@ import urllib.request
 
 import pytest
 
-from tests.runtime.test_cluster import PARTITIONS, Cluster, reference, stop_all
+from tests.runtime.test_cluster_worker import PARTITIONS, Cluster, reference, stop_all
 from tests.runtime.test_kafka_daemon import make_events
 
 pytestmark = pytest.mark.kafka

@@ -239,7 +239,7 @@ def test_batched_ingest_rejects_exactly_what_record_ingest_rejects(world):
 def test_the_run_restores_the_collector_settings(world):
     import gc
 
-    from streamfilter.runtime import daemon as daemon_module
+    from streamfilter.runtime import process
 
     make, _clock, _parts = world
     before = gc.get_threshold()
@@ -252,7 +252,7 @@ def test_the_run_restores_the_collector_settings(world):
     d = make(source=MemorySource({"p0": [event("a", "2026-01-01")]}))
     d.on_day_closed = spy
     d.run(until_end=True)
-    assert seen["threshold"][0] == max(before[0], daemon_module.GC_YOUNG_THRESHOLD)
+    assert seen["threshold"][0] == max(before[0], process.GC_YOUNG_THRESHOLD)
     assert seen["frozen"] > 0
     assert gc.get_threshold() == before and gc.get_freeze_count() == 0
 

@@ -1,5 +1,6 @@
-"""The daemon's three I/O interfaces: where events come from (:class:`Source`), where releases and
-rejects go (:class:`Sink`), where queries come from (:class:`QueryFeed`). Implementations live
+"""The daemon's I/O interfaces: where events come from (:class:`Source`, and what a broker's source
+can also do: :class:`BrokerSource`), where releases and rejects go (:class:`Sink`), where queries
+come from (:class:`QueryFeed`). Implementations live
 beside this file (``files``, ``synthetic``, ``policy``, ``kafka``; in-memory doubles in
 ``streamfilter.testing``); each interface has one contract test suite that every implementation
 runs (``tests/runtime/io/``).
@@ -29,7 +30,7 @@ from __future__ import annotations
 import abc
 import json
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import msgspec
 
@@ -99,39 +100,52 @@ class Source(abc.ABC):
     @abc.abstractmethod
     def at_end(self) -> bool:
         """True once the input is exhausted for ``--until-end``: a source that knows its end
-        offsets (Kafka) means everything that existed at start (or at :meth:`mark_end`); a file
+        offsets (Kafka) means everything that existed at start (or at
+        :meth:`BrokerSource.mark_end`); a file
         or in-memory source means everything it holds now, so input appended while it runs is
         read too (tests/runtime/io/test_source_contract.py pins both)."""
 
-    def mark_end(self) -> None:  # noqa: B027 - optional hook
-        """Make :meth:`at_end` refer to what exists now (a driver that appends input between
-        ``--until-end`` runs, e.g. ``simulate-local``)."""
+    def close(self) -> None:  # noqa: B027 - optional hook
+        pass
 
-    def committed(self, offsets: dict[str, int]) -> None:  # noqa: B027 - optional hook
-        """The store committed these resume offsets; a source may mirror them (Kafka groups)."""
+
+@runtime_checkable
+class BrokerSource(Protocol):
+    """What a source reading a broker's partitions can also do (Kafka's sources implement it):
+    compare its positions with the partitions' ends, mirror the store's offsets, follow
+    partitions added while it runs. The daemon asks ``isinstance(source, BrokerSource)`` once;
+    a source without a broker behaves as if it had no lag, no gaps and a fixed set of
+    partitions."""
+
+    def mark_end(self) -> None:
+        """Make :meth:`Source.at_end` refer to what exists now (a driver that appends input
+        between ``--until-end`` runs, e.g. ``simulate-local``)."""
+        ...
+
+    def committed(self, offsets: dict[str, int]) -> None:
+        """The store committed these resume offsets; the source may mirror them (consumer
+        groups); they are never read back."""
+        ...
 
     def lag(self) -> dict[str, int]:
-        """Records behind the end per partition, for sources that know it."""
-        return {}
+        """Records behind the end per partition."""
+        ...
 
     def retention_gaps(self) -> dict[str, int]:
-        """Per partition, the records between the offset the last :meth:`seek` asked for and
-        the partition's beginning (deleted before they were read). Default: none."""
-        return {}
+        """Per partition, the records between the offset the last ``seek`` asked for and the
+        partition's beginning (deleted before they were read)."""
+        ...
 
     def refresh_partitions(self, fresh: bool = True) -> list[str]:
         """Partitions added to the input since the last call (read from their beginning from
         now on); raises when the source cannot tell (then no day may close). ``fresh``: ask the
-        source's authority now rather than a cached view. Default: a fixed set, never grows."""
-        return []
+        broker now rather than a cached view."""
+        ...
 
     def caught_up(self, partition: str) -> bool:
         """False while ``partition`` is known to hold unread records (an idle partition must
         be caught up before it stops holding the watermark back)."""
-        return True
-
-    def close(self) -> None:  # noqa: B027 - optional hook
-        pass
+        ...
 
 
 class Sink(abc.ABC):

@@ -45,7 +45,14 @@ from kafka.partitioner.default import murmur2
 from kafka.structs import OffsetAndMetadata
 
 from streamfilter.errors import KafkaAccessError, PublisherFencedError, PublishError
-from streamfilter.runtime.io.base import QueryFeed, RecordBatch, Sink, Source, SourceRecord
+from streamfilter.runtime.io.base import (
+    BrokerSource,
+    QueryFeed,
+    RecordBatch,
+    Sink,
+    Source,
+    SourceRecord,
+)
 from streamfilter.runtime.io.kafka_codecs import Undecodable, poll_decodable
 from streamfilter.runtime.io.kafka_errors import kafka_access
 
@@ -159,7 +166,7 @@ class _AssignedConsumer:
         self.consumer.close(autocommit=False)
 
 
-class KafkaSource(Source):
+class KafkaSource(Source, BrokerSource):
     """Events from every partition of ``topic``; offsets are Kafka offsets.
 
     Partitions follow the topic: the cached metadata (refreshed every
@@ -295,7 +302,7 @@ class _Rebalance(ConsumerRebalanceListener):
         self.source._assigned(sorted(assigned, key=attrgetter("partition")))
 
 
-class KafkaGroupSource(Source):
+class KafkaGroupSource(Source, BrokerSource):
     """Events of the partitions the consumer group assigns this worker (cluster mode,
     docs/design.md §7.1): Kafka's group protocol decides who reads what; a worker joining or
     leaving rebalances the group without any operator action.
@@ -368,6 +375,17 @@ class KafkaGroupSource(Source):
 
     def at_end(self) -> bool:
         return False
+
+    def mark_end(self) -> None:
+        """A group's input has no end to mark (``at_end`` is always False)."""
+
+    def retention_gaps(self) -> dict[str, int]:
+        """None known: each assigned partition resumes at the ledger's position."""
+        return {}
+
+    def refresh_partitions(self, fresh: bool = True) -> list[str]:
+        """Never grows here: the group's rebalance assigns new partitions (``on_assign``)."""
+        return []
 
     def committed(self, offsets: dict[str, int]) -> None:
         mirror = {

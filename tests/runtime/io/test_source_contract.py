@@ -2,7 +2,9 @@
 the guarantees; each test's docstring quotes the one it checks).
 
 A case is a source over a fixed input written before the test starts (``written``, per
-partition), plus what the implementation can do: append input later, report lag. Kafka runs on
+partition), plus what the implementation can do: append input later, report lag. What a broker's
+source can also do (:class:`BrokerSource`) has its own suite,
+tests/runtime/io/test_broker_source_contract.py. Kafka runs on
 the real test broker (``tests/kafka_broker.py``: skipped locally without one, never in CI).
 """
 
@@ -18,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from streamfilter.runtime.io import files
-from streamfilter.runtime.io.base import RecordBatch, Source, SourceRecord
+from streamfilter.runtime.io.base import BrokerSource, RecordBatch, Source, SourceRecord
 from streamfilter.runtime.io.files import FileSource
 from streamfilter.runtime.io.synthetic import SyntheticSource
 from streamfilter.testing import MemorySource
@@ -35,7 +37,7 @@ class SourceCase:
     open: Callable[[], Source]  # a new source over the same input (a restart)
     written: dict[str, list[bytes]]  # every record that exists at start, per partition
     append: Callable[[Source, str, bytes], None] | None  # add input after start (None: fixed)
-    knows_end: bool  # lag() and caught_up() report unread records (else the defaults)
+    knows_end: bool  # a BrokerSource: lag() and caught_up() report unread records
     end_fixed_at_start: bool  # at_end() ignores input appended after start until mark_end()
     patience_s: float = 5.0  # how long records may take to become available to poll
     opened: list[Source] = field(default_factory=list)
@@ -270,17 +272,19 @@ def test_at_end_exactly_once_everything_that_existed_at_start_was_returned(case)
     assert len(got) == case.total and source.at_end()
 
 
-def test_mark_end_makes_at_end_wait_for_input_appended_since(case):
-    """``mark_end``: ``at_end`` then refers to what exists now (simulate-local appends input
-    between ``--until-end`` runs)."""
+def test_input_appended_after_the_end_is_read_and_at_end_waits_for_it(case):
+    """``at_end`` of a source without a broker follows its current end: input appended once
+    everything was read is read too, and ``at_end`` waits for it (a broker source's end is fixed
+    until ``mark_end``: tests/runtime/io/test_broker_source_contract.py)."""
     if case.append is None:
         pytest.skip("this source's input is fixed at construction: nothing can be appended")
+    if case.end_fixed_at_start:
+        pytest.skip("this source's end is the one at start (or at mark_end)")
     source = case.start()
     read(case, lambda: source.poll(100), case.total)
     assert source.at_end()
     partition = sorted(non_empty(case.written))[-1]
     case.append(source, partition, b'{"record": "appended"}')
-    source.mark_end()
     assert not source.at_end()
     got = read(case, lambda: source.poll(100), 1)
     assert [(r.partition, r.value) for r in got] == [(partition, b'{"record": "appended"}')]
@@ -308,35 +312,11 @@ def test_input_appended_after_start_does_not_delay_at_end(case):
     assert source.at_end()  # the late record may be unread still
 
 
-def test_lag_and_caught_up_report_unread_records_of_sources_that_know_them(case):
-    """``lag``: records behind the end per partition, for sources that know it (else ``{}``).
-    ``caught_up``: False while the partition is known to hold unread records."""
+def test_only_a_broker_source_claims_the_broker_abilities(case):
+    """A source is a :class:`BrokerSource` (lag, gaps, partitions added, offsets mirrored) iff
+    it reads a broker; the daemon gives any other source no lag, no gaps and fixed partitions."""
     source = case.start()
-    if not case.knows_end:
-        assert source.lag() == {}
-        assert all(source.caught_up(p) for p in source.partitions())
-        return
-    assert source.lag() == {p: len(v) for p, v in case.written.items()}
-    assert {p: source.caught_up(p) for p in source.partitions()} == {
-        p: not v for p, v in case.written.items()
-    }
-    read(case, lambda: source.poll(100), case.total)
-    assert source.lag() == dict.fromkeys(case.written, 0)
-    assert all(source.caught_up(p) for p in source.partitions())
-
-
-def test_committed_offsets_are_only_mirrored_never_read_back(case):
-    """``committed``: a source may mirror the store's resume offsets (labels it does not own
-    included), but the store decides what is durable: the next start seeks to what it is given."""
-    source = case.start()
-    got = read(case, lambda: source.poll(100), case.total)
-    resume = {p: rs[-1].next_offset for p, rs in by_partition(got).items()}
-    source.committed(resume | FOREIGN_LABELS)
-    assert source.poll(100) == [] and source.at_end()
-    source.close()
-    case.opened.remove(source)
-    again = case.start()  # no stored positions: from the start, whatever was mirrored
-    assert values_of(read(case, lambda: again.poll(100), case.total)) == non_empty(case.written)
+    assert isinstance(source, BrokerSource) == case.knows_end
 
 
 # ------------------------------------------------------------- FileSource.poll_batches edges

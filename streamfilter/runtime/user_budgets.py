@@ -121,8 +121,8 @@ def budget_stats(
     drawing noise), 3. draw the release, 4. charge the ledger with the release as its record
     (re-checked in the transaction), 5. return it. ``bits``: noise source (default: OS CSPRNG).
     """
+    from streamfilter.privacy.budget_stats import BudgetStatsMechanism
     from streamfilter.privacy.noise import SystemRandomBits
-    from streamfilter.privacy.population import BudgetStatsMechanism
     from streamfilter.runtime.store import TelemetryBudgetError, TelemetryCharge
     from streamfilter.runtime.store.open import open_store
 

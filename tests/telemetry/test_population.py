@@ -1,4 +1,4 @@
-"""The population estimate beside every release (engine.population, docs/design.md §2.12)."""
+"""The population estimate beside every release (telemetry.population, docs/design.md §2.12)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 from streamfilter.engine.contract import Release
 from streamfilter.engine.monitor import Monitor
-from streamfilter.engine.population import MODEL, PopulationSpec
+from streamfilter.telemetry.population import MODEL, PopulationSpec
 
 USERS, DAYS, B_NORM, CLIP, RHO = 20_000, 30, 40.0, 4.0, 0.5
 
@@ -111,7 +111,7 @@ def test_population_off_leaves_the_release_format_unchanged() -> None:
 
 def write_figure(png: str) -> None:
     """docs/img/population.png: the report of the flat scenario, rendered by headless Chromium
-    (``python -m tests.engine.test_population docs/img/population.png``)."""
+    (``python -m tests.telemetry.test_population docs/img/population.png``)."""
     import subprocess
     import tempfile
     from pathlib import Path
@@ -126,7 +126,7 @@ def write_figure(png: str) -> None:
         releases = [r for _, r in _scenario(None)]
         days = [r.day for r in releases]
         page = Path(tmp) / "report.html"
-        data = ReportData(releases, days, "tests/engine/test_population.py (flat truth)")
+        data = ReportData(releases, days, "tests.telemetry.test_population.py (flat truth)")
         page.write_text(render_report(load_config(cfg), data), encoding="utf-8")
         subprocess.run(
             [
@@ -152,7 +152,7 @@ if __name__ == "__main__":
 def test_the_counters_and_the_pending_users_survive_a_restart() -> None:
     """The tracker is stored with each day: a run resumed from its JSON draws the same noise
     and releases the same estimates as one that never stopped."""
-    from streamfilter.engine.population import PopulationTracker
+    from streamfilter.telemetry.population import PopulationTracker
 
     def run(restart: bool) -> list[float]:
         m = Monitor(b_norm=4.0, rho=0.5, population=PopulationSpec(4), test_seed=3)

@@ -1,7 +1,7 @@
-"""Contract suite for EventIdIndex (streamfilter/engine/event_ids.py): every implementation runs
-these tests — the in-memory ``records.SeenEventIds`` (sorted runs, numpy) and its native
-counterpart on ``engine/_pair_set.c`` (``records.new_seen_event_ids`` picks it when built), and
-the spilling ``runtime.event_ids.SpillingEventIds`` over either as its in-memory tier, with a
+"""Contract suite for EventIdIndex (streamfilter/dedup/index.py): every implementation runs
+these tests — the in-memory ``in_memory.SeenEventIds`` (sorted runs, numpy) and its native
+counterpart on ``engine/_pair_set.c`` (``in_memory.new_seen_event_ids`` picks it when built), and
+the spilling ``dedup.spill.SpillingEventIds`` over either as its in-memory tier, with a
 bound of a few pairs, blocks of 2 keys, merges of 2 segments and chunks of 3 pairs, so that
 spills, multi-block key runs and streamed merges all happen on small inputs. The answers must be
 exactly a Python ``set``'s, also when every key collides (keys cut to 2 bits: then only the
@@ -24,11 +24,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from streamfilter.engine import event_ids, native, records
-from streamfilter.engine.event_ids import EventIdIndex
+from streamfilter.dedup import in_memory
+from streamfilter.dedup import index as event_ids
+from streamfilter.dedup import spill as spilling
+from streamfilter.dedup.index import EventIdIndex
+from streamfilter.dedup.spill import SpillingEventIds
+from streamfilter.engine import native
 from streamfilter.engine.lines import EventIdSpans, id_list
-from streamfilter.runtime import event_ids as spilling
-from streamfilter.runtime.event_ids import SpillingEventIds
 
 #: the spilling index's bound in these tests (pairs held in memory before a spill)
 TINY = 3
@@ -50,18 +52,18 @@ def make_index(request, monkeypatch, tmp_path) -> Callable[[], EventIdIndex]:
     if tier == "native":
         _native_built()
     else:
-        monkeypatch.setattr(spilling, "new_seen_event_ids", records.SeenEventIds)
+        monkeypatch.setattr(spilling, "new_seen_event_ids", in_memory.SeenEventIds)
     if kind == "memory":
-        return records.new_seen_event_ids if tier == "native" else records.SeenEventIds
+        return in_memory.new_seen_event_ids if tier == "native" else in_memory.SeenEventIds
     _small_files(monkeypatch)
     return lambda: SpillingEventIds(TINY, tmp_path)
 
 
 @pytest.fixture
 def python_tier(monkeypatch) -> None:
-    """The spilling index's in-memory tier is ``records.SeenEventIds`` (whose runs the tests
+    """The spilling index's in-memory tier is ``in_memory.SeenEventIds`` (whose runs the tests
     below inspect), whether or not the native set is built."""
-    monkeypatch.setattr(spilling, "new_seen_event_ids", records.SeenEventIds)
+    monkeypatch.setattr(spilling, "new_seen_event_ids", in_memory.SeenEventIds)
 
 
 def _small_files(monkeypatch) -> None:
@@ -75,12 +77,12 @@ def _small_files(monkeypatch) -> None:
 def colliding(request, monkeypatch) -> bool:
     """Keys cut to 2 bits in both implementations: every key is shared by many pairs."""
     if request.param:
-        memory_keys, spill_keys = records._pair_keys, event_ids.pair_keys
-        memory_key = records._pair_key
-        monkeypatch.setattr(records, "_pair_keys", lambda u, ids: memory_keys(u, ids) & 3)
-        monkeypatch.setattr(records, "_pair_key", lambda u, i: memory_key(u, i) & 3)
+        memory_keys, spill_keys = in_memory._pair_keys, event_ids.pair_keys
+        memory_key = in_memory._pair_key
+        monkeypatch.setattr(in_memory, "_pair_keys", lambda u, ids: memory_keys(u, ids) & 3)
+        monkeypatch.setattr(in_memory, "_pair_key", lambda u, i: memory_key(u, i) & 3)
         monkeypatch.setattr(event_ids, "pair_keys", lambda u, ids: spill_keys(u, ids) & 3)
-        native_set = records._NativeSeenEventIds  # keys its pairs in C: give it the cut keys
+        native_set = in_memory._NativeSeenEventIds  # keys its pairs in C: give it the cut keys
         monkeypatch.setattr(native_set, "insert", _insert_cut)
         monkeypatch.setattr(native_set, "__contains__", _contains_cut)
         monkeypatch.setattr(native_set, "add", _add_cut)
@@ -89,16 +91,16 @@ def colliding(request, monkeypatch) -> bool:
 
 def _insert_cut(self, users: np.ndarray, ids: list[str] | EventIdSpans) -> np.ndarray:
     listed = id_list(ids)
-    return self.insert_keyed(records._pair_keys(users, listed), users, listed)
+    return self.insert_keyed(in_memory._pair_keys(users, listed), users, listed)
 
 
 def _contains_cut(self, pair: Pair) -> bool:
-    return self.holds_keyed(records._pair_key(*pair), *pair)
+    return self.holds_keyed(in_memory._pair_key(*pair), *pair)
 
 
 def _add_cut(self, pair: Pair) -> None:
     user, event_id = pair
-    key = np.array([records._pair_key(user, event_id)], np.int64)
+    key = np.array([in_memory._pair_key(user, event_id)], np.int64)
     self.insert_keyed(key, np.array([user], np.int32), [event_id])
 
 
@@ -186,7 +188,7 @@ def test_many_spills_and_merges_answer_like_a_set(make_index, colliding):
 def _decoded(
     keys: np.ndarray, users: np.ndarray, starts: np.ndarray, lengths: np.ndarray, text: bytes
 ) -> list[Pair]:
-    """The pairs of packed columns (``records.PairRun``, a segment), checking that the keys
+    """The pairs of packed columns (``in_memory.PairRun``, a segment), checking that the keys
     are sorted and are the pairs' keys."""
     pairs = [
         (u, text[a : a + n].decode("utf-8", "surrogatepass"))
@@ -199,9 +201,9 @@ def _decoded(
 
 def _where_held(index: SpillingEventIds) -> tuple[list[Pair], list[Pair]]:
     """Every pair the index stores, with repeats: (in memory, in segment files)."""
-    in_memory = list(index._added)
+    held_in_memory = list(index._added)
     tier = index._recent
-    if isinstance(tier, records.SeenEventIds):
+    if isinstance(tier, in_memory.SeenEventIds):
         runs = tier._runs
     else:  # the native set's pairs, in insertion order: sorted by key as a spill would
         keys, users, starts, lengths, text = tier._set.export()
@@ -210,16 +212,16 @@ def _where_held(index: SpillingEventIds) -> tuple[list[Pair], list[Pair]]:
             np.frombuffer(c, t)[order]
             for c, t in zip((keys, users, starts, lengths), spilling._COLUMN_TYPES, strict=True)
         ]
-        runs = [records.PairRun(*columns, text)]
+        runs = [in_memory.PairRun(*columns, text)]
     for run in runs:
         assert run.users.dtype == np.int32 and run.lengths.dtype == np.int32
-        in_memory += _decoded(run.keys, run.users, run.starts, run.lengths, run.text)
+        held_in_memory += _decoded(run.keys, run.users, run.starts, run.lengths, run.text)
     on_disk = []
     for seg in index._segments:
         columns = [seg.column(i, t, 0, seg.n) for i, t in enumerate(spilling._COLUMN_TYPES)]
         text = os.pread(seg.fd, seg.text_bytes, spilling._columns_at(seg.n)[3])
         on_disk += _decoded(*columns, text)
-    return in_memory, on_disk
+    return held_in_memory, on_disk
 
 
 @settings(
@@ -237,19 +239,19 @@ def test_each_pair_is_stored_once_and_memory_holds_it_packed(
     if tier == "native":
         _native_built()
     else:
-        monkeypatch.setattr(spilling, "new_seen_event_ids", records.SeenEventIds)
+        monkeypatch.setattr(spilling, "new_seen_event_ids", in_memory.SeenEventIds)
     _small_files(monkeypatch)
     index, model = SpillingEventIds(TINY, tmp_path), set()
     try:
         for batch in batches:
             _insert(index, model, batch)
-            in_memory, on_disk = _where_held(index)
-            assert sorted(in_memory + on_disk) == sorted(model)  # each pair once
-            assert len(in_memory) == len(index._recent) < TINY
+            held_in_memory, on_disk = _where_held(index)
+            assert sorted(held_in_memory + on_disk) == sorted(model)  # each pair once
+            assert len(held_in_memory) == len(index._recent) < TINY
             assert len(on_disk) == index.spilled_pairs
-            id_bytes = sum(len(event_ids.id_bytes(e)) for _, e in in_memory)
-            packed = 24 * len(in_memory) + id_bytes
-            if isinstance(index._recent, records.SeenEventIds):
+            id_bytes = sum(len(event_ids.id_bytes(e)) for _, e in held_in_memory)
+            packed = 24 * len(held_in_memory) + id_bytes
+            if isinstance(index._recent, in_memory.SeenEventIds):
                 assert index._recent.nbytes == packed
             else:
                 assert index._recent.nbytes >= packed
@@ -297,7 +299,7 @@ def test_the_native_tier_holds_the_pairs_packed_within_twice_their_size(tmp_path
     index = SpillingEventIds(1 << 20, tmp_path)
     held, packed = _traced_inserts(index)
     tier = index._recent
-    assert isinstance(tier, records._NativeSeenEventIds)
+    assert isinstance(tier, in_memory._NativeSeenEventIds)
     assert len(tier) == 200_000 and index.directory is None
     assert packed <= tier.nbytes <= 2 * packed + 16 * 200_000
     assert held <= tier.nbytes + (64 << 10)
@@ -350,7 +352,7 @@ def test_a_killed_process_leaves_no_event_id_on_disk(tmp_path):
     """SIGKILL runs no finalizer: the spilled ids must still not survive on disk."""
     code = (
         "import os, signal, numpy as np\n"
-        "from streamfilter.runtime.event_ids import SpillingEventIds\n"
+        "from streamfilter.dedup.spill import SpillingEventIds\n"
         f"index = SpillingEventIds(4, {str(tmp_path)!r})\n"
         "index.insert(np.arange(200, dtype=np.int32) % 7, [f'secret-{i}' for i in range(200)])\n"
         "assert index.segment_count >= 1\n"

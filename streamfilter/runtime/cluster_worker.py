@@ -41,7 +41,6 @@ import numpy as np
 from kafka.errors import KafkaError
 
 from streamfilter.engine.contract import Reject, RejectReason, Release
-from streamfilter.engine.coverage import CoverageTracker
 from streamfilter.engine.day import (
     coverage_counts_of,
     exact_stats_of,
@@ -52,16 +51,18 @@ from streamfilter.engine.engine import DayInput, Engine
 from streamfilter.engine.ledger import BudgetLedger
 from streamfilter.engine.records import DayAccumulator
 from streamfilter.errors import PublisherFencedError, StoreError
-from streamfilter.runtime.daemon import Daemon, RunSummary, _transient, collector_for_run
+from streamfilter.runtime.daemon import Daemon
 from streamfilter.runtime.faults import crash_point
 from streamfilter.runtime.io.base import QueryFeed, RecordBatch, Sink
 from streamfilter.runtime.io.kafka import KafkaGroupSource, key_partition
+from streamfilter.runtime.process import RunSummary, collector_for_run, is_transient
 from streamfilter.runtime.store import Position, StoredState, check_sink_not_ahead
 from streamfilter.runtime.store.cluster import (
     ClusterLedger,
     PartitionFencedError,
     ReleaserFencedError,
 )
+from streamfilter.telemetry.coverage import CoverageTracker
 
 __all__ = ["ClusterDaemon", "NoSink", "worker_name"]
 
@@ -274,7 +275,7 @@ class ClusterDaemon(Daemon):
         try:
             records = self.source.poll_batches(self.batch_size)
         except Exception as exc:
-            if not _transient(exc):
+            if not is_transient(exc):
                 raise
             self._input_unavailable("could not poll the events topic's consumer group", exc)
             return []

@@ -1,15 +1,15 @@
 """A day's event-id index that spills to disk, so an open day's memory does not grow with events.
 
-:class:`SpillingEventIds` implements ``engine.event_ids.EventIdIndex`` with the same exact
+:class:`SpillingEventIds` implements ``dedup.index.EventIdIndex`` with the same exact
 answers as the in-memory index. Recent pairs are held once, in memory, packed: in the native
-hash set (``engine/_pair_set.c``) when built, else a ``records.SeenEventIds`` (sorted runs,
-``records.PairRun``) — 24 B a pair plus the id's UTF-8 bytes either way
-(``records.new_seen_event_ids``); once a batch brings them to ``memory_pairs`` they are taken
+hash set (``engine/_pair_set.c``) when built, else a ``dedup.in_memory.SeenEventIds`` (sorted runs,
+``dedup.in_memory.PairRun``) — 24 B a pair plus the id's UTF-8 bytes either way
+(``dedup.in_memory.new_seen_event_ids``); once a batch brings them to ``memory_pairs`` they are taken
 as runs sorted by key and merged, as they are, into one immutable *segment* file sorted by the
 pairs' 64-bit keys, and memory starts empty again. A segment is four columns sorted by key —
 keys (int64), user codes (int32), each id's start (int64) and length (int32) in the text — then
 the ids' UTF-8 text, input after input. Once segments exist, each batch is keyed once
-(``engine.event_ids.pair_keys``); the keys serve the segments and memory alike (before that,
+(``dedup.index.pair_keys``); the keys serve the segments and memory alike (before that,
 memory keys what it adds itself, the same keys). The files have no name (0600, in a private
 0700 directory: event ids are user data), so they vanish with their descriptors however the
 process ends;
@@ -40,10 +40,10 @@ from typing import cast
 
 import numpy as np
 
-from streamfilter.engine import event_ids as engine_event_ids
-from streamfilter.engine.event_ids import id_bytes, user_codes
+from streamfilter.dedup import index as dedup_index
+from streamfilter.dedup.in_memory import PairRun, new_seen_event_ids
+from streamfilter.dedup.index import id_bytes, user_codes
 from streamfilter.engine.lines import EventIdSpans, id_list
-from streamfilter.engine.records import PairRun, new_seen_event_ids
 
 __all__ = ["DEFAULT_MEMORY_PAIRS", "SpillingEventIds"]
 
@@ -434,7 +434,7 @@ class SpillingEventIds:
             return True
         user, event_id = pair
         users = np.array([user], np.int64)
-        keys = engine_event_ids.pair_keys(users, [event_id])
+        keys = dedup_index.pair_keys(users, [event_id])
         if self._recent.holds_keyed(int(keys[0]), user, event_id):
             return True
         return len(self._spilled(keys, users, [event_id])) > 0
@@ -460,7 +460,7 @@ class SpillingEventIds:
             self._spill_if_full()
             return new
         event_ids = cast(list[str], id_list(event_ids))
-        keys = engine_event_ids.pair_keys(users, event_ids)  # once: segments and memory alike
+        keys = dedup_index.pair_keys(users, event_ids)  # once: segments and memory alike
         spilled = self._spilled(keys, users, event_ids)
         if len(spilled) == 0:
             new = self._recent.insert_keyed(keys, users, event_ids)

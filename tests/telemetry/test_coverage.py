@@ -9,13 +9,6 @@ import numpy as np
 import pytest
 
 from streamfilter.engine.contract import Coverage, Release
-from streamfilter.engine.coverage import (
-    CoverageCounts,
-    CoverageSpec,
-    CoverageTracker,
-    coverage_counts,
-    coverage_thresholds_units,
-)
 from streamfilter.engine.monitor import Monitor
 from streamfilter.engine.params import PrivacyParams
 from streamfilter.privacy.continual import (
@@ -24,7 +17,15 @@ from streamfilter.privacy.continual import (
     noise_halfwidth,
     noise_variance,
 )
-from streamfilter.privacy.noise import SeededRandomBits, discrete_gaussian_variance
+from streamfilter.privacy.discrete_gaussian_moments import discrete_gaussian_variance
+from streamfilter.privacy.noise import SeededRandomBits
+from streamfilter.telemetry.coverage import (
+    CoverageCounts,
+    CoverageSpec,
+    CoverageTracker,
+    coverage_counts,
+    coverage_thresholds_units,
+)
 from tests import oracle
 
 PARAMS = PrivacyParams.create(b_norm=4.0, rho=0.5, granularity=2.0**-10, exhaustion="skip")

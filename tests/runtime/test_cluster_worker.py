@@ -24,7 +24,7 @@ from tests.runtime.test_kafka_daemon import B_NORM, GAMMA, cli, make_events, rel
 
 pytestmark = pytest.mark.kafka
 
-POLICY = "streamfilter.engine.policies:drill_down"  # adaptive: day t+1's query from day t's release
+POLICY = "streamfilter.policies:drill_down"  # adaptive: day t+1's query from day t's release
 PARTITIONS = 3
 
 

@@ -1,12 +1,13 @@
-"""The index of a day's ``(user code, event id)`` pairs that finds repeated events.
+"""The interface of a day's ``(user code, event id)`` index that finds repeated events, and the
+packing every tier shares.
 
 ``DayAccumulator`` counts an event whose ``event_id`` the same user already sent that day once
-(docs/design.md §2.2). What it needs from the index is :class:`EventIdIndex`; the engine's own
-implementation keeps every pair in memory (``records.SeenEventIds``), the daemon's spills to disk
-past a bound (``runtime/event_ids.py``), so an open day's memory does not grow with its events.
-Either way the answer is exact: a key match is confirmed against the user code and the id text.
-Both keep a pair packed the same way (``records.PairRun``): its key, its int32 user code and the
-id's UTF-8 bytes (``id_bytes``) in one blob shared by many pairs — no Python object per pair.
+(docs/design.md §2.2). What it needs from the index is :class:`EventIdIndex`; the in-memory tier
+keeps every pair in memory (``dedup/in_memory.py``), the daemon's spills to disk past a bound
+(``dedup/spill.py``), so an open day's memory does not grow with its events. Either way the
+answer is exact: a key match is confirmed against the user code and the id text. Both keep a
+pair packed the same way (``dedup.in_memory.PairRun``): its key, its int32 user code and the id's
+UTF-8 bytes (``id_bytes``) in one blob shared by many pairs — no Python object per pair.
 """
 
 from __future__ import annotations

@@ -37,10 +37,10 @@ from typing import Any
 
 import numpy as np
 
+from streamfilter.privacy.discrete_gaussian_moments import discrete_gaussian_variance
 from streamfilter.privacy.noise import (
     RandomBits,
     discrete_gaussian,
-    discrete_gaussian_variance,
 )
 from streamfilter.privacy.rounding import float_up
 

@@ -3,7 +3,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamfilter.privacy.individual import Exhaustion, filter_contributions, filter_squared_norms
+from streamfilter.privacy.individual_filter import (
+    Exhaustion,
+    filter_contributions,
+    filter_squared_norms,
+)
 from streamfilter.privacy.lattice import Lattice, cost_units
 
 LAT = Lattice(2.0**-6)
@@ -99,7 +103,7 @@ def test_corrupt_ledger_is_refused():
 def test_query_vectors_sums_left_to_right_without_blas(n, k, d, data):
     """Each output is ``r0·w0 + r1·w1 + …`` with one rounding per operation (no BLAS, no fused
     multiply-add): devices and the server compute the same bits whatever their BLAS."""
-    from streamfilter.privacy.individual import query_vectors
+    from streamfilter.privacy.individual_filter import query_vectors
 
     fl = st.floats(-1e6, 1e6, allow_nan=False, allow_infinity=False, width=64)
     recs = np.array(
@@ -117,7 +121,7 @@ def test_query_vectors_sums_left_to_right_without_blas(n, k, d, data):
 
 
 def test_query_vectors_selects_columns_for_identity_weights():
-    from streamfilter.privacy.individual import query_vectors
+    from streamfilter.privacy.individual_filter import query_vectors
 
     recs = np.array([[1.5, -0.0, 3.0], [0.0, 2.0, 1e12]])
     out = query_vectors(recs, np.eye(3))
