@@ -26,6 +26,15 @@ kind = "stdout"
             'kind = "postgres"\nurl = "postgresql://u:s3cret@127.0.0.1:5432/db"',
             "must not contain a password",
         ),
+        (  # libpq reads a password from the query string too, and an empty one from user:@
+            'kind = "postgres"\nurl = "postgresql://sf@db/state?password=s3cret"',
+            "must not contain a password",
+        ),
+        (
+            'kind = "postgres"\nurl = "postgresql://sf@db/state?sslmode=require&PassWord=s3cret"',
+            "must not contain a password",
+        ),
+        ('kind = "postgres"\nurl = "postgresql://sf:@db/state"', "must not contain a password"),
         (
             'kind = "postgres"\nurl = "postgresql://u@127.0.0.1/db"\npg_schema = "Bad-Name"',
             "pg_schema",
