@@ -188,7 +188,8 @@ def _feed(settings: Settings) -> QueryFeed:
 
 def _sink(settings: Settings, kind: str, path: Path, topic: str | None, dedupe: bool) -> Sink:
     if kind == "file":
-        return FileSink(path, dedupe_releases=dedupe)
+        # the reject file (no dedupe) quotes raw input: private, like the state
+        return FileSink(path, dedupe_releases=dedupe, private=not dedupe)
     if kind == "stdout":
         return StdoutSink()
     from streamfilter.runtime.io.kafka import KafkaSink, release_transactional_id

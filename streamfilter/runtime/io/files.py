@@ -17,6 +17,7 @@ import numpy as np
 from streamfilter.engine.lines import BlockLines, split_lines
 from streamfilter.errors import PublishError
 from streamfilter.runtime.io.base import QueryFeed, RecordBatch, Sink, Source, SourceRecord
+from streamfilter.runtime.private_files import open_private
 
 #: bytes ``FileSource.poll_batches`` reads at a time
 BLOCK_BYTES = 1 << 20
@@ -170,9 +171,10 @@ class FileSink(Sink):
     truncated (it was never flushed). Idempotent per key for release files:
     on open, keys already present (``day/query_id`` of existing lines) are remembered with a
     digest of their line; a record with a held key is dropped when its bytes are identical and
-    refused (``PublishError``) when they differ: that would be a second noise draw."""
+    refused (``PublishError``) when they differ: that would be a second noise draw.
+    ``private``: a file it creates is ``0600`` (``runtime.private_files``)."""
 
-    def __init__(self, path: Path, dedupe_releases: bool = True) -> None:
+    def __init__(self, path: Path, dedupe_releases: bool = True, private: bool = False) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         _cut_torn_tail(self.path)
@@ -188,7 +190,11 @@ class FileSink(Sink):
                     self._held.setdefault(key, _digest(line.rstrip(b"\n")))
         self._dedupe = dedupe_releases
         self._held_through = max((k.split("/", 1)[0] for k in self._held), default=None)
-        self._fh: IO[bytes] = open(self.path, "ab")  # noqa: SIM115 - owned by the sink
+        if private:  # raw input (the reject file): the operator's alone
+            fd = open_private(self.path, os.O_WRONLY | os.O_APPEND)
+            self._fh: IO[bytes] = os.fdopen(fd, "ab")
+        else:
+            self._fh = open(self.path, "ab")  # noqa: SIM115 - owned by the sink
         self._unsynced = False  # written since the last fsync
 
     def publish(self, key: str, payload: bytes) -> None:
