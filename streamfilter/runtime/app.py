@@ -44,6 +44,7 @@ __all__ = [
     "check_topics",
     "config_fingerprint",
     "event_source",
+    "input_limits",
     "kafka_errors_explained",
     "startup_summary",
     "topic_specs",
@@ -327,7 +328,7 @@ def build_daemon(
         poll_interval_s=w.poll_interval,
         future_slack_s=w.future_slack,
         on_retention_gap=settings.source.on_retention_gap,
-        limits=_input_limits(settings),
+        limits=input_limits(settings),
         observer=metrics.observer if metrics is not None else None,
         state=state,
         min_affordable_days=settings.queries.min_affordable_days if settings.queries else 7,
@@ -344,7 +345,7 @@ def build_daemon(
     return parts
 
 
-def _input_limits(settings: Settings) -> InputLimits:
+def input_limits(settings: Settings) -> InputLimits:
     """``[limits]`` and ``[rejects] max_raw_bytes`` as the daemon's input limits."""
     lim = settings.limits
     return InputLimits(
@@ -461,7 +462,7 @@ def _build_worker(settings: Settings, params: PrivacyParams, bits: RandomBits) -
         idle_timeout_s=w.idle_timeout,
         poll_interval_s=w.poll_interval,
         future_slack_s=w.future_slack,
-        limits=_input_limits(settings),
+        limits=input_limits(settings),
         observer=metrics.observer if metrics is not None else None,
         state=StoredState(None, None, 0),
     )
