@@ -733,6 +733,8 @@ class Daemon:
             positions[p] = Position(resume, max(read, self._high.get(p, 0)))
         for label, offset in self.feed.positions().items():
             positions[label] = Position(offset, offset)
+        for label, mark in self.source.marks().items():  # the input's identity (file source)
+            positions[label] = Position(mark, mark)
         return positions
 
     def _close_day(self, day: str) -> int:

@@ -107,6 +107,12 @@ class Source(abc.ABC):
         """Make :meth:`at_end` refer to what exists now (a driver that appends input between
         ``--until-end`` runs, e.g. ``simulate-local``)."""
 
+    def marks(self) -> dict[str, int]:
+        """Values to commit with the positions, under labels of their own, and to get back in
+        :meth:`seek`'s ``offsets`` (a file source stores what identifies its file). Default:
+        none."""
+        return {}
+
     def committed(self, offsets: dict[str, int]) -> None:  # noqa: B027 - optional hook
         """The store committed these resume offsets; a source may mirror them (Kafka groups)."""
 
