@@ -288,11 +288,20 @@ class MetricsServer:
 
 @dataclass
 class MetricsEndpoint:
-    """The observer the daemon calls and the server that exports it."""
+    """The observer the daemon calls and the server that exports it. ``waiting`` (set while
+    start-up waits for an unreachable broker or database) is what ``/readyz`` says until the
+    daemon starts."""
 
     observer: PrometheusObserver
     server: MetricsServer
     registry: CollectorRegistry
+    waiting: str | None = None
+
+    def readiness(self) -> tuple[bool, str]:
+        waiting = self.waiting
+        if waiting is not None:
+            return False, f"starting: {waiting}"
+        return self.observer.readiness()
 
     def start(self) -> None:
         self.server.start()
@@ -321,4 +330,6 @@ def metrics_endpoint(
         wall_clock=wall_clock,
     )
     server = MetricsServer(reg, m.host, m.port, observer.readiness)
-    return MetricsEndpoint(observer, server, reg)
+    endpoint = MetricsEndpoint(observer, server, reg)
+    server.readiness = endpoint.readiness
+    return endpoint
