@@ -15,6 +15,7 @@ import logging
 import os
 import re
 import tomllib
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from streamfilter.engine.params import PrivacyParams
 from streamfilter.errors import ConfigError
 from streamfilter.privacy.accounting import calibrate_rho, sigma_for_rho
+from streamfilter.privacy.rounding import float_down
 
 from .sections import (
     LOCAL_DEFAULT_FILE,
@@ -203,18 +205,21 @@ def _resolve_telemetry(settings: Settings, params: PrivacyParams) -> None:
     """Fill the telemetry amounts the configuration left out: ``rho`` = ``rho_fraction`` × the
     query ρ, then ``stats_rho`` and ``active_set_rho`` as shares of it. The guarantee is
     ``ρ + telemetry.rho`` for whatever value this gives (the telemetry ledger refuses every charge
-    beyond it), so plain float arithmetic is sound here."""
+    beyond it), so plain float arithmetic is sound for ``rho``; the shares are rounded down so
+    that as many charges as they promise fit in it."""
     t = settings.telemetry
     given = t.model_fields_set
     values = t.model_dump()
     rho = t.rho if "rho" in given else t.rho_fraction * params.rho
     values["rho"] = rho
+    # each share rounded down: k shares of rho/k then fit in rho exactly (rho * 1 / 5 in float
+    # arithmetic can exceed a fifth by an ulp, and the fifth budget-stats call was refused)
     if "stats_rho" not in given:
-        values["stats_rho"] = rho * TELEMETRY_STATS_FIFTHS / 5
+        values["stats_rho"] = float_down(Fraction(rho) * TELEMETRY_STATS_FIFTHS / 5)
     if "active_set_rho" not in given:
-        values["active_set_rho"] = rho * TELEMETRY_ACTIVE_SET_FIFTHS / 5
+        values["active_set_rho"] = float_down(Fraction(rho) * TELEMETRY_ACTIVE_SET_FIFTHS / 5)
     if "coverage_rho" not in given:
-        values["coverage_rho"] = rho * TELEMETRY_COVERAGE_FIFTHS / 5
+        values["coverage_rho"] = float_down(Fraction(rho) * TELEMETRY_COVERAGE_FIFTHS / 5)
     try:
         settings.telemetry = TelemetrySection(**values)
     except ValidationError as exc:
