@@ -54,9 +54,11 @@ ONLY_FROM: dict[str, set[str]] = {
 #: Sub-layers inside ``runtime``: adapters below the loop, the loop below the wiring.
 RUNTIME_LAYERS: dict[str, int] = {
     "faults": 0,
+    "private_files": 0,  # files created 0600, never through a symlink
     "io": 1,
     "store": 1,
     "observe": 1,
+    "query_admission": 1,  # the one rule run and check admit queries by
     "event_ids": 1,  # the day's event-id index that spills to disk (issue #17 point 2)
     "active_set": 2,
     "coverage": 2,  # coverage with every release (issue #16 point 1)

@@ -3,13 +3,25 @@ by (so the two refuse the same queries). Every refusal is a ``Reject`` with its 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from streamfilter.engine.contract import Reject, RejectReason
 
 if TYPE_CHECKING:
     from streamfilter.engine.engine import Engine
-    from streamfilter.runtime.daemon import InputLimits
+
+
+class InputLimits(Protocol):
+    """The ``[limits]`` a query is admitted within (``runtime.daemon.InputLimits``)."""
+
+    @property
+    def max_query_bytes(self) -> int: ...
+    @property
+    def max_query_memory_bytes(self) -> int: ...
+    @property
+    def expected_users(self) -> int: ...
+    @property
+    def max_live_queries(self) -> int: ...
 
 
 def admit_query(engine: Engine, limits: InputLimits, raw: bytes) -> Any:
