@@ -166,6 +166,7 @@ def test_every_manifest_and_the_dashboard_parse():
         "prometheus/alerts.yml",
         "prometheus/alerts_test.yml",
         "k8s/configmap.yaml",
+        "k8s/networkpolicy.yaml",
         "k8s/service.yaml",
         "k8s/statefulset.yaml",
         "k8s/kustomization.yaml",
@@ -404,7 +405,7 @@ def test_kustomize_renders_the_manifests():
     out = run([kubectl, "kustomize", str(K8S)])
     assert out.returncode == 0, out.stderr
     kinds = sorted(d["kind"] for d in yaml.safe_load_all(out.stdout))
-    assert kinds == ["ConfigMap", "Service", "StatefulSet"]
+    assert kinds == ["ConfigMap", "NetworkPolicy", "Service", "StatefulSet"]
 
 
 # ---------------------------------------------------------------------------- end to end
