@@ -123,10 +123,10 @@ class PostgresStateStore(StateStore):
             unreachable = isinstance(exc, self._psycopg.OperationalError) and not any(
                 refusal in text for refusal in _CONNECT_REFUSALS
             )
-            raise (StoreUnreachableError if unreachable else StoreError)(
-                f"cannot connect to the state store ({self.where}): {type(exc).__name__}: "
-                f"{text}; refusing to start"
-            ) from None
+            what = f"cannot connect to the state store ({self.where}): {type(exc).__name__}: {text}"
+            if unreachable:
+                raise StoreUnreachableError(what) from None
+            raise StoreError(f"{what}; refusing to start") from None
         try:
             locked = (
                 not self.single_writer
