@@ -15,6 +15,7 @@ from enum import IntEnum
 
 __all__ = [
     "EXIT_CODES",
+    "RESTART_CANNOT_HELP",
     "ConfigError",
     "ExitCode",
     "KafkaAccessError",
@@ -120,6 +121,13 @@ class TelemetryBudgetError(StreamfilterError, ValueError):
 
     exit_code = ExitCode.TELEMETRY_BUDGET
 
+
+#: exit codes a restart cannot change (a supervisor must not restart on them: the unit's
+#: RestartPreventExitStatus); every other failure, an unreachable broker or database included,
+#: may pass, and a restart after a pause is the remedy
+RESTART_CANNOT_HELP: frozenset[ExitCode] = frozenset(
+    {ExitCode.CONFIG, ExitCode.TELEMETRY_BUDGET, ExitCode.FENCED}
+)
 
 #: exit code → what it means, as README.md's table shows it
 EXIT_CODES: dict[int, str] = {

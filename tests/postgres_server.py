@@ -65,7 +65,9 @@ class PostgresServer:
         if up.returncode == EXIT_UNAVAILABLE:
             require(False, f"PostgreSQL is not available: {up.stderr.strip()}")
         assert up.returncode == 0, f"pg-up.sh failed ({up.returncode}): {up.stderr[-2000:]}"
-        self.url = up.stdout.strip().splitlines()[-1]
+        printed = up.stdout.strip().splitlines()[-1]  # no password: it is in the run directory
+        password = (Path(self.run_dir) / "password").read_text().strip()
+        self.url = printed.replace("streamfilter_admin@", f"streamfilter_admin:{password}@", 1)
         return self.url
 
     def stop(self, *, keep_data: bool = False) -> None:

@@ -317,8 +317,13 @@ def test_changed_privacy_config_on_existing_state_is_refused(tmp_path):
 
 @pytest.mark.timeout(120)
 def test_demo_runs_small(tmp_path):
+    """The table is the demo's output: the daemon's log lines go to a file beside the releases,
+    not to the terminal ahead of the table."""
     proc = cli("demo", "--users", "2000", "--days", "6", "--out", str(tmp_path), cwd=tmp_path)
     assert "zCDP" in proc.stdout and "2026-01-06" in proc.stdout
+    assert " INFO " not in proc.stderr, proc.stderr[:500]
+    log = (tmp_path / "demo.log").read_text()
+    assert " INFO streamfilter." in log and str(tmp_path / "demo.log") in proc.stdout
 
 
 def test_guarantee_adds_the_telemetry_budget_by_zcdp_composition(tmp_path):

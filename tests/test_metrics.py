@@ -489,7 +489,7 @@ def test_coverage_and_population_are_gauges_of_the_noisy_releases():
     assert reg.get_sample_value("streamfilter_release_coverage_users", q) == 41
     assert reg.get_sample_value("streamfilter_release_coverage_ci95", q) == 9.8
     # the headline total is a gauge too: ρ + telemetry ρ, as `streamfilter guarantee` says
-    assert reg.get_sample_value("streamfilter_privacy_rho_total") == pytest.approx(
+    assert reg.get_sample_value("streamfilter_privacy_guarantee_rho") == pytest.approx(
         PARAMS.guarantee().rho + 0.05
     )
 

@@ -7,14 +7,14 @@ import re
 
 import pytest
 from prometheus_client import CollectorRegistry
-from streamfilter.telemetry.active_set import ActiveSetSpec
-from streamfilter.telemetry.coverage import CoverageSpec
 
 from streamfilter.cli.main import main
 from streamfilter.cli.report import ReportData, render_report
 from streamfilter.config import load_config
 from streamfilter.engine.monitor import Monitor
 from streamfilter.runtime.observe.http import metrics_endpoint
+from streamfilter.telemetry.active_set import ActiveSetSpec
+from streamfilter.telemetry.coverage import CoverageSpec
 from streamfilter.telemetry.population import PopulationSpec
 
 # exact binary fractions, so that every surface's sum is the same float
@@ -30,7 +30,7 @@ def _daemon_surfaces(cfg, capsys) -> dict[str, float]:
     assert headline is not None
     reg = CollectorRegistry()
     metrics_endpoint(settings, settings.privacy_params(), registry=reg)
-    gauge = reg.get_sample_value("streamfilter_privacy_rho_total")
+    gauge = reg.get_sample_value("streamfilter_privacy_guarantee_rho")
     assert gauge is not None
     return {"guarantee": cli, "report": float(headline.group(1)), "metrics": gauge}
 

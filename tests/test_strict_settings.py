@@ -118,3 +118,32 @@ def test_the_spill_bound_defaults_to_the_index_default():
     from streamfilter.dedup.spill import DEFAULT_MEMORY_PAIRS
 
     assert SpillSection().event_ids_in_memory == DEFAULT_MEMORY_PAIRS
+
+
+@pytest.mark.parametrize(
+    ("name", "needle"),
+    [
+        ("STREAMFILTER_PRIVCY__RHO", "did you mean STREAMFILTER_PRIVACY__RHO?"),
+        ("STREAMFILTER_PRIVACY__RH0", "unknown key privacy.rh0 (did you mean STREAMFILTER_PRIV"),
+        ("streamfilter_sink__paht", "did you mean STREAMFILTER_SINK__PATH?"),
+        ("STREAMFILTER_NOPE__X", "unknown section 'nope'"),
+    ],
+)
+def test_an_environment_override_naming_no_setting_is_refused_like_the_file(
+    tmp_path, monkeypatch, name, needle
+):
+    """An override the settings would ignore is a configuration error, with a suggestion:
+    the run it was meant for would otherwise go ahead under the value it was meant to replace."""
+    monkeypatch.setenv(name, "0.1")
+    with pytest.raises(ConfigError) as exc:
+        _load(tmp_path, "[privacy]\nb_norm = 4.0\nrho = 0.5\n")
+    assert needle in str(exc.value) and "0.1" not in str(exc.value)
+    assert cli("guarantee", "--config", "c.toml", cwd=tmp_path, check=False).returncode == 2
+
+
+def test_variables_that_are_not_overrides_and_real_overrides_are_accepted(tmp_path, monkeypatch):
+    monkeypatch.setenv("STREAMFILTER_PG_PASSWORD", "x")  # a password source, not an override
+    monkeypatch.setenv("STREAMFILTER_PRIVACY__RHO", "0.25")
+    monkeypatch.setenv("STREAMFILTER_SOURCE__SYNTHETIC__USERS", "12")
+    settings = _load(tmp_path, "[privacy]\nb_norm = 4.0\nrho = 0.5\n[source]\nkind = 'synthetic'\n")
+    assert settings.privacy.rho == 0.25 and settings.source.synthetic.users == 12

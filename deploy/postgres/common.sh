@@ -47,6 +47,9 @@ pg_running() {
     [ -f "$PG_RUN_DIR/data/postmaster.pid" ] && pg_as_owner "$PG_BIN/pg_ctl" -D "$PG_RUN_DIR/data" status >/dev/null 2>&1
 }
 
+# The password is never printed: the URL names the server, the variable line says where the
+# password is (state.url refuses a URL with one; state.password_env names the variable).
 pg_url() {
-    echo "postgresql://streamfilter_admin:$(cat "$PG_RUN_DIR/password")@$PG_HOST:$PG_PORT/streamfilter"
+    echo "# password: export STREAMFILTER_PG_PASSWORD=\"\$(cat $PG_RUN_DIR/password)\" and set state.password_env = \"STREAMFILTER_PG_PASSWORD\""
+    echo "postgresql://streamfilter_admin@$PG_HOST:$PG_PORT/streamfilter"
 }

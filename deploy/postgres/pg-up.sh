@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Start a throw-away PostgreSQL cluster for tests and local use (see deploy/postgres/README.md).
-# Last line of stdout: the connection URL postgresql://streamfilter_admin:…@127.0.0.1:PORT/streamfilter
+# Last line of stdout: the connection URL postgresql://streamfilter_admin@127.0.0.1:PORT/streamfilter
+# (no password; the line before it says which variable to set from $PG_RUN_DIR/password)
 set -euo pipefail
 # shellcheck source=deploy/postgres/common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"

@@ -48,7 +48,12 @@ def _budget_text(b: dict[str, Any]) -> str:
             f"ε = {b['epsilon_spent']:.6g} at δ = {b['delta']:.3g} ({b['method']})",
             f"  odometer   Δ = {o['step']:.6g}: spent <= {o['spent']:.6g} → {o['rho']:.6g}-zCDP, "
             f"ε = {o['epsilon']:.6g} (Algorithm 5 / Cor. 4.11)",
-            f"  as of the last closed day {b['last_closed_day']}",
+            "  cost       none: this reads the state; no budget is spent by looking",
+            (
+                f"  as of the last closed day, {b['last_closed_day']}"
+                if b["last_closed_day"] is not None
+                else "  no day has closed yet: nothing has been spent from any budget"
+            ),
         ]
     )
 
@@ -64,7 +69,13 @@ def _stats_text(s: dict[str, Any]) -> str:
             f"  mean       {s['mean_spent_fraction']:.4f}",
             f"  quantiles  {qs} (bin width {1 / s['bins']:g})",
             f"  cost       {s['rho_charged']:g}-zCDP of telemetry.rho = {s['telemetry_rho_total']:g}; "
-            f"remaining {s['telemetry_rho_remaining']:.6g}",
+            f"remaining {s['telemetry_rho_remaining_shown']} "
+            f"({s['budget_stats_calls_left']} more budget-stats call(s))",
+            (
+                f"  as of the last closed day, {s['last_closed_day']}"
+                if s["last_closed_day"] is not None
+                else "  no day has closed yet: every spent budget is 0"
+            ),
         ]
     )
 

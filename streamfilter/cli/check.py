@@ -30,7 +30,8 @@ from streamfilter.engine.engine import Engine
 from streamfilter.engine.queries import AnyQuery
 from streamfilter.errors import ConfigError
 from streamfilter.privacy.noise import SystemRandomBits
-from streamfilter.runtime.app import check_query_source
+from streamfilter.runtime.app import check_query_source, input_limits
+from streamfilter.runtime.query_admission import admit_query
 
 __all__ = ["SCAN_EVENTS", "check", "cmd_check"]
 
@@ -89,15 +90,17 @@ def check(settings: Settings) -> dict[str, object]:
     q = settings.queries
     min_days = q.min_affordable_days if q is not None else DEFAULT_MIN_DAYS
     engine = Engine(params, SystemRandomBits())
+    limits = input_limits(settings)
     queries: list[AnyQuery] = []
     if q is not None and q.kind == "file" and q.path is not None and q.path.is_file():
         with open(q.path, "rb") as fh:
             for n, line in enumerate(fh, 1):
                 if not line.strip():
                     continue
-                try:
-                    query = engine.parse_query(line)
-                    engine.check_query(query)
+                try:  # the rule `run` registers by: what it refuses, check reports
+                    query = admit_query(engine, limits, line.rstrip(b"\r\n"))
+                    if query is None:  # the same query twice: registered once
+                        continue
                     engine.register_query(query)
                     queries.append(query)
                 except Reject as rej:

@@ -9,10 +9,13 @@ afford a full contribution to ``active``, and their share of the users counted s
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import sys
 import time
 from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 
 from streamfilter.cli.guarantee import with_telemetry
@@ -56,6 +59,35 @@ enabled = false           # a one-shot run: nothing to scrape
 """
 
 
+#: the run's log lines, beside its releases (the terminal shows the table, not the daemon's log)
+DEMO_LOG_FILE = "demo.log"
+
+
+@contextlib.contextmanager
+def _log_to(path: Path) -> Iterator[None]:
+    """The root logger writes to ``path`` instead of its stream handlers while the block runs,
+    in the same format; a handler writing elsewhere (a file) is kept."""
+    root = logging.getLogger()
+    streams = [
+        h
+        for h in root.handlers
+        if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler)
+    ]
+    to_file = logging.FileHandler(path, encoding="utf-8")
+    if streams and streams[0].formatter is not None:
+        to_file.setFormatter(streams[0].formatter)
+    for h in streams:
+        root.removeHandler(h)
+    root.addHandler(to_file)
+    try:
+        yield
+    finally:
+        root.removeHandler(to_file)
+        to_file.close()
+        for h in streams:
+            root.addHandler(h)
+
+
 def run_demo(out_dir: Path, users: int, days: int, p_active: float) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     cfg = out_dir / "streamfilter.toml"
@@ -65,11 +97,12 @@ def run_demo(out_dir: Path, users: int, days: int, p_active: float) -> int:
     g = params.guarantee()
     total = with_telemetry(g.rho, settings.telemetry.rho, params.delta)
     started = time.perf_counter()
-    parts = build_daemon(settings, follow=False)
-    try:
-        summary = parts.daemon.run(until_end=True)
-    finally:
-        parts.close()
+    with _log_to(out_dir / DEMO_LOG_FILE):
+        parts = build_daemon(settings, follow=False)
+        try:
+            summary = parts.daemon.run(until_end=True)
+        finally:
+            parts.close()
     elapsed = time.perf_counter() - started
 
     rows: dict[str, dict[str, dict[str, object]]] = defaultdict(dict)
@@ -143,6 +176,7 @@ def run_demo(out_dir: Path, users: int, days: int, p_active: float) -> int:
         f"{settings.telemetry.coverage_rho:g} of {settings.telemetry.rho:g}\n"
         f"{s['records_read']:,} events read, {s['rejected']} rejected, {s['days_closed']} days "
         f"closed, {s['releases_published']} releases in {elapsed:.1f}s\n"
-        f"output: {out_dir / 'releases.jsonl'} (state {out_dir / 'state.db'})\n"
+        f"output: {out_dir / 'releases.jsonl'} (state {out_dir / 'state.db'}, "
+        f"log {out_dir / DEMO_LOG_FILE})\n"
     )
     return 0

@@ -39,7 +39,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     kept = keep_freed_memory()  # before the run allocates its arrays
     settings = load_config(args.config)
     with kafka_errors_explained(settings):
-        parts = build_daemon(settings, follow=not args.until_end, allow_test_seed=args.testing)
+        parts = build_daemon(
+            settings,
+            follow=not args.until_end,
+            allow_test_seed=args.testing,
+            stop=stop_requested,
+        )
         logging.getLogger("streamfilter.run").info("%s", startup_summary(settings, parts))
         parts.daemon.return_free_heap = return_free_heap()
         if kept:

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from streamfilter.config import Settings, config_fingerprint
 from streamfilter.dedup.index import EventIdIndex
@@ -17,7 +20,7 @@ from streamfilter.engine.engine import Engine
 from streamfilter.engine.ingest import SCANNER
 from streamfilter.engine.local import LocalEngine
 from streamfilter.engine.params import PrivacyParams
-from streamfilter.errors import ConfigError, StreamfilterError
+from streamfilter.errors import ConfigError, ExitCode, StreamfilterError
 from streamfilter.privacy.noise import RandomBits, SystemRandomBits
 from streamfilter.runtime.daemon import Daemon, InputLimits
 from streamfilter.runtime.io.base import NoQueryFeed, QueryFeed, Sink, Source
@@ -44,6 +47,7 @@ __all__ = [
     "check_topics",
     "config_fingerprint",
     "event_source",
+    "input_limits",
     "kafka_errors_explained",
     "startup_summary",
     "topic_specs",
@@ -206,7 +210,8 @@ def _feed(settings: Settings) -> QueryFeed:
 
 def _sink(settings: Settings, kind: str, path: Path, topic: str | None, dedupe: bool) -> Sink:
     if kind == "file":
-        return FileSink(path, dedupe_releases=dedupe)
+        # the reject file (no dedupe) quotes raw input: private, like the state
+        return FileSink(path, dedupe_releases=dedupe, private=not dedupe)
     if kind == "stdout":
         return StdoutSink()
     from streamfilter.runtime.io.kafka import KafkaSink, release_transactional_id
@@ -249,20 +254,110 @@ def kafka_errors_explained(settings: Settings) -> contextlib.AbstractContextMana
     return kafka_access(k.client_config(), group=k.group_id)
 
 
-def check_topics(settings: Settings) -> None:
-    """Refuse to start when a configured topic is missing, naming it and its key."""
+T = TypeVar("T")
+
+#: waits between start-up attempts at an unreachable broker or database (s); the last repeats
+STARTUP_RETRY_S = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
+
+
+class StoppedWhileStarting(StreamfilterError):
+    """A stop (SIGTERM) arrived while start-up waited for a broker or database: a clean exit."""
+
+    exit_code = ExitCode.OK
+
+
+class _QuietClient(logging.Filter):
+    """Drops the client libraries' own lines while an attempt runs: each failed attempt is
+    one WARNING of ours, not a screenful of kafka-python's ERRORs."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.name.startswith("kafka")
+
+
+def until_reachable(
+    what: str,
+    attempt: Callable[[], T],
+    transient: tuple[type[BaseException], ...],
+    endpoint: MetricsEndpoint | None = None,
+    stop: threading.Event | None = None,
+) -> T:
+    """``attempt()`` until it returns: a ``transient`` failure (the service did not answer) is
+    not a configuration error — it is logged as one WARNING per attempt, ``/readyz`` says what
+    start-up waits for, and the attempt is repeated after the next of :data:`STARTUP_RETRY_S`,
+    for as long as it takes (a supervisor's restart could do no better), or until ``stop`` is
+    set (SIGTERM: :class:`StoppedWhileStarting`, exit 0). Any other error ends start-up as
+    before."""
+    quiet = _QuietClient()
+    handlers = list(logging.getLogger().handlers)
+    try:
+        for n in itertools.count(1):
+            if endpoint is not None:
+                endpoint.waiting = f"connecting to {what} (attempt {n})"
+            started = time.monotonic()
+            for handler in handlers:
+                handler.addFilter(quiet)
+            try:
+                return attempt()
+            except transient as exc:
+                pause = STARTUP_RETRY_S[min(n, len(STARTUP_RETRY_S)) - 1]
+                text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                name = type(exc).__name__
+                cause = text if text.startswith(name) else f"{name}: {text}"
+                log.warning(
+                    "%s did not answer (attempt %d, %.0f s: %s); retrying in %.0f s — a "
+                    "network or server state, not the configuration",
+                    what,
+                    n,
+                    time.monotonic() - started,
+                    cause,
+                    pause,
+                )
+                if endpoint is not None:
+                    endpoint.waiting = f"{what} did not answer (attempt {n}); retrying"
+            finally:
+                for handler in handlers:
+                    handler.removeFilter(quiet)
+            if (stop or threading.Event()).wait(pause):
+                raise StoppedWhileStarting(
+                    f"stopped while waiting for {what}: nothing was read or released"
+                )
+        raise AssertionError("unreachable")  # pragma: no cover - count() never ends
+    finally:
+        if endpoint is not None:
+            endpoint.waiting = None
+
+
+def _kafka_unreachable() -> tuple[type[BaseException], ...]:
+    from kafka.errors import KafkaConnectionError, KafkaTimeoutError, NodeNotReadyError
+
+    return (KafkaConnectionError, KafkaTimeoutError, NodeNotReadyError)
+
+
+def check_topics(
+    settings: Settings, endpoint: MetricsEndpoint | None = None, stop: threading.Event | None = None
+) -> None:
+    """Refuse to start when a configured topic is missing, naming it and its key; wait (with
+    ``until_reachable``) while the broker does not answer."""
     specs = topic_specs(settings)
     if not specs:
         return
     from streamfilter.runtime.io.kafka import missing_topics
 
+    client = settings.kafka.client_config()
     try:
-        missing = missing_topics(settings.kafka.client_config(), specs)
+        missing = until_reachable(
+            f"kafka at {settings.kafka.bootstrap_servers}",
+            lambda: missing_topics(client, specs),
+            _kafka_unreachable(),
+            endpoint,
+            stop,
+        )
     except StreamfilterError:  # TLS, SASL, ACL: the cause and the key or ACL to fix
         raise
     except Exception as exc:  # any other client failure: report the broker
         raise ConfigError(
-            f"cannot reach kafka at {settings.kafka.bootstrap_servers}: {type(exc).__name__}: {exc}"
+            f"kafka at {settings.kafka.bootstrap_servers} answered with an error: "
+            f"{type(exc).__name__}: {exc}"
         ) from None
     if missing:
         names = ", ".join(f"{s.name!r} ({s.role})" for s in missing)
@@ -273,8 +368,14 @@ def check_topics(settings: Settings) -> None:
 
 
 def build_daemon(
-    settings: Settings, *, follow: bool = True, allow_test_seed: bool = False
+    settings: Settings,
+    *,
+    follow: bool = True,
+    allow_test_seed: bool = False,
+    stop: threading.Event | None = None,
 ) -> Components:
+    """The daemon and its parts; ``stop`` (set on SIGTERM) ends a wait for an unreachable
+    broker or database (:func:`until_reachable`)."""
     params = settings.privacy_params()
     check_query_source(settings)
     seed = settings.testing.noise_seed
@@ -291,7 +392,14 @@ def build_daemon(
                 "available in cluster mode (stop the workers with SIGTERM)"
             )
         return _build_worker(settings, params, bits)
-    store = open_store(settings.state)
+    # serving /readyz from the start: it says what start-up waits for
+    metrics = _serve_metrics(settings, params)
+    try:
+        store = _open_store(settings, metrics, stop)
+    except BaseException:
+        if metrics is not None:
+            metrics.stop()
+        raise
     try:
         fingerprint = config_fingerprint(params, settings)
         state = store.load()  # the one load at start-up: every row checked against its CRC
@@ -311,7 +419,7 @@ def build_daemon(
         coverage = load_coverage(  # on by default; charges telemetry once
             settings, params, store, state.coverage_state, state.budgets
         )
-        check_topics(settings)
+        check_topics(settings, metrics, stop)
         source = _source(settings, follow)
         feed = _feed(settings)
         sink = _sink(
@@ -320,17 +428,13 @@ def build_daemon(
         reject_sink = _sink(
             settings, settings.rejects.kind, settings.rejects_path(), settings.rejects.topic, False
         )
-    except (StreamfilterError, OSError):
+    except BaseException as exc:
         store.close()
+        if metrics is not None:
+            metrics.stop()
+        if isinstance(exc, LookupError):  # a topic vanished between the check and the assignment
+            raise ConfigError(str(exc)) from None
         raise
-    except LookupError as exc:  # a topic vanished between the check and the assignment
-        store.close()
-        raise ConfigError(str(exc)) from None
-    metrics = None
-    if settings.metrics.enabled:  # prometheus_client is imported only when metrics are on
-        from streamfilter.runtime.observe.http import metrics_endpoint
-
-        metrics = metrics_endpoint(settings, params)
     w = settings.window
     daemon = Daemon(
         _engine(
@@ -351,7 +455,7 @@ def build_daemon(
         poll_interval_s=w.poll_interval,
         future_slack_s=w.future_slack,
         on_retention_gap=settings.source.on_retention_gap,
-        limits=_input_limits(settings),
+        limits=input_limits(settings),
         observer=metrics.observer if metrics is not None else None,
         state=state,
         min_affordable_days=settings.queries.min_affordable_days if settings.queries else 7,
@@ -364,11 +468,27 @@ def build_daemon(
             [r for r in daemon.engine.history if r.day == last],
             store.size_bytes(),
         )
-        _serve_metrics(settings, parts)
     return parts
 
 
-def _input_limits(settings: Settings) -> InputLimits:
+def _open_store(
+    settings: Settings, endpoint: MetricsEndpoint | None, stop: threading.Event | None
+) -> StateStore:
+    """The configured state; a database that does not answer is waited for."""
+    if settings.state.kind != "postgres":
+        return open_store(settings.state)
+    from streamfilter.runtime.store.postgres import StoreUnreachableError
+
+    return until_reachable(
+        f"the state database ({settings.state.describe()})",
+        lambda: open_store(settings.state),
+        (StoreUnreachableError,),
+        endpoint,
+        stop,
+    )
+
+
+def input_limits(settings: Settings) -> InputLimits:
     """``[limits]`` and ``[rejects] max_raw_bytes`` as the daemon's input limits."""
     lim = settings.limits
     return InputLimits(
@@ -381,17 +501,20 @@ def _input_limits(settings: Settings) -> InputLimits:
     )
 
 
-def _serve_metrics(settings: Settings, parts: Components) -> None:
-    """Start ``parts.metrics``. A port that cannot be bound is a configuration error when
-    ``[metrics] enabled`` was set explicitly; with the default it is a warning and the run goes
-    on without the endpoint."""
-    assert parts.metrics is not None
+def _serve_metrics(settings: Settings, params: PrivacyParams) -> MetricsEndpoint | None:
+    """The ``[metrics]`` endpoint, serving (None when disabled). A port that cannot be bound
+    is a configuration error when ``[metrics] enabled`` was set explicitly; with the default it
+    is a warning and the run goes on without the endpoint."""
+    m = settings.metrics
+    if not m.enabled:
+        return None
+    from streamfilter.runtime.observe.http import metrics_endpoint  # prometheus_client: only now
+
+    endpoint = metrics_endpoint(settings, params)
     try:
-        parts.metrics.start()
+        endpoint.start()
     except OSError as exc:
-        m = settings.metrics
         if "enabled" in m.model_fields_set:  # asked for explicitly: refuse to run without
-            parts.close()
             raise ConfigError(f"metrics.port: cannot listen on {m.host}:{m.port}: {exc}") from None
         log.warning(
             "metrics: cannot listen on %s:%d (%s); running without /metrics, /healthz and "
@@ -400,7 +523,8 @@ def _serve_metrics(settings: Settings, parts: Components) -> None:
             m.port,
             exc.strerror or exc,
         )
-        parts.metrics = None
+        return None
+    return endpoint
 
 
 def _build_worker(settings: Settings, params: PrivacyParams, bits: RandomBits) -> Components:
@@ -490,7 +614,7 @@ def _build_worker(settings: Settings, params: PrivacyParams, bits: RandomBits) -
         idle_timeout_s=w.idle_timeout,
         poll_interval_s=w.poll_interval,
         future_slack_s=w.future_slack,
-        limits=_input_limits(settings),
+        limits=input_limits(settings),
         observer=metrics.observer if metrics is not None else None,
         state=StoredState(None, None, 0),
     )

@@ -56,6 +56,7 @@ from streamfilter.runtime.faults import crash_point
 from streamfilter.runtime.io.base import QueryFeed, RecordBatch, Sink
 from streamfilter.runtime.io.kafka import KafkaGroupSource, key_partition
 from streamfilter.runtime.process import RunSummary, collector_for_run, is_transient
+from streamfilter.runtime.query_admission import admit_query
 from streamfilter.runtime.store import Position, StoredState, check_sink_not_ahead
 from streamfilter.runtime.store.cluster import (
     ClusterLedger,
@@ -352,12 +353,12 @@ class ClusterDaemon(Daemon):
         this worker's book directly: every worker's book is the ledger's, in the ledger's
         order); ``new`` stays empty, so the single process's batched store write is a no-op."""
         try:
-            query = self._new_query(raw)
+            query = admit_query(self.engine, self.limits, raw)
             if query is not None:
                 self.store.add_query(query.canonical_json().encode())
                 self.summary.queries_registered += 1
         except Reject as rej:
-            self._reject(rej.reason, rej.detail, raw, where)
+            self._refuse_query(rej, raw, where)
 
     def _commit_partitions(self, day: str, todo: list[int]) -> bool:
         """Partials of ``todo`` for ``day`` in one ledger transaction; False if fenced."""

@@ -50,6 +50,7 @@ from streamfilter.runtime.io.base import (
 )
 from streamfilter.runtime.observe.observer import DaemonObserver
 from streamfilter.runtime.process import RunSummary, collector_for_run, is_transient
+from streamfilter.runtime.query_admission import admit_query, query_id_of
 from streamfilter.runtime.store import (
     DayCommit,
     Position,
@@ -326,23 +327,9 @@ class Daemon:
         if new:
             self.store.add_queries(new)
 
-    def _new_query(self, raw: bytes) -> Any:
-        """The query ``raw`` defines if it is new and within ``[limits]``; None if it is
-        registered already; raises ``Reject`` (oversized, invalid, closed day, over a limit)."""
-        if len(raw) > self.limits.max_query_bytes:
-            raise Reject(
-                RejectReason.OVERSIZED,
-                f"a query exceeds [limits] max_query_bytes ({self.limits.max_query_bytes})",
-            )
-        query = self.engine.parse_query(raw)
-        if not self.engine.check_query(query):
-            return None
-        self._check_query_limits(query)
-        return query
-
     def _register_query(self, where: str, raw: bytes, new: list[bytes]) -> None:
         try:
-            query = self._new_query(raw)
+            query = admit_query(self.engine, self.limits, raw)
             if query is not None:
                 self.engine.register_query(query)
                 new.append(query.canonical_json().encode())
@@ -352,31 +339,13 @@ class Daemon:
                 if warning is not None:
                     log.warning("%s", warning)
         except Reject as rej:
-            self._reject(rej.reason, rej.detail, raw, where)
+            self._refuse_query(rej, raw, where)
 
-    def _check_query_limits(self, query: Any) -> None:
-        """Refuse a new query whose per-day matrices would exceed ``max_query_memory_bytes``
-        at ``expected_users``, or one more than ``max_live_queries`` that still run."""
-        lim = self.limits
-        k, d = len(query.coordinates()), len(query.labels())
-        need = 8 * (lim.expected_users * (k + d) + k * d)
-        if need > lim.max_query_memory_bytes:
-            raise Reject(
-                RejectReason.QUERY_TOO_LARGE,
-                f"{k} coordinates × {d} outputs at {lim.expected_users} expected users need "
-                f"about {need >> 20} MiB, over [limits] max_query_memory_bytes",
-            )
-        last = self.engine.last_closed_day
-        live = sum(
-            1
-            for q in self.engine.queries
-            if q.until_day is None or last is None or q.until_day.isoformat() > last
-        )
-        if live >= lim.max_live_queries:
-            raise Reject(
-                RejectReason.TOO_MANY_QUERIES,
-                f"[limits] max_live_queries ({lim.max_live_queries}) queries still run",
-            )
+    def _refuse_query(self, rej: Reject, raw: bytes, where: str) -> None:
+        """A refused query is loud: one WARNING (its id, the reason) besides the reject record
+        and ``streamfilter_rejects_total{reason}``; queries the operator meant never vanish."""
+        log.warning("query %s refused (%s): %s", query_id_of(raw), rej.reason, rej.detail)
+        self._reject(rej.reason, rej.detail, raw, where)
 
     def _ingest(self, partition: str, offset: int, next_offset: int, raw: bytes) -> None:
         self._ingest_batches([RecordBatch(partition, [offset], [raw], next_offset)])
@@ -706,6 +675,8 @@ class Daemon:
             positions[p] = Position(resume, max(read, self._high.get(p, 0)))
         for label, offset in self.feed.positions().items():
             positions[label] = Position(offset, offset)
+        for label, mark in self.source.marks().items():  # the input's identity (file source)
+            positions[label] = Position(mark, mark)
         return positions
 
     def _close_day(self, day: str) -> int:

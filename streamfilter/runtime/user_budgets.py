@@ -12,6 +12,7 @@ call that would exceed ``telemetry.rho`` is refused before any noise is drawn
 from __future__ import annotations
 
 import json
+import logging
 import math
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
@@ -24,6 +25,8 @@ if TYPE_CHECKING:
     from streamfilter.privacy.noise import RandomBits
 
 
+log = logging.getLogger("streamfilter.budget")
+
 #: default odometer step Δ as a fraction of B_norm (fixed in advance, as Corollary 4.11 needs)
 DEFAULT_STEP_FRACTION = Fraction(1, 100)
 
@@ -31,6 +34,13 @@ DEFAULT_STEP_FRACTION = Fraction(1, 100)
 def _float_down(value: Fraction) -> float:
     """``float_down`` clamped at 0 (a remaining budget is never shown negative)."""
     return max(float_down(value), 0.0)
+
+
+def _shown(rho: Fraction, total: float) -> str:
+    """A remaining ρ for people: rounded down, and 0 below a trillionth of the total (what
+    float shares of a budget leave over, e.g. 1.7e-18 after five fifths)."""
+    value = _float_down(rho)
+    return "0" if value < total * 1e-12 else f"{value:.6g}"
 
 
 def _check_fingerprint(stored: str | None, params: PrivacyParams, settings: Settings) -> None:
@@ -134,12 +144,20 @@ def budget_stats(
         state = store.load()
         _check_fingerprint(state.config_fingerprint, params, settings)
         spent = sum((Fraction(c.rho) for c in store.telemetry_ledger()), Fraction(0))
-        if spent + Fraction(t.stats_rho) > Fraction(t.rho):  # 2. dry run (no noise drawn)
+        left = Fraction(t.rho) - spent
+        if Fraction(t.stats_rho) > left:  # 2. dry run (no noise drawn)
             raise TelemetryBudgetError(
-                f"telemetry budget exceeded: budget_stats costs telemetry.stats_rho={t.stats_rho!r} "
-                f"but only {_float_down(Fraction(t.rho) - spent)!r} of telemetry.rho={t.rho!r} "
-                "remains; nothing was released"
+                f"telemetry budget exceeded: budget-stats costs telemetry.stats_rho = "
+                f"{t.stats_rho:g} but {_shown(left, t.rho)} "
+                f"of telemetry.rho = {t.rho:g} remains (spent by earlier telemetry); nothing "
+                "was released — a state's telemetry budget is not renewed"
             )
+        log.info(
+            "budget-stats spends telemetry.stats_rho = %g of the %s left of telemetry.rho = %g",
+            t.stats_rho,
+            _shown(left, t.rho),
+            t.rho,
+        )
         stats = mechanism.release(  # 3. the noisy release
             [s for _, s, _ in state.budgets],
             params.budget_units,
@@ -158,5 +176,8 @@ def budget_stats(
     out["telemetry_rho_total"] = balance.total
     out["telemetry_rho_spent"] = balance.spent
     out["telemetry_rho_remaining"] = balance.remaining
+    remaining = Fraction(t.rho) - spent - Fraction(t.stats_rho)
+    out["telemetry_rho_remaining_shown"] = _shown(remaining, t.rho)
+    out["budget_stats_calls_left"] = max(0, math.floor(remaining / Fraction(t.stats_rho)))
     out["population"] = "users charged at least once (the rows of the budget ledger)"
     return out

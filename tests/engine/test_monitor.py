@@ -158,7 +158,6 @@ def test_permuting_users_changes_nothing(perm_seed):
 def test_repr_and_guarantee_give_the_total_rho_with_coverage_and_active_set() -> None:
     from streamfilter.telemetry.active_set import ActiveSetSpec
     from streamfilter.telemetry.coverage import CoverageSpec
-
     from streamfilter.telemetry.population import PopulationSpec
 
     for cov, act in [(None, None), (0.02, None), (None, 0.03), (0.02, 0.03)]:

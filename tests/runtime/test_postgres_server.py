@@ -50,7 +50,11 @@ def test_make_pg_up_is_idempotent_and_pg_down_removes_the_cluster():
         assert [u.returncode for u in up] == [0, 0], up[0].stderr + up[1].stderr
         first, second = (u.stdout.strip().splitlines()[-1] for u in up)
         assert first == second and first.startswith("postgresql://") and ":55417/" in first
-        with psycopg.connect(first) as con:
+        password = (run_dir / "password").read_text().strip()
+        assert all(password not in u.stdout for u in up)  # printed without its password
+        assert "export STREAMFILTER_PG_PASSWORD=" in up[0].stdout  # but with where it is
+        assert urlsplit(first).password is None
+        with psycopg.connect(first, password=password) as con:
             assert con.execute("SELECT 1").fetchone() == (1,)
     finally:
         down = subprocess.run(

@@ -108,6 +108,12 @@ class Source(abc.ABC):
     def close(self) -> None:  # noqa: B027 - optional hook
         pass
 
+    def marks(self) -> dict[str, int]:
+        """Values to commit with the positions, under labels of their own, and to get back in
+        :meth:`seek`'s ``offsets`` (a file source stores what identifies its file). Default:
+        none."""
+        return {}
+
 
 @runtime_checkable
 class BrokerSource(Protocol):

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -34,7 +35,9 @@ from kafka import (
 from kafka.admin import NewTopic
 from kafka.errors import (
     AuthorizationError,
+    BrokerResponseError,
     InvalidProducerEpochError,
+    InvalidReplicationFactorError,
     KafkaError,
     KafkaTimeoutError,
     ProducerFencedError,
@@ -44,7 +47,7 @@ from kafka.errors import (
 from kafka.partitioner.default import murmur2
 from kafka.structs import OffsetAndMetadata
 
-from streamfilter.errors import KafkaAccessError, PublisherFencedError, PublishError
+from streamfilter.errors import ConfigError, KafkaAccessError, PublisherFencedError, PublishError
 from streamfilter.runtime.io.base import (
     BrokerSource,
     QueryFeed,
@@ -711,3 +714,19 @@ def _create(admin: KafkaAdminClient, todo: list[TopicSpec], created: list[str]) 
             created.append(spec.name)
         except TopicAlreadyExistsError:
             pass
+        except InvalidReplicationFactorError:
+            brokers = len(admin.describe_cluster().get("brokers", []))
+            key = spec.role.rsplit(".", 1)[0] + ".replication_factor"
+            raise ConfigError(
+                f"{key} = {spec.replication_factor}: the cluster has {brokers} broker(s), and a "
+                f"topic cannot have more replicas than brokers — set {key} to at most "
+                f"{brokers} (the topic {spec.name!r} was not created)"
+            ) from None
+        except BrokerResponseError as exc:
+            if isinstance(exc, AuthorizationError):
+                raise
+            said = re.search(r"error_message='([^']*)'", str(exc))
+            raise ConfigError(
+                f"kafka refused to create the topic {spec.name!r} ({spec.role}): "
+                f"{type(exc).__name__}" + (f": {said.group(1)}" if said else "")
+            ) from None

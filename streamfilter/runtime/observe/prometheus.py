@@ -51,7 +51,7 @@ metric                                                 type     meaning
 ``streamfilter_privacy_granularity``                   gauge    lattice step γ
 ``streamfilter_privacy_ci95_halfwidth``                gauge    95% half-width per coordinate
 ``streamfilter_privacy_telemetry_rho``                 gauge    ``[telemetry] rho``
-``streamfilter_privacy_rho_total``                     gauge    ρ + telemetry ρ: the headline
+``streamfilter_privacy_guarantee_rho``                     gauge    ρ + telemetry ρ: the headline
 ``streamfilter_release_value{query_id,coordinate}``    gauge    latest *noisy* release (public)
 ``streamfilter_release_ci95{query_id,coordinate}``     gauge    its 95% half-width
 ``streamfilter_release_coverage_users{query_id}``      gauge    noisy users it covers (public)
@@ -315,7 +315,7 @@ class PrometheusObserver(DaemonObserver):
                 registry=r,
             ).set(telemetry_rho)
         Gauge(
-            "streamfilter_privacy_rho_total",
+            "streamfilter_privacy_guarantee_rho",
             "The headline: each user's total zCDP for the whole run, queries plus at most the "
             "[telemetry] budget (coverage, active set, budget-stats); the population estimate "
             "is paid inside each user's filter and adds nothing.",

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from streamfilter.errors import StoreError
+from streamfilter.runtime.private_files import open_private
 
 
 @dataclass(frozen=True)
@@ -54,13 +55,15 @@ def read_mirror(path: Path) -> SequenceMirror | None:
 
 
 def write_mirror(path: Path, mirror: SequenceMirror) -> None:
-    """Atomically replace ``path``: temporary file, fsync, rename, fsync the directory."""
+    """Atomically replace ``path``: temporary file (created ``0600``, never through a symlink),
+    fsync, rename, fsync the directory."""
     data = json.dumps(
         {"state_id": mirror.state_id, "seq": mirror.seq, "last_closed_day": mirror.last_closed_day},
         sort_keys=True,
     ).encode()
     tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    tmp.unlink(missing_ok=True)  # a crash's leftover (or a planted link): created afresh below
+    fd = open_private(tmp, os.O_WRONLY | os.O_TRUNC)
     try:
         view = memoryview(data + b"\n")
         while view:

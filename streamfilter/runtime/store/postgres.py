@@ -47,7 +47,7 @@ from streamfilter.runtime.store.base import (
     telemetry_balance,
 )
 
-__all__ = ["PostgresStateStore"]
+__all__ = ["PostgresStateStore", "StoreUnreachableError"]
 
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 
@@ -85,6 +85,22 @@ def _driver() -> Any:
     return psycopg
 
 
+#: what the server answers when it is up but refuses these settings (no retry helps)
+_CONNECT_REFUSALS = (
+    "authentication failed",
+    "no password supplied",
+    "does not exist",
+    "permission denied",
+    "pg_hba.conf",
+    "does not support SSL",
+)
+
+
+class StoreUnreachableError(StoreError):
+    """The database did not answer (refused, timed out, not resolved, starting up): a state of
+    the network or the server, retried at start-up rather than taken for a configuration."""
+
+
 class PostgresStateStore(StateStore):
     """A state in one schema of a PostgreSQL database; single writer by advisory lock."""
 
@@ -103,10 +119,14 @@ class PostgresStateStore(StateStore):
             kwargs = {"password": password} if password is not None else {}
             self._db = self._psycopg.connect(url, autocommit=True, connect_timeout=30, **kwargs)
         except self._psycopg.Error as exc:
-            raise StoreError(
-                f"cannot connect to the state store ({self.where}): {type(exc).__name__}: "
-                f"{_first_line(exc)}; refusing to start"
-            ) from None
+            text = _first_line(exc)
+            unreachable = isinstance(exc, self._psycopg.OperationalError) and not any(
+                refusal in text for refusal in _CONNECT_REFUSALS
+            )
+            what = f"cannot connect to the state store ({self.where}): {type(exc).__name__}: {text}"
+            if unreachable:
+                raise StoreUnreachableError(what) from None
+            raise StoreError(f"{what}; refusing to start") from None
         try:
             locked = (
                 not self.single_writer

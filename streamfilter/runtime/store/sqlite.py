@@ -36,6 +36,7 @@ import numpy as np
 
 from streamfilter.errors import StaleStoreError, StoreError, StoreLockedError
 from streamfilter.runtime.faults import crash_point
+from streamfilter.runtime.private_files import create_private, open_private
 from streamfilter.runtime.store.base import (
     DayCommit,
     Position,
@@ -90,6 +91,7 @@ class SQLiteStateStore(StateStore):
         self._lock_file: IO[bytes] | None = None
         self._acquire_lock()
         try:
+            create_private(self.path)  # before SQLite: its -wal and -shm take the file's mode
             self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
             self._check_integrity()
             self._identity = self._file_identity()
@@ -212,7 +214,7 @@ class SQLiteStateStore(StateStore):
     def _acquire_lock(self) -> None:
         lock_path = self.path.with_name(self.path.name + ".lock")
         try:
-            fh = open(lock_path, "a+b")  # noqa: SIM115 - held for the store's lifetime
+            fh = os.fdopen(open_private(lock_path, os.O_RDWR | os.O_APPEND), "a+b")
         except OSError as exc:
             raise StoreError(f"cannot open lock file {lock_path}: {exc}") from exc
         try:
