@@ -165,6 +165,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     chk.add_argument("--config", required=True)
     chk.add_argument("--json", action="store_true")
+    chk.add_argument(
+        "--events",
+        type=Path,
+        help="events file to check against the queries (default: a file source's)",
+    )
     chk.set_defaults(func=cmd_check)
 
     add_budget_commands(sub)  # budget, budget-stats (cli/budget.py)

@@ -1,8 +1,9 @@
 /* Native column scanner for the daemon's hot path (engine/ingest.py, docs/design.md §8.4).
  *
- * scan_columns(lines, names, kinds, limits) -> (user_ids, days, event_ids, columns) | None
+ * scan_columns(lines, start, stop, names, kinds, limits, prefix=False)
+ *     -> (user_ids, days, event_ids, columns) | None
  *
- * Scans a batch of JSON lines that all carry exactly the schema's features (``names``: UTF-8
+ * Scans the JSON lines lines[start:stop] that all carry exactly the schema's features (``names``: UTF-8
  * bytes of each feature name; ``kinds``: bytes, 1 for a category, 0 for a number) straight into
  * columns: a ``str`` per user id and event id, one shared ``str`` per distinct day and per
  * recent category value, and one float64 ``bytearray`` per numeric feature. No Python object is
@@ -11,8 +12,12 @@
  * The scanner only ever *accepts*. It takes a narrow, plain form of the contract — one JSON
  * object per line, its keys without escapes and never repeated, every string value ASCII with
  * no escape, every number within the contract's bound — and returns None for the whole batch on
- * anything else, so that the msgspec path and then ``parse_event`` decide (and give the reason).
- * For the lines it accepts, each value is what ``parse_event`` gives:
+ * anything else, so that ``parse_event``, the reference, decides (and gives the reason). With
+ * ``prefix`` it returns the columns of the lines before the first one it does not accept (none:
+ * empty columns) instead of None, so that the caller hands just that line to ``parse_event``
+ * and scans on from the next. A user id holding DEL (0x7f, a control character: the other
+ * ASCII ones cannot appear raw in a JSON string) is not accepted either. For the lines it
+ * accepts, each value is what ``parse_event`` gives:
  *   - strings: without an escape a JSON string is its bytes; ASCII makes the character count
  *     the byte count and the text valid UTF-8, so the length limits are checked on bytes;
  *   - numbers: the RFC 8259 grammar is checked here; an integer literal (``json.loads`` gives an
@@ -27,7 +32,8 @@
  *   - the day is returned as is; the caller checks every distinct day (``ingest.day_ok``).
  * Every read is bounded by the line's end; nothing is written past a buffer sized up front.
  *
- * scan_spans(block, starts, ends, names, kinds, limits, id_spans=False) is scan_columns of the
+ * scan_spans(block, starts, ends, names, kinds, limits, id_spans=False, prefix=False) is
+ * scan_columns of the
  * lines block[starts[i]:ends[i]], read in place (engine/lines.py, BlockLines: the file source's
  * read block, no bytes object per line); every span is checked to lie within the block first.
  * With ``id_spans`` the event ids are not made into str: the third item is (starts, lengths),
@@ -283,7 +289,7 @@ static int scan_line(Scan *s, const char *line, Py_ssize_t n, Py_ssize_t row)
         if (!plain_string(&c, &key, &key_len, 1) || !expect(&c, ':')) return NOT_PLAIN;
         if (key_len == 7 && memcmp(key, "user_id", 7) == 0) {
             if (have_user++ || !plain_string(&c, &text, &len, 1) || len < 1 ||
-                len > s->limits.max_id_chars)
+                len > s->limits.max_id_chars || memchr(text, 0x7f, (size_t)len) != NULL)
                 return NOT_PLAIN;
             PyObject *v = ascii_str(text, len);
             if (v == NULL) return FAILED;
@@ -365,7 +371,29 @@ typedef struct {
     const int64_t *starts;
     const int64_t *ends;
     int id_spans; /* block lines only: event ids as spans of the block */
+    int prefix;   /* the lines before the first not accepted, instead of None */
 } Lines;
+
+/* Cut the columns to their first ``rows`` rows (of ``n``): scan_lines with ``prefix``. */
+static int truncate_columns(Scan *s, const Lines *in, Py_ssize_t rows, Py_ssize_t n)
+{
+    if (PyList_SetSlice(s->users, rows, n, NULL) < 0 || PyList_SetSlice(s->days, rows, n, NULL) < 0)
+        return -1;
+    if (in->id_spans) {
+        if (PyByteArray_Resize(s->id_starts, rows * 8) < 0 ||
+            PyByteArray_Resize(s->id_lengths, rows * 4) < 0)
+            return -1;
+    } else if (PyList_SetSlice(s->event_ids, rows, n, NULL) < 0) {
+        return -1;
+    }
+    for (Py_ssize_t j = 0; j < s->k; j++) {
+        PyObject *col = PyList_GET_ITEM(s->columns, j);
+        int r = s->categorical[j] ? PyList_SetSlice(col, rows, n, NULL)
+                                  : PyByteArray_Resize(col, rows * 8);
+        if (r < 0) return -1;
+    }
+    return 0;
+}
 
 /* scan_columns' and scan_spans' common body: the schema from ``names``/``kinds``, then every
  * line; the 4-tuple, None (a line not plain) or NULL with an exception. */
@@ -415,7 +443,8 @@ static PyObject *scan_lines(Scan *s, PyObject *names, const char *kinds, Py_ssiz
             s->numbers[j] = (double *)PyByteArray_AS_STRING(col);
     }
     int status = SCANNED;
-    for (Py_ssize_t row = 0; row < n && status == SCANNED; row++) {
+    Py_ssize_t row = 0;
+    for (; row < n; row++) {
         const char *text;
         Py_ssize_t len;
         if (in->items != NULL) {
@@ -434,11 +463,15 @@ static PyObject *scan_lines(Scan *s, PyObject *names, const char *kinds, Py_ssiz
             status = NOT_PLAIN;
         else
             status = scan_line(s, text, len, row);
+        if (status != SCANNED) break;
     }
     if (status == FAILED) goto done;
     if (status == NOT_PLAIN) {
-        result = Py_NewRef(Py_None);
-        goto done;
+        if (!in->prefix) {
+            result = Py_NewRef(Py_None);
+            goto done;
+        }
+        if (truncate_columns(s, in, row, n) < 0) goto done;
     }
     result = PyTuple_Pack(4, s->users, s->days, s->event_ids, s->columns);
 done:
@@ -456,18 +489,24 @@ static PyObject *scan_columns(PyObject *Py_UNUSED(module), PyObject *args)
 {
     PyObject *lines_arg, *names;
     const char *kinds;
-    Py_ssize_t n_kinds;
+    Py_ssize_t n_kinds, start, stop;
+    int prefix = 0;
     Scan *s = PyMem_Calloc(1, sizeof(Scan));
     if (s == NULL) return PyErr_NoMemory();
     PyObject *result = NULL, *lines = NULL;
-    if (!PyArg_ParseTuple(args, "OO!y#(nnnd):scan_columns", &lines_arg, &PyTuple_Type, &names,
-                          &kinds, &n_kinds, &s->limits.max_event_bytes, &s->limits.max_id_chars,
-                          &s->limits.max_category_chars, &s->limits.max_abs))
+    if (!PyArg_ParseTuple(args, "OnnO!y#(nnnd)|p:scan_columns", &lines_arg, &start, &stop,
+                          &PyTuple_Type, &names, &kinds, &n_kinds, &s->limits.max_event_bytes,
+                          &s->limits.max_id_chars, &s->limits.max_category_chars,
+                          &s->limits.max_abs, &prefix))
         goto done;
     lines = PySequence_Fast(lines_arg, "scan_columns: lines must be a sequence");
     if (lines == NULL) goto done;
-    Lines in = {.items = PySequence_Fast_ITEMS(lines)};
-    result = scan_lines(s, names, kinds, n_kinds, &in, PySequence_Fast_GET_SIZE(lines));
+    if (start < 0 || start > stop || stop > PySequence_Fast_GET_SIZE(lines)) {
+        PyErr_SetString(PyExc_ValueError, "scan_columns: 0 <= start <= stop <= len(lines)");
+        goto done;
+    }
+    Lines in = {.items = PySequence_Fast_ITEMS(lines) + start, .prefix = prefix};
+    result = scan_lines(s, names, kinds, n_kinds, &in, stop - start);
 done:
     Py_XDECREF(lines);
     PyMem_Free(s);
@@ -500,18 +539,22 @@ static PyObject *scan_spans(PyObject *Py_UNUSED(module), PyObject *args)
     PyObject *names;
     const char *kinds;
     Py_ssize_t n_kinds;
-    int id_spans = 0;
+    int id_spans = 0, prefix = 0;
     Scan *s = PyMem_Calloc(1, sizeof(Scan));
     if (s == NULL) return PyErr_NoMemory();
     PyObject *result = NULL;
-    if (!PyArg_ParseTuple(args, "y*y*y*O!y#(nnnd)|p:scan_spans", &block, &starts, &ends,
+    if (!PyArg_ParseTuple(args, "y*y*y*O!y#(nnnd)|pp:scan_spans", &block, &starts, &ends,
                           &PyTuple_Type, &names, &kinds, &n_kinds, &s->limits.max_event_bytes,
                           &s->limits.max_id_chars, &s->limits.max_category_chars,
-                          &s->limits.max_abs, &id_spans))
+                          &s->limits.max_abs, &id_spans, &prefix))
         goto done;
     Py_ssize_t n = check_spans(&block, &starts, &ends);
     if (n < 0) goto done;
-    Lines in = {.block = block.buf, .starts = starts.buf, .ends = ends.buf, .id_spans = id_spans};
+    Lines in = {.block = block.buf,
+                .starts = starts.buf,
+                .ends = ends.buf,
+                .id_spans = id_spans,
+                .prefix = prefix};
     result = scan_lines(s, names, kinds, n_kinds, &in, n);
 done:
     PyBuffer_Release(&block);
@@ -666,11 +709,12 @@ done:
 
 static PyMethodDef methods[] = {
     {"scan_columns", scan_columns, METH_VARARGS,
-     "scan_columns(lines, names, kinds, (max_event_bytes, max_id_chars, max_category_chars, "
-     "max_abs)) -> (user_ids, days, event_ids, columns) or None: see engine/ingest.py"},
+     "scan_columns(lines, start, stop, names, kinds, (max_event_bytes, max_id_chars, "
+     "max_category_chars, max_abs), prefix=False) -> (user_ids, days, event_ids, columns) or "
+     "None: see engine/ingest.py"},
     {"scan_spans", scan_spans, METH_VARARGS,
-     "scan_spans(block, starts, ends, names, kinds, limits): scan_columns of the lines "
-     "block[starts[i]:ends[i]]"},
+     "scan_spans(block, starts, ends, names, kinds, limits, id_spans=False, prefix=False): "
+     "scan_columns of the lines block[starts[i]:ends[i]]"},
     {"split_lines", split_lines, METH_VARARGS,
      "split_lines(block, need, final) -> (starts, ends, taken, consumed, last_end): see "
      "engine/ingest.py"},

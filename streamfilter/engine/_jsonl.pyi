@@ -6,9 +6,12 @@ import numpy as np
 
 def scan_columns(
     lines: Sequence[bytes],
+    start: int,
+    stop: int,
     names: tuple[bytes, ...],
     kinds: bytes,
     limits: tuple[int, int, int, float],
+    prefix: bool = False,
     /,
 ) -> tuple[list[str], list[str], list[str | None], list[list[str] | bytearray]] | None: ...
 def scan_spans(
@@ -19,6 +22,7 @@ def scan_spans(
     kinds: bytes,
     limits: tuple[int, int, int, float],
     id_spans: bool = False,
+    prefix: bool = False,
     /,
 ) -> (
     tuple[
