@@ -236,7 +236,8 @@ def _has_non_finite(obj: object) -> bool:
 
 @FUZZ
 @given(
-    user=st.text(min_size=1, max_size=256),
+    # a user id holds no control character (Cc: invalid_user_id)
+    user=st.text(st.characters(blacklist_categories=("Cc", "Cs")), min_size=1, max_size=256),
     feature=st.text(min_size=1, max_size=120).filter(lambda s: "=" not in s),
     number=st.one_of(
         st.floats(-MAX_ABS_VALUE, MAX_ABS_VALUE, allow_nan=False),

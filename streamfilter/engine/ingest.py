@@ -12,11 +12,13 @@ read in place) take the same scanner. Without it (not built, or ``STREAMFILTER_I
 
 ``parse_events(lines)`` returns, for each line, exactly what ``parse_event(line)`` returns or
 raises: an equal ``Event``, or a ``Reject`` with the same reason and detail (returned, not
-raised). ``parse_columns(lines)`` gives the same events as columns when the scanner accepts every
-line in the first line's schema (the usual batch); else None. Both take the registered queries'
-feature kinds (``contract.FeatureKinds``): a line is scanned only in a schema whose kinds are
-those (its first line passed ``parse_event`` with them, and the scanner holds every line to the
-schema's kinds), so a value of the other type always reaches ``parse_event`` (``wrong_type``).
+raised): the scanner reads each line of any schema (``scan_events``). ``parse_columns(lines)``
+gives the same events as columns when the scanner accepts every line in the first line's
+schema (the usual batch: ``scan_columns``, no object per number); else None. Both take the
+registered queries' feature kinds (``contract.FeatureKinds``): the scanner takes a line only
+when each value has its feature's kind (``parse_columns``: the first line passed
+``parse_event`` with them and every line has its kinds), so a value of the other type always
+reaches ``parse_event`` (``wrong_type``).
 ``tests/engine/test_ingest.py`` checks the agreement on mixed batches of valid and invalid lines.
 """
 
@@ -31,6 +33,7 @@ import numpy as np
 from streamfilter.engine.contract import (
     MAX_ABS_VALUE,
     MAX_EVENT_BYTES,
+    MAX_FEATURE_CHARS,
     MAX_ID_CHARS,
     MAX_STRING_VALUE_CHARS,
     Event,
@@ -48,11 +51,7 @@ __all__ = ["SCANNER", "EventColumns", "day_ok", "parse_columns", "parse_events"]
 #: alone) when the extension is not built or not chosen (the daemon logs it at start)
 SCANNER = "native" if _jsonl is not None else "python"
 _SCAN_LIMITS = (MAX_EVENT_BYTES, MAX_ID_CHARS, MAX_STRING_VALUE_CHARS, MAX_ABS_VALUE)
-#: lines of the first window ``parse_events`` scans after a line the scanner did not take (the
-#: window doubles while whole windows are accepted): the columns are allocated per window
-FIRST_WINDOW = 64
-#: schemas ``parse_events`` tries at a line the scanner stopped at before ``parse_event``
-RECENT_SCHEMAS = 4
+_EVENT_LIMITS = (*_SCAN_LIMITS, MAX_FEATURE_CHARS)
 #: day string → valid (``_parse_day`` passes); bounded, days are few
 _DAY_OK: dict[str, bool] = {}
 _DAY_CACHE_MAX = 4096
@@ -124,28 +123,19 @@ class EventColumns:
         ]
 
 
-def _scan(
-    lines: Sequence[bytes], start: int, stop: int, schema: Schema, prefix: bool, id_spans: bool
-) -> EventColumns | None:
-    """Lines ``start:stop`` scanned in ``schema`` (``engine/_jsonl.c``): all of them, or None;
-    with ``prefix`` those before the first line the scanner does not take. The days are not
-    checked here (``day_ok``)."""
+def _scan(lines: Sequence[bytes], schema: Schema) -> EventColumns | None:
+    """The lines scanned in ``schema`` (``engine/_jsonl.c``): all of them, or None. The file
+    source's block is read in place, its event ids kept as spans. The days are not checked
+    here (``day_ok``)."""
     assert _jsonl is not None
     names = tuple(name.encode() for name, _ in schema)
     kinds = bytes(cat for _, cat in schema)
-    if isinstance(lines, BlockLines):  # read in place from the source's block
+    if isinstance(lines, BlockLines):
         scanned = _jsonl.scan_spans(
-            lines.block,
-            lines.starts[start:stop],
-            lines.ends[start:stop],
-            names,
-            kinds,
-            _SCAN_LIMITS,
-            id_spans,
-            prefix,
+            lines.block, lines.starts, lines.ends, names, kinds, _SCAN_LIMITS, True
         )
     else:
-        scanned = _jsonl.scan_columns(lines, start, stop, names, kinds, _SCAN_LIMITS, prefix)
+        scanned = _jsonl.scan_columns(lines, names, kinds, _SCAN_LIMITS)
     if scanned is None:
         return None
     user_ids, days, ids, raw = scanned
@@ -174,49 +164,25 @@ def _scan(
 def parse_events(lines: Sequence[bytes], kinds: FeatureKinds | None = None) -> list[Event | Reject]:
     """Validate a batch of JSON lines; one ``Event`` or ``Reject`` per line, in order.
 
-    The scanner reads runs of lines in one schema, in windows that double while it accepts them
-    whole. At a line it stops at, the schemas of the last few runs are tried (a stream of events
-    with optional features alternates between a few); a line none of them takes goes to
-    ``parse_event``, whose event (if any) adds its schema. A scanned line of an invalid day goes
-    to ``parse_event`` too (``invalid_day``).
+    The scanner reads each line of any schema (``scan_events``: the values as a dict, each
+    value of the kind ``kinds`` names for its feature); a line it does not take, and a line of an
+    invalid day, goes to ``parse_event``.
     """
     if _jsonl is None:
         return [_reference(line, kinds) for line in lines]
-    out: list[Event | Reject] = []
-    i, n = 0, len(lines)
-    schemas: list[Schema] = []  # most recently used first
-    window = FIRST_WINDOW
-    while i < n:
-        scanned = None
-        for k, schema in enumerate(schemas):
-            stop = min(n, i + window)
-            scanned = _scan(lines, i, stop, schema, True, False)
-            assert scanned is not None
-            if scanned:
-                window = window * 2 if len(scanned) == stop - i else FIRST_WINDOW
-                if k:
-                    schemas.insert(0, schemas.pop(k))
-                break
-            window = FIRST_WINDOW
-        if not scanned:
-            ref = _reference(lines[i], kinds)
-            out.append(ref)
-            i += 1
-            if isinstance(ref, Event) and ref.values:
-                schema = _schema(ref)
-                if schema in schemas:
-                    schemas.remove(schema)
-                schemas.insert(0, schema)
-                del schemas[RECENT_SCHEMAS:]
-            continue
-        events: list[Event | Reject] = list(scanned.events())
-        bad_days = {day for day in set(scanned.days) if not day_ok(day)}
-        if bad_days:
-            for j, day in enumerate(scanned.days):
-                if day in bad_days:
-                    events[j] = _reference(lines[i + j], kinds)
-        out.extend(events)
-        i += len(scanned)
+    kinds = {} if kinds is None else dict(kinds)
+    if isinstance(lines, BlockLines):  # read in place from the source's block
+        scanned, days = _jsonl.scan_event_spans(
+            lines.block, lines.starts, lines.ends, Event, kinds, _EVENT_LIMITS
+        )
+    else:
+        scanned, days = _jsonl.scan_events(lines, Event, kinds, _EVENT_LIMITS)
+    out: list[Any] = scanned  # each None (and each event of a refused day) replaced below
+    bad_days = {day for day in days if not day_ok(day)}
+    if bad_days or None in out:
+        for i, item in enumerate(out):
+            if item is None or item.day in bad_days:
+                out[i] = _reference(lines[i], kinds)
     return out
 
 
@@ -234,7 +200,7 @@ def parse_columns(lines: Sequence[bytes], kinds: FeatureKinds | None = None) -> 
     first = _reference(lines[0], kinds)
     if isinstance(first, Reject) or not first.values:
         return None
-    scanned = _scan(lines, 0, len(lines), _schema(first), False, True)
+    scanned = _scan(lines, _schema(first))
     if scanned is None or not all(map(day_ok, set(scanned.days))):
         return None
     return scanned

@@ -127,9 +127,7 @@ def test_scanning_in_place_equals_scanning_the_lines(events, broken):
     by_spans = native.jsonl.scan_spans(
         block, in_place.starts, in_place.ends, names, kinds, ingest._SCAN_LIMITS
     )
-    by_lines = native.jsonl.scan_columns(
-        in_place.lines(), 0, len(text), names, kinds, ingest._SCAN_LIMITS
-    )
+    by_lines = native.jsonl.scan_columns(in_place.lines(), names, kinds, ingest._SCAN_LIMITS)
     assert by_spans == by_lines
     assert (by_spans is None) == broken
     with_id_spans = native.jsonl.scan_spans(

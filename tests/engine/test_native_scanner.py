@@ -1,8 +1,8 @@
 """The native column scanner (``engine/_jsonl.c``, behind ``ingest._scan``) in detail: its
 numbers are the contract's floats bit for bit, it takes only the plain form (everything else is
-left to the reference, ``parse_event``), and with ``prefix`` it stops at the first line it does
-not take. That it decides nothing of its own on arbitrary batches is the agreement test of
-``tests/engine/test_ingest.py``.
+left to the reference, ``parse_event``), in one schema (``scan_columns``) as line by line in any
+(``scan_events``). That it decides nothing of its own on arbitrary batches is the agreement test
+of ``tests/engine/test_ingest.py``.
 
 Built by the project's install (``pip install -e .``); in CI a missing build is a failure.
 """
@@ -22,6 +22,7 @@ from streamfilter.engine.contract import (
     MAX_EVENT_BYTES,
     MAX_ID_CHARS,
     MAX_STRING_VALUE_CHARS,
+    Event,
     parse_event,
 )
 from tests.engine.test_ingest import ascii_ids
@@ -40,12 +41,20 @@ def _bits(value: object) -> object:
     return struct.pack("<d", value) if isinstance(value, float) else (type(value), value)
 
 
-def _scan_columns(lines: list[bytes], schema, prefix: bool = False):
-    """The scan, and (without ``prefix``) the days checked as ``parse_columns`` checks them."""
-    columns = ingest._scan(lines, 0, len(lines), schema, prefix, False)
-    if columns is not None and not prefix and not all(map(ingest.day_ok, set(columns.days))):
+def _scan_columns(lines: list[bytes], schema):
+    """The scan, and the days checked as ``parse_columns`` checks them."""
+    columns = ingest._scan(lines, schema)
+    if columns is not None and not all(map(ingest.day_ok, set(columns.days))):
         return None
     return columns
+
+
+def _scan_events(lines: list[bytes], kinds=None):
+    assert ingest._jsonl is not None
+    events, days = ingest._jsonl.scan_events(lines, Event, kinds or {}, ingest._EVENT_LIMITS)
+    assert days == {e.day for e in events if e is not None}
+    assert all(e is None or type(e) is Event for e in events)
+    return events
 
 
 @native
@@ -220,22 +229,56 @@ def test_the_daemons_batches_take_the_native_path():
 
 
 @native
-@pytest.mark.parametrize("bad_at", [0, 1, 5, 9])
-@pytest.mark.parametrize("kind", ["not plain", "other schema", "too many days"])
-def test_with_prefix_the_scan_stops_at_the_first_line_it_does_not_take(bad_at, kind):
-    lines = [_line('{"a": 1}', user_id=f'"u{i}"') for i in range(10)]
-    if kind == "not plain":
-        lines[bad_at] = _line('{"a": 1}', user_id='"\\u0075"')
-    elif kind == "other schema":
-        lines[bad_at] = _line('{"b": 1}')
-    else:  # ten distinct days from line bad_at on: the scanner's table holds eight
-        for i in range(bad_at, 10):
-            lines[i] = _line('{"a": 1}', day=f'"2026-02-{i + 10:02d}"')
-    schema = (("a", False),)
-    taken = min(bad_at + 8 - (bad_at > 0), 10) if kind == "too many days" else bad_at
-    assert (_scan_columns(lines, schema) is None) == (taken < 10)
-    prefix = _scan_columns(lines, schema, prefix=True)
-    assert prefix is not None and len(prefix) == taken
-    assert [e.user_id for e in prefix.events()] == [parse_event(x).user_id for x in lines[:taken]]
-    assert len(prefix.days) == len(prefix.event_ids) == taken
-    assert all(len(c) == taken for c in prefix.columns)
+@pytest.mark.parametrize(
+    "line",
+    [
+        _line('{"a": 1, "a": 2}'),
+        _line('{"a=b": 1}'),
+        _line('{"": 1}'),
+        _line('{"' + "f" * 129 + '": 1}'),
+        _line('{"\\u0061": 1}'),
+        _line('{"é": 1}'),
+        _line('{"a": "é"}'),
+        _line('{"a": true}'),
+        _line('{"a": 1e13}'),
+        _line('{"a": {}}'),
+        _line('{"a": 1}', user_id='"u\x7f"'),
+        _line('{"a": 1}', user_id="null"),
+        _line('{"a": 1}', event_id='""'),
+        _line('{"a": 1}', day="5"),
+        _line('{"a": 1}', extra="1"),
+        _line('{"a": 1}', user_id='"u", "user_id": "v"'),
+        b'{"day": "2026-01-05", "values": {"a": 1}}',
+        _line('{"a": 1}') + b",",
+        _line('{"a": 1}').ljust(MAX_EVENT_BYTES + 1),
+    ],
+)
+def test_scan_events_leaves_the_lines_not_in_the_plain_form(line):
+    good = _line('{"b": 2, "c": "x"}', event_id="null")
+    assert _scan_events([good, line, good]) == [
+        ("u", DAY, {"b": 2.0, "c": "x"}, None),
+        None,
+        ("u", DAY, {"b": 2.0, "c": "x"}, None),
+    ]
+
+
+@native
+def test_scan_events_takes_any_schema_and_holds_values_to_their_kinds():
+    lines = [
+        _line("{}"),
+        _line('{"a": 1, "p": "x"}', event_id='"e"'),
+        _line('{"p": "y"}'),
+        _line('{"p": 3}'),
+        _line('{"a": "1"}'),
+        _line('{"z": -0, "w": 1.5}'),
+    ]
+    got = _scan_events(lines, {"a": False, "p": True})
+    assert got == [
+        ("u", DAY, {}, None),
+        ("u", DAY, {"a": 1.0, "p": "x"}, "e"),
+        ("u", DAY, {"p": "y"}, None),
+        None,  # p is read as a category
+        None,  # a is read as a number
+        ("u", DAY, {"z": 0.0, "w": 1.5}, None),
+    ]
+    assert _scan_events(lines)[3:5] == [("u", DAY, {"p": 3.0}, None), ("u", DAY, {"a": "1"}, None)]
