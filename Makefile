@@ -5,12 +5,12 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench bench-quick clean test-deps mutants
+.PHONY: demo test lint bench bench-quick clean test-deps mutants sanitize
 
 include deploy/kafka/kafka.mk
 include deploy/postgres/postgres.mk
 
-$(STAMP): pyproject.toml $(wildcard streamfilter/engine/*.c streamfilter/privacy/*.c streamfilter/runtime/store/*.c)
+$(STAMP): pyproject.toml setup.py $(wildcard streamfilter/*/*.c streamfilter/_native/*.h)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[dev]'
@@ -53,5 +53,29 @@ bench: $(STAMP)
 bench-quick: $(STAMP)
 	$(BIN)/python -m benchmarks.run --quick
 
+# The native extensions built with AddressSanitizer + UndefinedBehaviorSanitizer (into
+# build/sanitize, next to a copy of the package: the installed build is left alone), then their
+# tests and a short hypothesis fuzz of the scanner against the reference, every extension forced
+# (STREAMFILTER_IMPL=native) and every allocation through malloc (PYTHONMALLOC) so that ASan sees
+# it. FUZZ_EXAMPLES sets the fuzz's batches (1000).
+SANITIZE_DIR := build/sanitize
+SANITIZE_FLAGS := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer -g -O1
+SANITIZE_ENV := PYTHONPATH=$(SANITIZE_DIR)/lib STREAMFILTER_IMPL=native PYTHONMALLOC=malloc \
+	LD_PRELOAD=$$($(CC) -print-file-name=libasan.so) ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 \
+	UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+NATIVE_TESTS := tests/_native tests/engine/test_native_scanner.py tests/engine/test_ingest.py \
+	tests/engine/test_lines.py tests/engine/test_packed_ids.py tests/engine/test_user_codes.py \
+	tests/engine/test_pair_set.py tests/engine/test_cell_table.py tests/privacy/test_native_filter.py
+
+sanitize: $(STAMP)
+	rm -rf $(SANITIZE_DIR) && mkdir -p $(SANITIZE_DIR)/lib
+	cp -r streamfilter $(SANITIZE_DIR)/lib/
+	find $(SANITIZE_DIR)/lib -name '*.so' -delete
+	$(BIN)/python -m pip install -q "setuptools>=77"  # the version pyproject.toml builds with
+	STREAMFILTER_CFLAGS="$(SANITIZE_FLAGS)" $(BIN)/python setup.py -q build_ext \
+		--build-lib $(SANITIZE_DIR)/lib --build-temp $(SANITIZE_DIR)/tmp
+	$(SANITIZE_ENV) $(BIN)/python -m pytest -q -p no:cacheprovider $(NATIVE_TESTS)
+	$(SANITIZE_ENV) $(BIN)/python tests/fuzz_scanner.py
+
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) build .pytest_cache .mypy_cache .ruff_cache

@@ -10,9 +10,9 @@ Not collected by pytest and not a dependency: ``pip install atheris`` first, the
 Targets: ``event`` (``parse_event`` on raw bytes; an accepted event must satisfy the contract and
 be storable as UTF-8), ``query`` (``parse_query``; an accepted query must survive a day close),
 ``config`` (``load_config`` on the bytes written to a file: only ``ConfigError`` may escape),
-``scan`` (the native column scanner, ``engine/_jsonl.c``, on one to three lines: whatever it
-accepts, ``parse_event`` accepts with the same values; build it with ``CFLAGS=-fsanitize=address``
-to catch memory errors too).
+``scan`` (the batch decoder, ``engine/ingest.py`` over the native scanner ``engine/_jsonl.c``, on
+one to three lines: each line decides as ``parse_event`` decides, with the same values or reason;
+``make sanitize`` builds the scanner with ASan + UBSan and fuzzes it with hypothesis).
 Any other exception is a finding; libFuzzer writes the input to ``crash-*``. The first input byte
 picks raw bytes or a fuzzer-built JSON object, so coverage guidance reaches the validators behind
 the C JSON parser. Known defects (the ``xfail`` tests of ``tests/test_fuzz.py``) are skipped unless
@@ -123,34 +123,35 @@ def fuzz_query(data: bytes) -> None:
     m.close_day(day, [{"user_id": "u", "day": day, "values": {c: 1.0 for c in q.coordinates()}}])
 
 
-_SCAN_SCHEMAS = [(("active", False), ("plan", True)), (("a", False),), (("plan", True),)]
+#: the registered queries' feature kinds the scan target decodes under
+_SCAN_KINDS = [None, {"active": False, "plan": True}, {"a": True}]
 
 
 def fuzz_scan(data: bytes) -> None:
     fdp = atheris.FuzzedDataProvider(data)
-    fallback = _SCAN_SCHEMAS[fdp.ConsumeIntInRange(0, len(_SCAN_SCHEMAS) - 1)]
+    kinds = _SCAN_KINDS[fdp.ConsumeIntInRange(0, len(_SCAN_KINDS) - 1)]
     lines = [
         fdp.ConsumeBytes(fdp.ConsumeIntInRange(0, 300)) for _ in range(fdp.ConsumeIntInRange(1, 3))
     ]
-    try:
-        first: Event | None = parse_event(lines[0])
-    except Reject:
-        first = None
-    schema = (
-        tuple((n, isinstance(v, str)) for n, v in first.values.items())
-        if first is not None and first.values
-        else fallback
-    )
-    columns = ingest._scan_columns(lines, schema)
-    if columns is None:
-        return
-    for got, line in zip(columns.events(), lines, strict=True):
-        want = parse_event(line)  # a Reject here is a finding
-        assert (got.user_id, got.day, got.event_id) == (want.user_id, want.day, want.event_id)
-        assert list(map(repr, map(got.values.get, want.values))) == list(
-            map(repr, want.values.values())
-        )
-        assert set(got.values) == set(want.values)
+    got = ingest.parse_events(lines, kinds)
+    columns = ingest.parse_columns(lines, kinds)
+    if columns is not None:
+        assert columns.events() == got
+    for item, line in zip(got, lines, strict=True):
+        try:
+            want: Event | Reject = parse_event(line, kinds)
+        except Reject as rej:
+            want = rej
+        if isinstance(want, Reject):
+            assert isinstance(item, Reject) and (item.reason, item.detail) == (
+                want.reason,
+                want.detail,
+            )
+            continue
+        assert isinstance(item, Event)
+        assert (item.user_id, item.day, item.event_id) == (want.user_id, want.day, want.event_id)
+        assert set(item.values) == set(want.values)
+        assert [repr(item.values[k]) for k in want.values] == list(map(repr, want.values.values()))
 
 
 _TMP = Path(tempfile.mkdtemp(prefix="sf-atheris-"))

@@ -86,3 +86,26 @@ def test_check_flags_coordinates_no_event_has_with_a_suggestion(tmp_path):
     assert len(noise) == 2
     assert "'activ'" in noise[0] and "did you mean 'active'?" in noise[0]
     assert "'plan=Pro'" in noise[1] and "did you mean 'plan=pro'?" in noise[1]
+
+
+def test_check_reports_event_values_of_another_type_than_the_queries_read(tmp_path):
+    """``check --events FILE``: a feature a query sums that holds strings, or one a histogram
+    counts that holds numbers, is reported with how many events (the run rejects them as
+    ``wrong_type``)."""
+    write_world(tmp_path)
+    sessions = {"query_id": "sessions", "kind": "sum", "features": ["sessions"], "clip": 1.0}
+    _queries(tmp_path, {**sessions, "from_day": "2026-01-01"})
+    events = tmp_path / "typed.jsonl"
+    rows = [{"sessions": "1", "plan": "pro"}, {"sessions": 2, "plan": 3}, {"sessions": "3"}]
+    events.write_text(
+        "".join(
+            json.dumps({"user_id": f"u{i}", "day": "2026-01-01", "values": v}) + "\n"
+            for i, v in enumerate(rows)
+        )
+    )
+    args = ("check", "--config", "streamfilter.toml", "--events", str(events), "--json")
+    out = json.loads(cli(*args, cwd=tmp_path).stdout)
+    typed = sorted(w for w in out["warnings"] if "wrong_type" in w)
+    assert len(typed) == 2, out["warnings"]
+    assert "'plan'" in typed[0] and "1 of 3 events" in typed[0] and "hold a number" in typed[0]
+    assert "'sessions'" in typed[1] and "2 of 3 events" in typed[1] and "hold a string" in typed[1]

@@ -6,6 +6,7 @@ subcommand; the release and state gauges are restored from the state at start-up
 """
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -127,30 +128,44 @@ def test_every_cli_option_has_help_text():
                 assert action.help, f"{p.prog} {action.option_strings} has no help text"
 
 
-def test_a_run_without_the_native_helpers_warns_and_releases_the_same(tmp_path):
-    """With the C helpers unimportable (as on a machine without a compiler) the daemon says so
-    at start, names them, and releases exactly what the native run releases."""
+@pytest.mark.parametrize("impl", ["python", "unbuilt"])
+def test_a_run_without_the_native_helpers_releases_the_same(tmp_path, impl):
+    """The whole run on the pure-Python paths — chosen (``STREAMFILTER_IMPL=python``) or with
+    the extensions unimportable, as on a machine without a compiler, where the daemon says so
+    at start and names them — releases exactly what the native run releases."""
     releases = {}
     for native in (True, False):
         run_dir = tmp_path / ("native" if native else "python")
         run_dir.mkdir()
         write_world(run_dir)
         _with(run_dir, "[metrics]\nenabled = false\n")
-        hide = "" if native else "sys.modules.update(dict.fromkeys(NATIVE, None))\n"
+        env = {**os.environ, "STREAMFILTER_IMPL": "native"}
+        hide = ""
+        if not native and impl == "python":
+            env["STREAMFILTER_IMPL"] = "python"
+        elif not native:
+            env.pop("STREAMFILTER_IMPL")
+            hide = "sys.modules.update(dict.fromkeys(NATIVE, None))\n"
         code = (
             "import sys\n"
-            "NATIVE = [f'streamfilter.engine.{m}' for m in ('_jsonl', '_packed_ids', '_user_codes', '_pair_set', '_cell_table')]\n"
-            "NATIVE += ['streamfilter.privacy._filter', 'streamfilter.runtime.store._row_crc']\n"
+            "from streamfilter._native import EXTENSIONS\n"
+            "NATIVE = [f'streamfilter.{m}' for m in EXTENSIONS]\n"
             f"{hide}from streamfilter.cli.main import main\n"
             "sys.exit(main(['run', '--config', 'streamfilter.toml', '--until-end', '--testing']))\n"
         )
         proc = subprocess.run(
-            [sys.executable, "-c", code], cwd=run_dir, capture_output=True, text=True, timeout=120
+            [sys.executable, "-c", code],
+            cwd=run_dir,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=env,
         )
         assert proc.returncode == 0, proc.stderr
         warned = "WARNING streamfilter.run: native helpers not built (engine/_jsonl.c, "
-        assert (warned in proc.stderr) is not native
-        assert ("event scanner msgspec" in proc.stderr) is not native
+        assert (warned in proc.stderr) == (not native and impl == "unbuilt")
+        assert ("STREAMFILTER_IMPL=python" in proc.stderr) == (not native and impl == "python")
+        assert ("event scanner python" in proc.stderr) is not native
         releases[native] = (run_dir / "out" / "releases.jsonl").read_text()
     assert releases[True] == releases[False] and releases[True]
 

@@ -7,7 +7,10 @@ everything would run; 2 (configuration error) when a path is missing or a query 
 rejected. Reads no state. With a file source it reads the first ``SCAN_EVENTS`` events locally
 (the operator's own input; nothing is published) only to warn about configured coordinates that
 never appear in them — a misspelled feature or a category in the wrong case would otherwise be
-released as pure noise — with the closest coordinate seen as a suggestion.
+released as pure noise — with the closest coordinate seen as a suggestion, and about values of
+another type than the queries read (a string where a query sums the feature, a number where it
+counts categories: ``run`` rejects those events as ``wrong_type``). ``--events FILE`` reads
+that file instead (e.g. a sample of a Kafka topic).
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ import argparse
 import difflib
 import json
 import os
+from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from streamfilter.config import Settings, load_config
@@ -25,7 +30,7 @@ from streamfilter.engine.affordability import (
     overlaps,
     query_cost,
 )
-from streamfilter.engine.contract import Reject, parse_event
+from streamfilter.engine.contract import FeatureKinds, Reject, parse_event
 from streamfilter.engine.engine import Engine
 from streamfilter.engine.queries import AnyQuery
 from streamfilter.errors import ConfigError
@@ -39,10 +44,22 @@ __all__ = ["SCAN_EVENTS", "check", "cmd_check"]
 SCAN_EVENTS = 200_000
 
 
-def _coordinates_seen(path: Path, limit: int = SCAN_EVENTS) -> set[str] | None:
-    """The coordinates (numeric features ``f``, categories ``f=v``) of the first ``limit`` valid
-    events of a file, or None when it cannot be read."""
-    seen: set[str] = set()
+@dataclass
+class _Seen:
+    """What the first events of a file hold: their coordinates (numeric features ``f``,
+    categories ``f=v``), the valid events read, and per ``(feature, is a string)`` the events
+    whose value has the other type than ``kinds`` says."""
+
+    coordinates: set[str] = field(default_factory=set)
+    events: int = 0
+    mistyped: Counter[tuple[str, bool]] = field(default_factory=Counter)
+
+
+def _events_seen(path: Path, kinds: FeatureKinds, limit: int = SCAN_EVENTS) -> _Seen | None:
+    """``_Seen`` of the first ``limit`` valid events of a file, or None when it cannot be
+    read. The events are parsed without ``kinds`` (as the contract alone accepts them), so that
+    the values ``run`` would reject as ``wrong_type`` are counted here."""
+    seen = _Seen()
     try:
         with open(path, "rb") as fh:
             for n, line in enumerate(fh):
@@ -52,8 +69,12 @@ def _coordinates_seen(path: Path, limit: int = SCAN_EVENTS) -> set[str] | None:
                     event = parse_event(line)
                 except Reject:
                     continue
+                seen.events += 1
                 for name, value in event.values.items():
-                    seen.add(f"{name}={value}" if isinstance(value, str) else name)
+                    is_text = isinstance(value, str)
+                    seen.coordinates.add(f"{name}={value}" if is_text else name)
+                    if kinds.get(name, is_text) is not is_text:
+                        seen.mistyped[name, is_text] += 1
     except OSError:
         return None
     return seen
@@ -83,8 +104,9 @@ def _paths(settings: Settings) -> list[str]:
     return problems
 
 
-def check(settings: Settings) -> dict[str, object]:
-    """The check's findings as a dict (``problems`` empty = the configuration would run)."""
+def check(settings: Settings, events: Path | None = None) -> dict[str, object]:
+    """The check's findings as a dict (``problems`` empty = the configuration would run).
+    ``events``: the events file to read instead of a file source's."""
     params = settings.privacy_params()
     problems = _paths(settings)
     q = settings.queries
@@ -117,22 +139,35 @@ def check(settings: Settings) -> dict[str, object]:
         if warning is not None:
             warnings.append(warning)
     src = settings.source
-    if settings.mode.kind == "central" and src.kind == "file" and src.path is not None:
-        seen = _coordinates_seen(src.path) if queries and src.path.is_file() else None
-        for query in queries if seen else ():
-            assert seen is not None
-            lower = {c.lower(): c for c in seen}
-            for coord in query.coordinates():
-                if coord in seen:
-                    continue
-                near = lower.get(coord.lower()) or next(
-                    iter(difflib.get_close_matches(coord, sorted(seen), n=1)), None
-                )
-                hint = f" (did you mean {near!r}?)" if near else ""
-                warnings.append(
-                    f"query {query.query_id}: {coord!r} appears in none of the first "
-                    f"{SCAN_EVENTS:,} events of source.path{hint}; its answer would be noise only"
-                )
+    path, where = events, "--events"
+    if path is None and settings.mode.kind == "central" and src.kind == "file":
+        path, where = src.path, "source.path"
+    if events is not None and not events.is_file():
+        problems.append(f"--events: events file not found: {events}")
+    seen = _events_seen(path, engine.queries.kinds) if queries and path and path.is_file() else None
+    for query in queries if seen and seen.coordinates else ():
+        assert seen is not None
+        coordinates = seen.coordinates
+        lower = {c.lower(): c for c in coordinates}
+        for coord in query.coordinates():
+            if coord in coordinates:
+                continue
+            near = lower.get(coord.lower()) or next(
+                iter(difflib.get_close_matches(coord, sorted(coordinates), n=1)), None
+            )
+            hint = f" (did you mean {near!r}?)" if near else ""
+            warnings.append(
+                f"query {query.query_id}: {coord!r} appears in none of the first "
+                f"{SCAN_EVENTS:,} events of {where}{hint}; its answer would be noise only"
+            )
+    for (name, is_text), count in sorted(seen.mistyped.items()) if seen else ():
+        assert seen is not None
+        read_as = "a category" if engine.queries.kinds[name] else "a number"
+        warnings.append(
+            f"feature {name!r}: {count} of {seen.events} events of {where} hold a "
+            f"{'string' if is_text else 'number'} where a query reads {read_as}; run rejects "
+            "them as wrong_type"
+        )
     shared = [{"queries": [a, b], "coordinates": c} for a, b, c in overlaps(queries)]
     note = None
     if q is None or q.kind != "file":
@@ -184,7 +219,7 @@ def _text(out: dict[str, object]) -> str:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    out = check(load_config(args.config))
+    out = check(load_config(args.config), args.events)
     print(json.dumps(out, indent=2) if args.json else _text(out))
     problems = out["problems"]
     assert isinstance(problems, list)

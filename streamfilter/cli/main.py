@@ -49,6 +49,19 @@ def cmd_simulate_local(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_migrate_state(args: argparse.Namespace) -> int:
+    """Convert a SQLite state to this version's row checksums (the writer's open does it, in one
+    transaction; ``runtime/store/sqlite.py``)."""
+    from streamfilter.errors import StoreError
+    from streamfilter.runtime.store import SQLiteStateStore
+
+    if not args.state.is_file():
+        raise StoreError(f"no state store at {args.state}")
+    SQLiteStateStore(args.state).close()
+    print(f"state store {args.state}: row checksums in this version's format")
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from streamfilter.cli.demo import run_demo
 
@@ -165,6 +178,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     chk.add_argument("--config", required=True)
     chk.add_argument("--json", action="store_true")
+    chk.add_argument(
+        "--events",
+        type=Path,
+        help="events file to check against the queries (default: a file source's)",
+    )
     chk.set_defaults(func=cmd_check)
 
     add_budget_commands(sub)  # budget, budget-stats (cli/budget.py)
@@ -189,6 +207,12 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--config", required=True, help="TOML configuration with [mode] kind=local")
     _testing_flag(sim)
     sim.set_defaults(func=cmd_simulate_local)
+
+    mig = sub.add_parser(
+        "migrate-state", help="convert a SQLite state written by an older version (in place)"
+    )
+    mig.add_argument("state", type=Path, help="the state file ([state] path)")
+    mig.set_defaults(func=cmd_migrate_state)
 
     demo = sub.add_parser("demo", help="synthetic sparse-monitoring stream on the embedded default")
     demo.add_argument("--users", type=int, default=100_000, help="synthetic users (100,000)")

@@ -27,14 +27,13 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_term)
-    from streamfilter.engine import native
+    from streamfilter import _native
     from streamfilter.runtime.app import build_daemon, kafka_errors_explained, startup_summary
     from streamfilter.runtime.memory import (
         MMAP_THRESHOLD_BYTES,
         keep_freed_memory,
         return_free_heap,
     )
-    from streamfilter.runtime.store import schema
 
     kept = keep_freed_memory()  # before the run allocates its arrays
     settings = load_config(args.config)
@@ -53,8 +52,12 @@ def cmd_run(args: argparse.Namespace) -> int:
                 "%d MiB come from the heap) and handed back when the input goes quiet",
                 MMAP_THRESHOLD_BYTES >> 20,
             )
-        not_built = native.missing() + ([] if schema._row_crc else ["runtime/store/_row_crc.c"])
-        if not_built:
+        not_built = _native.missing()
+        if _native.impl() == "python":
+            logging.getLogger("streamfilter.run").info(
+                "%s=python: the pure-Python paths run", _native.ENV
+            )
+        elif not_built:
             logging.getLogger("streamfilter.run").warning(
                 "native helpers not built (%s): the pure-Python paths run, with the same results "
                 "and slower; install a C compiler and reinstall (pip install -e .)",

@@ -36,6 +36,8 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+
+#include "hashtable.h"
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -64,25 +66,16 @@ typedef struct {
     Aside *aside;
     Py_ssize_t aside_count;
     Py_ssize_t aside_capacity;
-    uint32_t *slots; /* NULL (no cell yet) or ``mask + 1`` slots */
-    size_t mask;
-    int shift; /* 64 - log2(mask + 1) */
+    SfIndex index; /* key -> cell (hashtable.h) */
 } CellTable;
 
-#define MAX_CELLS ((Py_ssize_t)INT32_MAX - 1)
-#define MIN_SLOTS 1024
+#define MAX_CELLS SF_MAX_ENTRIES
 #define MIN_CAPACITY 256
-#define MIX 0x9E3779B97F4A7C15ULL
 #define PREFETCH_AHEAD 16
 #define FRACTION_BITS 87
 #define COORD_BITS 31
 
 static PyObject *fsum; /* math.fsum */
-
-static inline size_t first_slot(const CellTable *self, int64_t key)
-{
-    return (size_t)(((uint64_t)key * MIX) >> self->shift);
-}
 
 /* ``v`` is held exactly by the fixed point: |v| < 2^40 (not inf or nan) and no bit below 2^-87
  * (v * 2^87, an exact power-of-two scaling, is an integer). */
@@ -211,28 +204,6 @@ static int fsum_cell(const Cell *c, const Aside *aside, Py_ssize_t n_aside, doub
     return PyErr_Occurred() ? -1 : 0;
 }
 
-static int grow(void **column, Py_ssize_t capacity, size_t size)
-{
-    if ((size_t)capacity > SIZE_MAX / size) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    void *p = PyMem_Realloc(*column, (size_t)capacity * size);
-    if (p == NULL) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    *column = p;
-    return 0;
-}
-
-static Py_ssize_t grown(Py_ssize_t capacity, Py_ssize_t need, Py_ssize_t least, Py_ssize_t most)
-{
-    capacity = capacity < least ? least : capacity;
-    Py_ssize_t more = capacity > most - capacity / 4 ? most : capacity + capacity / 4;
-    return need > more ? need : more;
-}
-
 /* Room for ``cells`` more cells and ``aside`` more values kept aside, the slot table at most
  * half full with them all; -1 with an exception, the table unchanged. */
 static int reserve(CellTable *self, Py_ssize_t cells, Py_ssize_t aside)
@@ -243,10 +214,10 @@ static int reserve(CellTable *self, Py_ssize_t cells, Py_ssize_t aside)
     }
     Py_ssize_t need = self->count + cells;
     if (need > self->capacity) {
-        Py_ssize_t capacity = grown(self->capacity, need, MIN_CAPACITY, MAX_CELLS);
+        Py_ssize_t capacity = sf_grown(self->capacity, need, MIN_CAPACITY, MAX_CELLS, 4);
         Py_ssize_t old_bytes = (self->capacity + 7) / 8, bytes = (capacity + 7) / 8;
-        if (grow((void **)&self->cells, capacity, sizeof(Cell)) < 0 ||
-            grow((void **)&self->has_aside, bytes, 1) < 0)
+        if (sf_grow((void **)&self->cells, capacity, sizeof(Cell)) < 0 ||
+            sf_grow((void **)&self->has_aside, bytes, 1) < 0)
             return -1;
         memset(self->has_aside + old_bytes, 0, (size_t)(bytes - old_bytes));
         self->capacity = capacity;
@@ -256,39 +227,13 @@ static int reserve(CellTable *self, Py_ssize_t cells, Py_ssize_t aside)
         return -1;
     }
     if (self->aside_count + aside > self->aside_capacity) {
-        Py_ssize_t capacity = grown(self->aside_capacity, self->aside_count + aside, 16,
-                                    PY_SSIZE_T_MAX / 2);
-        if (grow((void **)&self->aside, capacity, sizeof(Aside)) < 0) return -1;
+        Py_ssize_t capacity = sf_grown(self->aside_capacity, self->aside_count + aside, 16,
+                                       PY_SSIZE_T_MAX / 2, 4);
+        if (sf_grow((void **)&self->aside, capacity, sizeof(Aside)) < 0) return -1;
         self->aside_capacity = capacity;
     }
-    size_t slots = self->slots == NULL ? 0 : self->mask + 1;
-    if (slots / 2 < (size_t)need) {
-        size_t size = slots < MIN_SLOTS ? MIN_SLOTS : slots;
-        int bits = 0;
-        while (size / 2 < (size_t)need) {
-            if (size > SIZE_MAX / 2 / sizeof(uint32_t)) {
-                PyErr_NoMemory();
-                return -1;
-            }
-            size *= 2;
-        }
-        while (((size_t)1 << bits) < size) bits++;
-        uint32_t *table = PyMem_Calloc(size, sizeof(uint32_t));
-        if (table == NULL) {
-            PyErr_NoMemory();
-            return -1;
-        }
-        PyMem_Free(self->slots);
-        self->slots = table;
-        self->mask = size - 1;
-        self->shift = 64 - bits;
-        for (Py_ssize_t i = 0; i < self->count; i++) { /* rehash from the dense keys */
-            size_t j = first_slot(self, self->cells[i].key);
-            while (table[j] != 0) j = (j + 1) & self->mask;
-            table[j] = (uint32_t)(i + 1);
-        }
-    }
-    return 0;
+    const int64_t *keys = self->count > 0 ? &self->cells[0].key : NULL;
+    return sf_index_fit(&self->index, need, keys, sizeof(Cell), self->count);
 }
 
 static void release(CellTable *self)
@@ -296,14 +241,11 @@ static void release(CellTable *self)
     PyMem_Free(self->cells);
     PyMem_Free(self->has_aside);
     PyMem_Free(self->aside);
-    PyMem_Free(self->slots);
+    sf_index_free(&self->index);
     self->cells = NULL;
     self->has_aside = NULL;
     self->aside = NULL;
-    self->slots = NULL;
     self->count = self->capacity = self->aside_count = self->aside_capacity = 0;
-    self->mask = 0;
-    self->shift = 0;
 }
 
 /* ``obj``'s buffer: 1-D, C-contiguous, of ``kind`` ('i': signed integers, 'd': doubles) of 8
@@ -357,15 +299,16 @@ static PyObject *CellTable_add(CellTable *self, PyObject *args)
     u128 one_fixed = (u128)1 << FRACTION_BITS;
     for (Py_ssize_t i = 0; i < n; i++) {
         if (i + PREFETCH_AHEAD < n)
-            __builtin_prefetch(&self->slots[first_slot(self, keys[i + PREFETCH_AHEAD])]);
+            __builtin_prefetch(
+                &self->index.slots[sf_first_slot(&self->index, keys[i + PREFETCH_AHEAD])]);
         int64_t key = keys[i];
-        size_t j = first_slot(self, key);
+        size_t j = sf_first_slot(&self->index, key);
         Py_ssize_t at;
         for (;;) {
-            uint32_t s = self->slots[j];
+            uint32_t s = self->index.slots[j];
             if (s == 0) { /* a new cell */
                 at = self->count++;
-                self->slots[j] = (uint32_t)(at + 1);
+                self->index.slots[j] = (uint32_t)(at + 1);
                 Cell *c = &self->cells[at];
                 c->key = key;
                 c->lo = c->mid = 0;
@@ -376,7 +319,7 @@ static PyObject *CellTable_add(CellTable *self, PyObject *args)
                 at = (Py_ssize_t)s - 1;
                 break;
             }
-            j = (j + 1) & self->mask;
+            j = sf_next_slot(&self->index, j);
         }
         if (ones) {
             accumulate(&self->cells[at], one_fixed, 0);
@@ -571,9 +514,8 @@ static PyObject *CellTable_clear(CellTable *self, PyObject *Py_UNUSED(ignored))
 
 static PyObject *CellTable_nbytes(CellTable *self, void *Py_UNUSED(closure))
 {
-    size_t slots = self->slots == NULL ? 0 : self->mask + 1;
     size_t bytes = (size_t)self->capacity * sizeof(Cell) + (size_t)(self->capacity + 7) / 8 +
-                   (size_t)self->aside_capacity * sizeof(Aside) + slots * sizeof(uint32_t);
+                   (size_t)self->aside_capacity * sizeof(Aside) + sf_index_bytes(&self->index);
     return PyLong_FromSize_t(bytes);
 }
 

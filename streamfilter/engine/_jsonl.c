@@ -11,8 +11,10 @@
  * The scanner only ever *accepts*. It takes a narrow, plain form of the contract — one JSON
  * object per line, its keys without escapes and never repeated, every string value ASCII with
  * no escape, every number within the contract's bound — and returns None for the whole batch on
- * anything else, so that the msgspec path and then ``parse_event`` decide (and give the reason).
- * For the lines it accepts, each value is what ``parse_event`` gives:
+ * anything else, so that ``parse_event``, the reference, decides (and gives the reason). A user
+ * id holding DEL (0x7f, a control character: the other ASCII ones cannot appear raw in a JSON
+ * string) is not accepted either. For the lines it accepts, each value is what ``parse_event``
+ * gives:
  *   - strings: without an escape a JSON string is its bytes; ASCII makes the character count
  *     the byte count and the text valid UTF-8, so the length limits are checked on bytes;
  *   - numbers: the RFC 8259 grammar is checked here; an integer literal (``json.loads`` gives an
@@ -34,6 +36,14 @@
  * bytearrays of int64 offsets into the block and int32 lengths (-1: no id), each id an ASCII
  * span without escapes, so its bytes are its text (engine/lines.py, EventIdSpans);
  * ids_of(block, starts, lengths) makes them str (None for -1) when a path needs a list.
+ * scan_events(lines, event_type, feature_kinds, limits) and scan_event_spans(block, starts,
+ * ends, event_type, feature_kinds, limits) take a batch of any schemas, line by line: per line
+ * the event_type (a tuple subclass: contract.Event) of (user_id, day, values, event_id) of the
+ * same plain form (``values`` a dict of at most 256 features, each name of 1 to
+ * ``max_feature_chars`` ASCII characters without '='; a name in ``feature_kinds``, a dict name ->
+ * True for a category / False for a number, must have a value of that kind), or None where the
+ * line is not in it; and the set of the days read. ``engine.ingest.parse_events`` hands the
+ * lines left, and those of a day it refuses, to ``parse_event``.
  * split_lines(block, need, final) finds those spans: the file source's line rule, in
  * engine/lines.py (split_lines, and its Python twin the tests compare it with). lines_of(block,
  * starts, ends) makes the lines as bytes when a per-line path needs them.
@@ -283,7 +293,7 @@ static int scan_line(Scan *s, const char *line, Py_ssize_t n, Py_ssize_t row)
         if (!plain_string(&c, &key, &key_len, 1) || !expect(&c, ':')) return NOT_PLAIN;
         if (key_len == 7 && memcmp(key, "user_id", 7) == 0) {
             if (have_user++ || !plain_string(&c, &text, &len, 1) || len < 1 ||
-                len > s->limits.max_id_chars)
+                len > s->limits.max_id_chars || memchr(text, 0x7f, (size_t)len) != NULL)
                 return NOT_PLAIN;
             PyObject *v = ascii_str(text, len);
             if (v == NULL) return FAILED;
@@ -415,7 +425,7 @@ static PyObject *scan_lines(Scan *s, PyObject *names, const char *kinds, Py_ssiz
             s->numbers[j] = (double *)PyByteArray_AS_STRING(col);
     }
     int status = SCANNED;
-    for (Py_ssize_t row = 0; row < n && status == SCANNED; row++) {
+    for (Py_ssize_t row = 0; row < n; row++) {
         const char *text;
         Py_ssize_t len;
         if (in->items != NULL) {
@@ -434,6 +444,7 @@ static PyObject *scan_lines(Scan *s, PyObject *names, const char *kinds, Py_ssiz
             status = NOT_PLAIN;
         else
             status = scan_line(s, text, len, row);
+        if (status != SCANNED) break;
     }
     if (status == FAILED) goto done;
     if (status == NOT_PLAIN) {
@@ -514,6 +525,240 @@ static PyObject *scan_spans(PyObject *Py_UNUSED(module), PyObject *args)
     Lines in = {.block = block.buf, .starts = starts.buf, .ends = ends.buf, .id_spans = id_spans};
     result = scan_lines(s, names, kinds, n_kinds, &in, n);
 done:
+    PyBuffer_Release(&block);
+    PyBuffer_Release(&starts);
+    PyBuffer_Release(&ends);
+    PyMem_Free(s);
+    return result;
+}
+
+/* ---------------------------------------------------------------- scan_events: any schema */
+
+#define CACHED_NAMES 64
+#define CACHED_VALUES 64
+
+typedef struct {
+    Limits limits;
+    Py_ssize_t max_feature_chars;
+    PyObject *kinds; /* dict feature -> bool (True: a category), may be empty */
+    PyTypeObject *event_type; /* a tuple subclass of 4 fields */
+    PyObject *days_seen;      /* set */
+    Interned days[MAX_DAYS];
+    int days_used;
+    Interned names[CACHED_NAMES];
+    int names_used;
+    Interned values[CACHED_VALUES];
+    int values_used;
+} EventScan;
+
+static void release_event_tables(EventScan *s)
+{
+    Py_XDECREF(s->days_seen);
+    for (int i = 0; i < s->days_used; i++) Py_DECREF(s->days[i].str);
+    for (int i = 0; i < s->names_used; i++) Py_DECREF(s->names[i].str);
+    for (int i = 0; i < s->values_used; i++) Py_DECREF(s->values[i].str);
+}
+
+/* The values object into ``values`` (a new dict); SCANNED, NOT_PLAIN or FAILED. */
+static int event_values(EventScan *s, Cursor *c, PyObject *values)
+{
+    if (!expect(c, '{')) return NOT_PLAIN;
+    skip_ws(c);
+    if (c->p < c->end && *c->p == '}') {
+        c->p++;
+        return SCANNED;
+    }
+    for (;;) {
+        const char *key, *text;
+        Py_ssize_t key_len, len;
+        if (!plain_string(c, &key, &key_len, 1) || key_len < 1 ||
+            key_len > s->max_feature_chars || memchr(key, '=', (size_t)key_len) != NULL ||
+            !expect(c, ':') || PyDict_GET_SIZE(values) >= MAX_FEATURES)
+            return NOT_PLAIN;
+        PyObject *name = interned(s->names, &s->names_used, CACHED_NAMES, key, key_len);
+        if (name == NULL) return FAILED;
+        int status = SCANNED;
+        PyObject *value = NULL;
+        skip_ws(c);
+        int category = c->p < c->end && *c->p == '"';
+        PyObject *kind = PyDict_GetItemWithError(s->kinds, name); /* borrowed */
+        if (kind == NULL && PyErr_Occurred())
+            status = FAILED;
+        else if (PyDict_Contains(values, name) != 0 || (kind != NULL && (kind == Py_True) != category))
+            status = NOT_PLAIN; /* a repeated feature (or an error), or a value of the other kind */
+        else if (category) {
+            if (!plain_string(c, &text, &len, 1) || len > s->limits.max_category_chars)
+                status = NOT_PLAIN;
+            else if ((value = interned(s->values, &s->values_used, CACHED_VALUES, text, len)) == NULL)
+                status = FAILED;
+        } else {
+            double x;
+            if (!number(c, s->limits.max_abs, &x))
+                status = NOT_PLAIN;
+            else if ((value = PyFloat_FromDouble(x)) == NULL)
+                status = FAILED;
+        }
+        if (status == SCANNED && PyDict_SetItem(values, name, value) < 0) status = FAILED;
+        Py_DECREF(name);
+        Py_XDECREF(value);
+        if (PyErr_Occurred()) return FAILED;
+        if (status != SCANNED) return status;
+        skip_ws(c);
+        if (c->p < c->end && *c->p == ',') {
+            c->p++;
+            continue;
+        }
+        return expect(c, '}') ? SCANNED : NOT_PLAIN;
+    }
+}
+
+/* One line as (user_id, day, values, event_id) in ``*out``; SCANNED, NOT_PLAIN or FAILED. */
+static int event_line(EventScan *s, const char *line, Py_ssize_t n, PyObject **out)
+{
+    PyObject *field[4] = {NULL, NULL, NULL, NULL}; /* user_id, day, values, event_id */
+    int status = NOT_PLAIN;
+    Cursor c = {line, line + n};
+    if (n > s->limits.max_event_bytes || !expect(&c, '{')) goto done;
+    for (;;) {
+        const char *key, *text;
+        Py_ssize_t key_len, len;
+        if (!plain_string(&c, &key, &key_len, 1) || !expect(&c, ':')) goto done;
+        int f = key_len == 7 && memcmp(key, "user_id", 7) == 0    ? 0
+                : key_len == 3 && memcmp(key, "day", 3) == 0      ? 1
+                : key_len == 6 && memcmp(key, "values", 6) == 0   ? 2
+                : key_len == 8 && memcmp(key, "event_id", 8) == 0 ? 3
+                                                                  : -1;
+        if (f < 0 || field[f] != NULL) goto done; /* unknown or repeated */
+        skip_ws(&c);
+        if (f == 2) {
+            if ((field[2] = PyDict_New()) == NULL) {
+                status = FAILED;
+                goto done;
+            }
+            int r = event_values(s, &c, field[2]);
+            if (r != SCANNED) {
+                status = r;
+                goto done;
+            }
+        } else if (f == 3 && c.end - c.p >= 4 && memcmp(c.p, "null", 4) == 0) {
+            c.p += 4;
+            field[3] = Py_NewRef(Py_None);
+        } else {
+            if (!plain_string(&c, &text, &len, 1)) goto done;
+            if (f != 1 && (len < 1 || len > s->limits.max_id_chars)) goto done;
+            if (f == 0 && memchr(text, 0x7f, (size_t)len) != NULL) goto done;
+            field[f] = f == 1 ? interned(s->days, &s->days_used, MAX_DAYS, text, len)
+                              : ascii_str(text, len);
+            if (field[f] == NULL) {
+                status = FAILED;
+                goto done;
+            }
+        }
+        skip_ws(&c);
+        if (c.p < c.end && *c.p == ',') {
+            c.p++;
+            continue;
+        }
+        if (!expect(&c, '}')) goto done;
+        skip_ws(&c);
+        if (c.p != c.end || field[0] == NULL || field[1] == NULL || field[2] == NULL) goto done;
+        if (field[3] == NULL) field[3] = Py_NewRef(Py_None);
+        /* a tuple subclass instance as tuple.__new__ makes one: tp_alloc, then the items */
+        if (PySet_Add(s->days_seen, field[1]) < 0 ||
+            (*out = s->event_type->tp_alloc(s->event_type, 4)) == NULL) {
+            status = FAILED;
+            goto done;
+        }
+        for (int i = 0; i < 4; i++) {
+            PyTuple_SET_ITEM(*out, i, field[i]);
+            field[i] = NULL;
+        }
+        status = SCANNED;
+        goto done;
+    }
+done:
+    for (int i = 0; i < 4; i++) Py_XDECREF(field[i]);
+    return status;
+}
+
+/* scan_events' and scan_event_spans' common body: (one event or None per line, days read). */
+static PyObject *event_lines(EventScan *s, const Lines *in, Py_ssize_t n)
+{
+    if (!PyType_IsSubtype(s->event_type, &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "scan_events: event_type must be a tuple subclass");
+        return NULL;
+    }
+    PyObject *out = PyList_New(n);
+    if (out == NULL) return NULL;
+    for (Py_ssize_t row = 0; row < n; row++) {
+        const char *text = NULL;
+        Py_ssize_t len = 0;
+        if (in->items != NULL) {
+            PyObject *line = in->items[row];
+            if (PyBytes_Check(line)) {
+                text = PyBytes_AS_STRING(line);
+                len = PyBytes_GET_SIZE(line);
+            }
+        } else {
+            text = in->block + in->starts[row];
+            len = (Py_ssize_t)(in->ends[row] - in->starts[row]);
+        }
+        PyObject *item = NULL;
+        int status = text == NULL ? NOT_PLAIN : event_line(s, text, len, &item);
+        if (status == FAILED) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyList_SET_ITEM(out, row, status == SCANNED ? item : Py_NewRef(Py_None));
+    }
+    PyObject *result = PyTuple_Pack(2, out, s->days_seen);
+    Py_DECREF(out);
+    return result;
+}
+
+#define EVENT_LIMITS "(nnndn)"
+
+static PyObject *scan_events(PyObject *Py_UNUSED(module), PyObject *args)
+{
+    PyObject *lines_arg, *lines = NULL, *result = NULL;
+    EventScan *s = PyMem_Calloc(1, sizeof(EventScan));
+    if (s == NULL) return PyErr_NoMemory();
+    if (!PyArg_ParseTuple(args, "OO!O!" EVENT_LIMITS ":scan_events", &lines_arg, &PyType_Type,
+                          &s->event_type, &PyDict_Type, &s->kinds, &s->limits.max_event_bytes,
+                          &s->limits.max_id_chars, &s->limits.max_category_chars,
+                          &s->limits.max_abs, &s->max_feature_chars))
+        goto done;
+    if ((s->days_seen = PySet_New(NULL)) == NULL) goto done;
+    lines = PySequence_Fast(lines_arg, "scan_events: lines must be a sequence");
+    if (lines == NULL) goto done;
+    Lines in = {.items = PySequence_Fast_ITEMS(lines)};
+    result = event_lines(s, &in, PySequence_Fast_GET_SIZE(lines));
+done:
+    release_event_tables(s);
+    Py_XDECREF(lines);
+    PyMem_Free(s);
+    return result;
+}
+
+static PyObject *scan_event_spans(PyObject *Py_UNUSED(module), PyObject *args)
+{
+    Py_buffer block = {0}, starts = {0}, ends = {0};
+    PyObject *result = NULL;
+    EventScan *s = PyMem_Calloc(1, sizeof(EventScan));
+    if (s == NULL) return PyErr_NoMemory();
+    if (!PyArg_ParseTuple(args, "y*y*y*O!O!" EVENT_LIMITS ":scan_event_spans", &block, &starts,
+                          &ends, &PyType_Type, &s->event_type, &PyDict_Type, &s->kinds,
+                          &s->limits.max_event_bytes, &s->limits.max_id_chars,
+                          &s->limits.max_category_chars, &s->limits.max_abs,
+                          &s->max_feature_chars))
+        goto done;
+    if ((s->days_seen = PySet_New(NULL)) == NULL) goto done;
+    Py_ssize_t n = check_spans(&block, &starts, &ends);
+    if (n < 0) goto done;
+    Lines in = {.block = block.buf, .starts = starts.buf, .ends = ends.buf};
+    result = event_lines(s, &in, n);
+done:
+    release_event_tables(s);
     PyBuffer_Release(&block);
     PyBuffer_Release(&starts);
     PyBuffer_Release(&ends);
@@ -669,8 +914,15 @@ static PyMethodDef methods[] = {
      "scan_columns(lines, names, kinds, (max_event_bytes, max_id_chars, max_category_chars, "
      "max_abs)) -> (user_ids, days, event_ids, columns) or None: see engine/ingest.py"},
     {"scan_spans", scan_spans, METH_VARARGS,
-     "scan_spans(block, starts, ends, names, kinds, limits): scan_columns of the lines "
-     "block[starts[i]:ends[i]]"},
+     "scan_spans(block, starts, ends, names, kinds, limits, id_spans=False): scan_columns of "
+     "the lines block[starts[i]:ends[i]]"},
+    {"scan_events", scan_events, METH_VARARGS,
+     "scan_events(lines, event_type, feature_kinds, (max_event_bytes, max_id_chars, "
+     "max_category_chars, max_abs, max_feature_chars)) -> ([event_type(user_id, day, values, "
+     "event_id) or None per line], {days read})"},
+    {"scan_event_spans", scan_event_spans, METH_VARARGS,
+     "scan_event_spans(block, starts, ends, event_type, feature_kinds, limits): scan_events of "
+     "the lines block[starts[i]:ends[i]]"},
     {"split_lines", split_lines, METH_VARARGS,
      "split_lines(block, need, final) -> (starts, ends, taken, consumed, last_end): see "
      "engine/ingest.py"},

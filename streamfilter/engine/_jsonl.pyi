@@ -1,6 +1,7 @@
 """Types of the native column scanner (``engine/_jsonl.c``)."""
 
 from collections.abc import Sequence
+from typing import TypeVar
 
 import numpy as np
 
@@ -29,6 +30,25 @@ def scan_spans(
     ]
     | None
 ): ...
+
+_E = TypeVar("_E", bound=tuple[str, str, dict[str, float | str], str | None])
+
+def scan_events(
+    lines: Sequence[bytes],
+    event_type: type[_E],
+    feature_kinds: dict[str, bool],
+    limits: tuple[int, int, int, float, int],
+    /,
+) -> tuple[list[_E | None], set[str]]: ...
+def scan_event_spans(
+    block: bytes,
+    starts: np.ndarray | bytes | bytearray,
+    ends: np.ndarray | bytes | bytearray,
+    event_type: type[_E],
+    feature_kinds: dict[str, bool],
+    limits: tuple[int, int, int, float, int],
+    /,
+) -> tuple[list[_E | None], set[str]]: ...
 def split_lines(
     block: bytes, need: int, final: bool, /
 ) -> tuple[bytearray, bytearray, int, int, int]: ...

@@ -38,6 +38,8 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+
+#include "hashtable.h"
 #include <stdint.h>
 #include <string.h>
 
@@ -52,13 +54,10 @@ typedef struct {
     char *text; /* the ids' bytes back to back */
     Py_ssize_t text_len;
     Py_ssize_t text_capacity;
-    uint32_t *slots; /* NULL (no pair yet) or ``mask + 1`` slots */
-    size_t mask;
-    int shift; /* 64 - log2(mask + 1): a key's slot is its mixed top bits */
+    SfIndex index; /* key -> pair (hashtable.h) */
 } PairSet;
 
-#define MAX_PAIRS ((Py_ssize_t)INT32_MAX - 1) /* a slot holds index + 1 <= INT32_MAX */
-#define MIN_SLOTS 1024
+#define MAX_PAIRS SF_MAX_ENTRIES
 #define MIN_CAPACITY 256
 #define MIN_TEXT 4096
 #define USER_MIX 0x9E3779B97F4A7C15ULL /* event_ids._USER_MIX */
@@ -70,17 +69,6 @@ static inline int64_t pair_key(Py_hash_t hash, int32_t user)
     int64_t key;
     memcpy(&key, &mixed, sizeof key); /* reinterpreted, as numpy's view(np.int64) */
     return key;
-}
-
-/* A key's first slot: its bits mixed (the top bits depend on all of them, so keys that differ
- * only in low bits — sequential users' — spread), then the top log2(slots) bits. */
-static inline size_t first_slot(const PairSet *self, int64_t key)
-{
-    uint64_t x = (uint64_t)key;
-    x ^= x >> 32;
-    x *= 0xD6E8FEB86659FD93ULL;
-    x ^= x >> 29;
-    return (size_t)(x >> self->shift);
 }
 
 /* One id to insert or look up: its bytes (borrowed from the str, or from ``tmp``: bytes the
@@ -122,9 +110,9 @@ static int id_bytes(PyObject *id, Id *out)
 /* The index of the pair held, or -1; ``*slot`` is where it is (or where it would go). */
 static Py_ssize_t find(const PairSet *self, const Id *id, int32_t user, size_t *slot)
 {
-    size_t j = first_slot(self, id->key);
+    size_t j = sf_first_slot(&self->index, id->key);
     for (;;) {
-        uint32_t s = self->slots[j];
+        uint32_t s = self->index.slots[j];
         if (s == 0) {
             *slot = j;
             return -1;
@@ -137,7 +125,7 @@ static Py_ssize_t find(const PairSet *self, const Id *id, int32_t user, size_t *
             *slot = j;
             return i;
         }
-        j = (j + 1) & self->mask;
+        j = sf_next_slot(&self->index, j);
     }
 }
 
@@ -151,24 +139,7 @@ static void append(PairSet *self, const Id *id, int32_t user, size_t slot)
     self->lengths[i] = (int32_t)id->len;
     if (id->len > 0) memcpy(self->text + self->text_len, id->data, (size_t)id->len);
     self->text_len += id->len;
-    self->slots[slot] = (uint32_t)(i + 1);
-}
-
-/* Grow one column to ``capacity`` entries of ``size`` bytes (the pointer is updated only on
- * success, so a failure leaves the column as it was). */
-static int grow(void **column, Py_ssize_t capacity, size_t size)
-{
-    if ((size_t)capacity > SIZE_MAX / size) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    void *p = PyMem_Realloc(*column, (size_t)capacity * size);
-    if (p == NULL) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    *column = p;
-    return 0;
+    self->index.slots[slot] = (uint32_t)(i + 1);
 }
 
 /* Room for ``pairs`` more pairs and ``text`` more bytes, the slot table at most half full with
@@ -181,16 +152,13 @@ static int reserve(PairSet *self, Py_ssize_t pairs, Py_ssize_t text)
     }
     Py_ssize_t need = self->count + pairs;
     if (need > self->capacity) {
-        Py_ssize_t capacity = self->capacity < MIN_CAPACITY ? MIN_CAPACITY : self->capacity;
-        /* an eighth more at least (amortised O(1) copies; large columns are mapped apart, so
-         * realloc moves their pages without copying): at most 12.5% unused, not half */
-        Py_ssize_t grown = capacity > MAX_PAIRS - capacity / 8 ? MAX_PAIRS : capacity + capacity / 8;
-        capacity = need > grown ? need : grown;
+        /* an eighth more at least: at most 12.5% unused, not half */
+        Py_ssize_t capacity = sf_grown(self->capacity, need, MIN_CAPACITY, MAX_PAIRS, 8);
         /* a column grown before another fails is only bigger than ``capacity`` says: harmless */
-        if (grow((void **)&self->keys, capacity, sizeof(int64_t)) < 0 ||
-            grow((void **)&self->users, capacity, sizeof(int32_t)) < 0 ||
-            grow((void **)&self->starts, capacity, sizeof(int64_t)) < 0 ||
-            grow((void **)&self->lengths, capacity, sizeof(int32_t)) < 0)
+        if (sf_grow((void **)&self->keys, capacity, sizeof(int64_t)) < 0 ||
+            sf_grow((void **)&self->users, capacity, sizeof(int32_t)) < 0 ||
+            sf_grow((void **)&self->starts, capacity, sizeof(int64_t)) < 0 ||
+            sf_grow((void **)&self->lengths, capacity, sizeof(int32_t)) < 0)
             return -1;
         self->capacity = capacity;
     }
@@ -200,41 +168,11 @@ static int reserve(PairSet *self, Py_ssize_t pairs, Py_ssize_t text)
     }
     Py_ssize_t need_text = self->text_len + text;
     if (need_text > self->text_capacity) {
-        Py_ssize_t capacity = self->text_capacity < MIN_TEXT ? MIN_TEXT : self->text_capacity;
-        Py_ssize_t grown = capacity > PY_SSIZE_T_MAX - capacity / 8 ? PY_SSIZE_T_MAX
-                                                                     : capacity + capacity / 8;
-        capacity = need_text > grown ? need_text : grown;
-        if (grow((void **)&self->text, capacity, 1) < 0) return -1;
+        Py_ssize_t capacity = sf_grown(self->text_capacity, need_text, MIN_TEXT, PY_SSIZE_T_MAX, 8);
+        if (sf_grow((void **)&self->text, capacity, 1) < 0) return -1;
         self->text_capacity = capacity;
     }
-    size_t slots = self->slots == NULL ? 0 : self->mask + 1;
-    if (slots / 2 < (size_t)need) {
-        size_t size = slots < MIN_SLOTS ? MIN_SLOTS : slots;
-        int bits = 0;
-        while (size / 2 < (size_t)need) {
-            if (size > SIZE_MAX / 2 / sizeof(uint32_t)) {
-                PyErr_NoMemory();
-                return -1;
-            }
-            size *= 2;
-        }
-        while (((size_t)1 << bits) < size) bits++;
-        uint32_t *table = PyMem_Calloc(size, sizeof(uint32_t));
-        if (table == NULL) {
-            PyErr_NoMemory();
-            return -1;
-        }
-        PyMem_Free(self->slots);
-        self->slots = table;
-        self->mask = size - 1;
-        self->shift = 64 - bits;
-        for (Py_ssize_t i = 0; i < self->count; i++) { /* rehash from the dense keys */
-            size_t j = first_slot(self, self->keys[i]);
-            while (table[j] != 0) j = (j + 1) & self->mask;
-            table[j] = (uint32_t)(i + 1);
-        }
-    }
-    return 0;
+    return sf_index_fit(&self->index, need, self->keys, sizeof(int64_t), self->count);
 }
 
 static void release(PairSet *self)
@@ -244,14 +182,11 @@ static void release(PairSet *self)
     PyMem_Free(self->starts);
     PyMem_Free(self->lengths);
     PyMem_Free(self->text);
-    PyMem_Free(self->slots);
+    sf_index_free(&self->index);
     self->keys = self->starts = NULL;
     self->users = self->lengths = NULL;
     self->text = NULL;
-    self->slots = NULL;
     self->count = self->capacity = self->text_len = self->text_capacity = 0;
-    self->mask = 0;
-    self->shift = 0;
 }
 
 /* ``obj``'s buffer, which must be 1-D, C-contiguous and of signed integers of ``itemsize``
@@ -457,7 +392,7 @@ static int one_pair(PairSet *self, int keyed, long long key, int user, PyObject 
     int held = 0;
     if (add && reserve(self, 1, id.len) < 0) {
         held = -1;
-    } else if (self->slots != NULL) {
+    } else if (self->index.slots != NULL) {
         size_t slot;
         held = find(self, &id, (int32_t)user, &slot) >= 0;
         if (!held && add) append(self, &id, (int32_t)user, slot);
@@ -533,8 +468,7 @@ static PyObject *take_column(void **column, Py_ssize_t size)
 static PyObject *PairSet_take(PairSet *self, PyObject *Py_UNUSED(ignored))
 {
     Py_ssize_t n = self->count, text_len = self->text_len;
-    PyMem_Free(self->slots); /* the slot table first: the columns' copies take its place */
-    self->slots = NULL;
+    sf_index_free(&self->index); /* the slot table first: the columns' copies take its place */
     PyObject *keys = take_column((void **)&self->keys, n * 8);
     PyObject *users = take_column((void **)&self->users, n * 4);
     PyObject *starts = take_column((void **)&self->starts, n * 8);
@@ -553,8 +487,7 @@ static PyObject *PairSet_clear(PairSet *self, PyObject *Py_UNUSED(ignored))
 static PyObject *PairSet_nbytes(PairSet *self, void *Py_UNUSED(closure))
 {
     size_t columns = (size_t)self->capacity * (2 * sizeof(int64_t) + 2 * sizeof(int32_t));
-    size_t slots = self->slots == NULL ? 0 : (self->mask + 1) * sizeof(uint32_t);
-    return PyLong_FromSize_t(columns + (size_t)self->text_capacity + slots);
+    return PyLong_FromSize_t(columns + (size_t)self->text_capacity + sf_index_bytes(&self->index));
 }
 
 static Py_ssize_t PairSet_len(PairSet *self) { return self->count; }

@@ -1,10 +1,9 @@
 """The public data contract: events, queries and releases (docs/design.md §3).
 
-Events are validated by ``parse_event``, which rejects bad input with a *reason* and never a
-quoted value. The daemon's hot path validates whole batches with ``engine.ingest.parse_events``
-(msgspec decodes straight into :class:`Event`; every line it cannot accept goes to
-``parse_event``), which returns exactly what ``parse_event`` returns or raises. ``EventModel`` is
-the same contract as a pydantic model (JSON schema, documentation; a test checks they agree).
+Events are validated by ``parse_event``, the reference: it defines every accept and every reject
+(a *reason*, never a quoted value). The daemon's hot path validates whole batches with
+``engine.ingest`` (the native scanner, ``engine/_jsonl.c``, on the plain form; every other line
+goes to ``parse_event``), which returns exactly what ``parse_event`` returns or raises.
 Queries are rare and validated with pydantic (``parse_query``).
 """
 
@@ -14,14 +13,13 @@ import datetime as dt
 import json
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, NamedTuple
 
-import msgspec
 import numpy as np
 from pydantic import (
-    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -36,12 +34,13 @@ __all__ = [
     "REJECT_REASON_MEANING",
     "Coverage",
     "Event",
-    "EventModel",
+    "FeatureKinds",
     "Population",
     "Query",
     "Reject",
     "RejectReason",
     "Release",
+    "coordinate_kinds",
     "parse_event",
     "parse_query",
 ]
@@ -55,6 +54,8 @@ MAX_STRING_VALUE_CHARS = 256
 MAX_ABS_VALUE = 1e12
 MAX_QUERY_DIM = 4096
 _DAY_RE = re.compile(r"\d{4}-\d{2}-\d{2}")
+#: control characters (Unicode category Cc: C0, DEL and C1), refused in a user id
+_CONTROL_RE = re.compile("[\x00-\x1f\x7f-\x9f]")
 _EVENT_KEYS = frozenset({"user_id", "day", "values", "event_id"})
 
 
@@ -72,6 +73,7 @@ class RejectReason(StrEnum):
     INVALID_DAY = "invalid_day"
     INVALID_VALUES = "invalid_values"
     INVALID_NUMBER = "invalid_number"
+    WRONG_TYPE = "wrong_type"
     INVALID_EVENT_ID = "invalid_event_id"
     OVERSIZED = "oversized"
     UNDECODABLE_BATCH = "undecodable_batch"
@@ -103,10 +105,13 @@ REJECT_REASON_MEANING: dict[RejectReason, str] = {
     RejectReason.NOT_AN_OBJECT: "valid JSON, but not an object",
     RejectReason.UNKNOWN_FIELD: "a field the contract does not define",
     RejectReason.MISSING_FIELD: "a required field is absent",
-    RejectReason.INVALID_USER_ID: "user_id is not a string of 1 to 256 characters",
+    RejectReason.INVALID_USER_ID: "user_id is not a string of 1 to 256 characters without control "
+    "characters",
     RejectReason.INVALID_DAY: "day is not an ISO date (YYYY-MM-DD)",
     RejectReason.INVALID_VALUES: "values is not an object of feature → number or string, or too large",
     RejectReason.INVALID_NUMBER: "a value is NaN, infinite or beyond ±1e12",
+    RejectReason.WRONG_TYPE: "a value's type is not the one the registered queries read: a "
+    "string where a query sums the feature, or a number where a query counts its categories",
     RejectReason.INVALID_EVENT_ID: "event_id is not a string of 1 to 256 characters",
     RejectReason.OVERSIZED: "the record exceeds its size limit ([limits] max_event_bytes, "
     "max_query_bytes)",
@@ -147,28 +152,33 @@ class Reject(ValueError):
         self.detail = detail
 
 
-_Id = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_ID_CHARS)]
-_Number = Annotated[float, msgspec.Meta(ge=-MAX_ABS_VALUE, le=MAX_ABS_VALUE)]
-_Category = Annotated[str, msgspec.Meta(max_length=MAX_STRING_VALUE_CHARS)]
-_FeatureName = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_FEATURE_CHARS)]
-_Values = Annotated[
-    dict[_FeatureName, _Number | _Category], msgspec.Meta(max_length=MAX_FEATURES_PER_EVENT)
-]
-
-
-class Event(msgspec.Struct, frozen=True, forbid_unknown_fields=True, gc=False):
+class Event(NamedTuple):
     """A validated event. ``values`` maps feature → finite float or category string.
 
-    A msgspec struct so that ``engine.ingest`` can decode JSON straight into it; the field
-    constraints are the part of the contract msgspec checks itself (the rest is checked there).
-    Constructing one directly validates nothing: use ``parse_event``. (``gc=False``: an event
-    holds only strings and floats, so it can never be part of a reference cycle.)
+    Constructing one directly validates nothing: use ``parse_event`` (or ``engine.ingest`` for
+    a batch). A named tuple: the native scanner makes one per line at C speed
+    (``engine/_jsonl.c``, ``scan_events``).
     """
 
-    user_id: _Id
+    user_id: str
     day: str
-    values: _Values
-    event_id: _Id | None = None
+    values: dict[str, float | str]
+    event_id: str | None = None
+
+
+#: feature → True when the registered queries read it as a category (a coordinate ``f=v``), False
+#: when they read it as a number (a coordinate ``f``); features no query reads are absent (any
+#: type is accepted). ``engine.queries.QueryBook.kinds`` keeps it as queries register.
+FeatureKinds = Mapping[str, bool]
+
+
+def coordinate_kinds(query: SumQuery | HistogramQuery | LinearQuery) -> dict[str, bool]:
+    """Each feature ``query`` reads, and whether it reads it as a category (True) or a number."""
+    out: dict[str, bool] = {}
+    for coordinate in query.coordinates():
+        name, sep, _ = coordinate.partition("=")
+        out[name] = bool(sep) or out.get(name, False)
+    return out
 
 
 #: days outside this range are refused (the daemon computes the next day of every closed day)
@@ -226,8 +236,12 @@ def load_object(raw: bytes | str | dict[str, Any], what: str, max_bytes: int | N
     return obj
 
 
-def parse_event(raw: bytes | str | dict[str, Any]) -> Event:
-    """Validate one event (a JSON line, or an already-decoded dict); raise ``Reject``."""
+def parse_event(raw: bytes | str | dict[str, Any], kinds: FeatureKinds | None = None) -> Event:
+    """Validate one event (a JSON line, or an already-decoded dict); raise ``Reject``.
+
+    ``kinds`` (``FeatureKinds`` of the registered queries): a value whose type is not its
+    feature's is refused as ``wrong_type`` — a string where a query sums the feature would add
+    nothing, and a number where a query counts categories would match none, both silently."""
     obj = load_object(raw, "event", MAX_EVENT_BYTES)
     extra = obj.keys() - _EVENT_KEYS
     if extra:
@@ -236,6 +250,8 @@ def parse_event(raw: bytes | str | dict[str, Any]) -> Event:
         if key not in obj:
             raise Reject("missing_field", f"missing required field {key}")
     user_id = _check_id(obj["user_id"], "user_id", "invalid_user_id")
+    if _CONTROL_RE.search(user_id):
+        raise Reject("invalid_user_id", "user_id must not contain control characters")
     day = _parse_day(obj["day"], "day")
     event_id = obj.get("event_id")
     if event_id is not None:
@@ -272,7 +288,21 @@ def parse_event(raw: bytes | str | dict[str, Any]) -> Event:
             clean[name] = v
         else:
             raise Reject("invalid_values", f"values.{name} must be a number or a string")
+    if kinds:
+        check_kinds(clean, kinds)
     return Event(user_id=user_id, day=day, values=clean, event_id=event_id)
+
+
+def check_kinds(values: Mapping[str, float | str], kinds: FeatureKinds) -> None:
+    """Raise ``Reject("wrong_type")`` for the first value whose type is not its feature's."""
+    for name, v in values.items():
+        categorical = kinds.get(name)
+        if categorical is not None and categorical is not isinstance(v, str):
+            raise Reject(
+                "wrong_type",
+                f"values.{name} must be a {'string' if categorical else 'number'}: a registered "
+                f"query reads it as a {'category' if categorical else 'number'}",
+            )
 
 
 def _refuse_constant(name: str) -> Any:
@@ -282,33 +312,7 @@ def _refuse_constant(name: str) -> Any:
 # --------------------------------------------------------------------------- pydantic schema
 
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False, ge=-MAX_ABS_VALUE, le=MAX_ABS_VALUE)]
-Identifier = Annotated[
-    str, Field(min_length=1, max_length=MAX_ID_CHARS), AfterValidator(lambda v: _model_text(v))
-]
 FeatureName = Annotated[str, Field(min_length=1, max_length=MAX_FEATURE_CHARS, pattern=r"^[^=]+$")]
-
-
-def _model_day(value: str) -> str:
-    try:
-        return _parse_day(value, "day")
-    except Reject as rej:
-        raise ValueError(rej.detail) from None
-
-
-def _model_text(value: str) -> str:
-    if not _is_utf8(value):
-        raise ValueError("must be valid Unicode text")
-    return value
-
-
-class EventModel(BaseModel):
-    """The event contract as a pydantic model (schema and docs; ``parse_event`` is the fast path)."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
-    user_id: Identifier
-    day: Annotated[str, AfterValidator(_model_day)]
-    values: dict[FeatureName, FiniteFloat | Annotated[str, Field(max_length=256)]]
-    event_id: Identifier | None = None
 
 
 class _QueryBase(BaseModel):

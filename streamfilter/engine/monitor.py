@@ -116,7 +116,9 @@ class Monitor:
         acc = DayAccumulator(day)
         for raw in events:
             try:
-                event = raw if isinstance(raw, Event) else parse_event(raw)
+                event = (
+                    raw if isinstance(raw, Event) else parse_event(raw, self._engine.queries.kinds)
+                )
                 if event.day != day:
                     raise Reject("wrong_day", "event day differs from the day being closed")
             except Reject as rej:

@@ -1,47 +1,27 @@
-"""The native helpers the install built (``streamfilter/engine/*.c``, the block filter's
-``streamfilter/privacy/_filter.c``; docs/design.md §8.4).
+"""The engine's native helpers (``streamfilter/engine/*.c``; docs/design.md §8.4), as
+``streamfilter._native`` chooses them (``STREAMFILTER_IMPL``).
 
-Each is optional: a module here is None when its extension could not be imported, and the
-engine then takes its pure-Python path, with the same results and slower. ``missing`` names the
-ones not built, so the daemon can say so at start.
+Each is None where the Python path runs (not built, or ``STREAMFILTER_IMPL=python``): the engine
+then takes its pure-Python path, with the same results and slower.
 """
 
 from __future__ import annotations
 
-from streamfilter.privacy import individual_filter
+from typing import TYPE_CHECKING
 
-__all__ = ["cell_table", "jsonl", "missing", "packed_ids", "pair_set", "user_codes"]
+from streamfilter._native import load
 
-try:  # the column scanner (engine/_jsonl.c): engine/ingest.py
-    from streamfilter.engine import _jsonl as jsonl
-except ImportError:
-    jsonl = None  # type: ignore[assignment]
-try:  # id packing (engine/_packed_ids.c): engine/ledger.py, dedup/index.py
-    from streamfilter.engine import _packed_ids as packed_ids
-except ImportError:
-    packed_ids = None  # type: ignore[assignment]
-try:  # the open day's user-code table (engine/_user_codes.c): engine/user_codes.py
-    from streamfilter.engine import _user_codes as user_codes
-except ImportError:
-    user_codes = None  # type: ignore[assignment]
-try:  # the open day's event-id set (engine/_pair_set.c): dedup/in_memory.py
-    from streamfilter.engine import _pair_set as pair_set
-except ImportError:
-    pair_set = None  # type: ignore[assignment]
-try:  # the open day's cells and their exact sums (engine/_cell_table.c): engine/cell_table.py
+__all__ = ["cell_table", "jsonl", "packed_ids", "pair_set", "user_codes"]
+
+if TYPE_CHECKING:  # the stubs (engine/_*.pyi) type them; at run time each may be None
     from streamfilter.engine import _cell_table as cell_table
-except ImportError:
-    cell_table = None  # type: ignore[assignment]
-
-
-def missing() -> list[str]:
-    """The source files of the helpers that could not be imported."""
-    modules = {
-        "engine/_jsonl.c": jsonl,
-        "engine/_packed_ids.c": packed_ids,
-        "engine/_user_codes.c": user_codes,
-        "engine/_pair_set.c": pair_set,
-        "engine/_cell_table.c": cell_table,
-        "privacy/_filter.c": individual_filter._filter,
-    }
-    return [source for source, module in modules.items() if module is None]
+    from streamfilter.engine import _jsonl as jsonl
+    from streamfilter.engine import _packed_ids as packed_ids
+    from streamfilter.engine import _pair_set as pair_set
+    from streamfilter.engine import _user_codes as user_codes
+else:
+    jsonl = load("engine._jsonl")  # the column scanner: engine/ingest.py, engine/lines.py
+    packed_ids = load("engine._packed_ids")  # id packing: engine/ledger.py, dedup/index.py
+    user_codes = load("engine._user_codes")  # the open day's user-code table: engine/user_codes.py
+    pair_set = load("engine._pair_set")  # the open day's event-id set: dedup/in_memory.py
+    cell_table = load("engine._cell_table")  # the open day's cells and sums: engine/cell_table.py

@@ -8,7 +8,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from streamfilter.engine.contract import HistogramQuery, LinearQuery, Reject, SumQuery
+from streamfilter.engine.contract import (
+    HistogramQuery,
+    LinearQuery,
+    Reject,
+    SumQuery,
+    coordinate_kinds,
+)
 
 __all__ = ["AnyQuery", "QueryBook"]
 
@@ -22,6 +28,8 @@ COVERAGE_NOISE_ID = "_coverage"
 class QueryBook:
     def __init__(self) -> None:
         self._queries: dict[str, AnyQuery] = {}
+        #: the type each feature must have (``contract.FeatureKinds``), kept as queries register
+        self.kinds: dict[str, bool] = {}
 
     def __iter__(self) -> Iterator[AnyQuery]:
         return iter(self._queries.values())
@@ -38,8 +46,10 @@ class QueryBook:
     def check(self, query: AnyQuery, last_closed_day: str | None) -> bool:
         """Dry run of :meth:`register`: True if new, False if an identical query is registered.
 
-        Raises ``Reject('closed_day')`` when the query starts on or before the last closed day, and
-        ``Reject('duplicate_query_id')`` when a different query already uses the id.
+        Raises ``Reject('closed_day')`` when the query starts on or before the last closed day,
+        ``Reject('duplicate_query_id')`` when a different query already uses the id, and
+        ``Reject('invalid_query')`` when it reads a feature as a number that a registered query
+        reads as a category, or the reverse (docs/design.md §3.1: a feature has one type).
         """
         if query.query_id in (RESERVED_QUERY_ID, COVERAGE_NOISE_ID):
             raise Reject(
@@ -52,6 +62,14 @@ class QueryBook:
             raise Reject(
                 "duplicate_query_id", "query_id is already registered with another definition"
             )
+        for name, categorical in coordinate_kinds(query).items():
+            if self.kinds.get(name, categorical) is not categorical:
+                theirs = "category" if self.kinds[name] else "number"
+                raise Reject(
+                    "invalid_query",
+                    f"feature {name} is read as a {theirs} by a registered query; a feature has "
+                    "one type",
+                )
         if last_closed_day is not None and query.from_day.isoformat() <= last_closed_day:
             raise Reject(
                 "closed_day",
@@ -64,6 +82,8 @@ class QueryBook:
         is_new = self.check(query, last_closed_day)
         if is_new:
             self._queries[query.query_id] = query
+            for name, categorical in coordinate_kinds(query).items():
+                self.kinds.setdefault(name, categorical)
         return is_new
 
     def for_day(self, day: str) -> list[AnyQuery]:

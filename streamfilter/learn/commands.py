@@ -147,7 +147,12 @@ def add_learn_commands(sub: Any) -> None:
         "dpsgd-filter",
         help="DP-SGD with individual Rényi filters against plain DP-SGD at the same (ε, δ)",
     )
-    flt.add_argument("--dataset", default="digits", choices=["digits", "synthetic"])
+    flt.add_argument(
+        "--dataset",
+        default="digits",
+        choices=["digits", "synthetic"],
+        help="digits (bundled with scikit-learn) or synthetic (60,000 examples; default digits)",
+    )
     flt.add_argument("--trials", type=int, default=10, help="independent trials (default 10)")
     flt.add_argument(
         "--extra-factor", type=float, default=2.0, help="filtered steps ÷ plain steps (default 2)"

@@ -31,15 +31,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from streamfilter._native import load
 from streamfilter.privacy.lattice import Lattice, round_to_lattice
 
-try:  # the block filter's native twin (privacy/_filter.c), identical results
-    import streamfilter.privacy._filter as _filter
-except ImportError:
-    _filter = None  # type: ignore[assignment]
+if TYPE_CHECKING:  # the block filter's native twin (privacy/_filter.c), identical results
+    from streamfilter.privacy import _filter
+else:  # None where the Python path runs (streamfilter._native: STREAMFILTER_IMPL)
+    _filter = load("privacy._filter")
 
 __all__ = [
     "Exhaustion",

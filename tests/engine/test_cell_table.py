@@ -15,6 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from streamfilter import _native
 from streamfilter.engine import cell_table, native
 from tests.native_build import check_built_in_ci, needs
 
@@ -24,7 +25,7 @@ COORD_BITS = 31
 
 def test_the_native_cell_table_is_built_in_ci():
     check_built_in_ci(native.cell_table, "engine/_cell_table.c")
-    assert "engine/_cell_table.c" not in native.missing()
+    assert "engine/_cell_table.c" not in _native.missing()
     assert isinstance(cell_table.new_cells(), cell_table.NativeCells)
 
 

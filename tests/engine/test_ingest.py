@@ -1,15 +1,19 @@
-"""The batch decoder (``engine.ingest.parse_events``) agrees with ``parse_event`` on every line:
-the same events accepted with bit-identical values, the same rejected with the same reason and
-detail. ``_fast`` (the msgspec path alone) is checked separately: whatever it accepts,
-``parse_event`` accepts with the same values — so the equivalence is not just the fallback's.
+"""The batch decoder (``engine.ingest``: the native scanner, ``engine/_jsonl.c``, with
+``parse_event`` for every line it does not take) agrees with the reference ``parse_event`` on
+every line: the same events accepted with bit-identical values, the same lines rejected with the
+same reason and detail — on mixed batches of valid and invalid lines, as the Kafka source hands
+them (a list of ``bytes``) and as the file source does (``BlockLines``), with and without the
+registered queries' feature kinds. Without the scanner the decoder is ``parse_event`` itself.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import random
 import struct
 
+import numpy as np
 import pytest
 from hypothesis import event, example, given, settings
 from hypothesis import strategies as st
@@ -27,11 +31,12 @@ from streamfilter.engine.contract import (
     parse_event,
 )
 from streamfilter.engine.ingest import parse_events
+from streamfilter.engine.lines import BlockLines
 
 
-def _reference(line: bytes) -> Event | Reject:
+def _reference(line: bytes, kinds=None) -> Event | Reject:
     try:
-        return parse_event(line)
+        return parse_event(line, kinds)
     except Reject as rej:
         return rej
 
@@ -41,6 +46,8 @@ def _bits(value: float | str) -> object:
 
 
 def _same(a: Event | Reject, b: Event | Reject) -> bool:
+    """The same reject (reason and detail), or the same event: fields, features (a mapping: any
+    order), each value's type and bits."""
     if isinstance(a, Reject) or isinstance(b, Reject):
         return (
             isinstance(a, Reject)
@@ -49,22 +56,17 @@ def _same(a: Event | Reject, b: Event | Reject) -> bool:
         )
     return (
         (a.user_id, a.day, a.event_id) == (b.user_id, b.day, b.event_id)
-        and list(a.values) == list(b.values)
+        and set(a.values) == set(b.values)
         and all(type(a.values[k]) is type(b.values[k]) for k in a.values)
-        and [_bits(v) for v in a.values.values()] == [_bits(v) for v in b.values.values()]
+        and all(_bits(a.values[k]) == _bits(b.values[k]) for k in a.values)
     )
 
 
-def check_agrees(line: bytes, label: bool = True) -> None:
-    expected = _reference(line)
-    fast = ingest._fast(line)
-    if fast is not None:
-        assert _same(fast, expected), (line, fast, expected)
-    if label:  # hypothesis statistics: how often each path decided
-        path = "fast path accepted" if fast is not None else "fallback"
-        event(f"{path}: {getattr(expected, 'reason', 'accepted')}")
-    (got,) = parse_events([line])
-    assert _same(got, expected), (line, got, expected)
+def as_block(lines: list[bytes]) -> BlockLines:
+    """The lines as the file source holds them: spans of one block (newline-separated)."""
+    block = b"\n".join(lines) + b"\n"
+    ends = np.cumsum([len(line) + 1 for line in lines], dtype=np.int64) - 1
+    return BlockLines(block, ends - [len(line) for line in lines], ends)
 
 
 # ------------------------------------------------------------------------------ strategies
@@ -195,77 +197,169 @@ def raw_lines(draw) -> bytes:
 GOOD = {"user_id": "u-17", "day": "2026-01-05", "values": {"active": 1, "plan": "pro"}}
 
 
-# ------------------------------------------------------------------------------ properties
+GOOD = {"user_id": "u-17", "day": "2026-01-05", "values": {"active": 1, "plan": "pro"}}
+DAY = "2026-01-05"
 
-
-@settings(max_examples=1500, deadline=None)
-@given(raw_lines())
-@example(b'{"user_id": "\\ud800", "day": "2026-01-05", "values": {}}')
-@example(b'{"user_id": "\xed\xa0\x80", "day": "2026-01-05", "values": {}}')
-@example(b'{"user_id": "u", "day": "2026-01-05", "values": {"a\\udfff": 1}}')
-@example(b'{"user_id": "u", "day": "2026-01-05", "values": {"a": "\\udbff"}}')
-@example(b'{"user_id": "u", "day": "2026-01-05", "values": {"a": 1}, "event_id": "\\ud800"}')
-@example(b'{"user_id": "u", "user_id": 5, "day": "2026-01-05", "values": {}}')
-@example(b'{"user_id": 5, "user_id": "u", "day": "2026-01-05", "values": {}}')
-@example(b'{"user_id": "u", "day": "2026-01-05", "values": {"a": true, "a": 1}}')
-@example(b'{"user_id": "u", "day": "2026-01-05", "values": {"a": 1, "a": "x"}}')
-@example(b'{"user_id": "u", "day": "2026-01-05", "values": {"a": 1}, "values": {"b": 2}}')
-@example(b'{"user_id": "u", "day": "2026-01-05", "values": {"a\\u003db": 1}}')
-@example(b'{"user_id": "u", "day": "2026-01-05", "values": {"a": 1e999}}')
-@example(b'{"user_id": "u", "day": "2026-01-05", "values": {"a": -0.0}}')
-@example(b'{"user_id": "u", "day": "2026-01-05", "values": {"a": 1000000000001}}')
-@example(b'{"user_id": "u", "day": "2026-01-05", "values": {"a": NaN}}')
-@example(b'{"user_id": "u", "day": "2026-01-05", "values": {}, "event_id": null}')
-@example(b'\xef\xbb\xbf{"user_id": "u", "day": "2026-01-05", "values": {}}')
-@example('{"user_id": "u", "day": "2026-01-05", "values": {}}'.encode("utf-16"))
-@example(b"")
-@example(b"[" * 50_000)
-def test_batch_path_agrees_with_parse_event_on_arbitrary_lines(line):
-    check_agrees(line)
-
-
-@settings(max_examples=300, deadline=None)
-@given(st.binary(max_size=200))
-def test_batch_path_agrees_on_arbitrary_bytes(line):
-    check_agrees(line)
-
-
-@settings(max_examples=300, deadline=None)
-@given(
-    user=st.text(min_size=1, max_size=MAX_ID_CHARS),
-    names=st.lists(st.text(min_size=1, max_size=MAX_FEATURE_CHARS), max_size=4),
-    values=st.lists(
-        st.one_of(
-            st.floats(-MAX_ABS_VALUE, MAX_ABS_VALUE, allow_nan=False),
-            st.integers(-(10**12), 10**12),
-            st.text(max_size=MAX_STRING_VALUE_CHARS),
-        ),
-        min_size=4,
-        max_size=4,
-    ),
-    event_id=st.none() | st.text(min_size=1, max_size=MAX_ID_CHARS),
-    ascii_only=st.booleans(),
+ascii_ids = st.text(
+    st.characters(min_codepoint=0x20, max_codepoint=0x7E, blacklist_characters='"\\'),
+    min_size=1,
+    max_size=MAX_ID_CHARS,
 )
-def test_valid_events_take_the_fast_path(user, names, values, event_id, ascii_only):
-    obj = {"user_id": user, "day": "2026-01-05", "values": dict(zip(names, values, strict=False))}
-    if event_id is not None:
-        obj["event_id"] = event_id
-    line = json.dumps(obj, ensure_ascii=ascii_only).encode()
-    fast = ingest._fast(line)
-    if any("=" in n for n in names):
-        assert fast is None
-    else:
-        assert fast is not None
-    check_agrees(line)
 
 
-@settings(max_examples=100, deadline=None)
-@given(st.lists(st.one_of(raw_lines(), st.just(json.dumps(GOOD).encode())), max_size=20))
-def test_a_batch_is_the_lines_one_by_one(lines):
-    got = parse_events(lines)
-    assert len(got) == len(lines)
-    for line, item in zip(lines, got, strict=True):
-        assert _same(item, _reference(line))
+@st.composite
+def near_plain_lines(draw) -> bytes:
+    """Lines in or just outside the scanner's plain form: hand-written tokens (numbers spelled
+    every way, ids at and past their limits, repeated or missing keys, odd whitespace), then
+    perhaps one byte changed, inserted or dropped."""
+    ws = st.sampled_from(["", " ", "\t", "\r\n", "  "])
+    number = st.one_of(
+        st.floats(-1.1e12, 1.1e12, allow_nan=False).map(repr),
+        st.integers(-(10**16), 10**16).map(str),
+        number_tokens,
+    )
+    text = st.one_of(
+        st.sampled_from(["u", "", "x" * MAX_ID_CHARS, "x" * (MAX_ID_CHARS + 1), "é", 'a\\"b']),
+        st.text(st.characters(max_codepoint=0x7F), max_size=5),
+        ascii_ids.filter(lambda t: len(t) < 12),
+        ascii_ids.filter(lambda t: len(t) < 12),
+    )
+    values = []
+    for name in draw(st.permutations(["active", "minutes", "plan"]))[: draw(st.integers(1, 3))]:
+        token = draw(text.map(json.dumps) if name == "plan" else number)
+        values.append(f'"{name}"{draw(ws)}:{draw(ws)}{token}')
+    if not draw(st.integers(0, 5)):
+        values.append(values[0])  # a repeated feature
+    fields = {
+        "user_id": draw(text.map(json.dumps)),
+        "day": json.dumps(
+            draw(st.sampled_from([DAY] * 6 + ["2026-02-30", "2026-1-05", DAY + " "]))
+        ),
+        "values": "{" + ",".join(values) + "}",
+        "event_id": draw(st.one_of(st.just("null"), text.map(json.dumps))),
+    }
+    keys = draw(st.lists(st.sampled_from([*fields, "extra"]), min_size=2, max_size=6))
+    if draw(st.integers(0, 3)):
+        keys = draw(st.permutations(list(fields)))
+    body = ",".join(f'{draw(ws)}"{k}"{draw(ws)}:{draw(ws)}{fields.get(k, "1")}' for k in keys)
+    raw = ("{" + body + draw(ws) + "}" + draw(ws)).encode()
+    how = draw(st.sampled_from(["plain"] * 4 + ["change", "insert", "drop"]))
+    i = draw(st.integers(0, len(raw) - 1))
+    if how == "change":
+        raw = raw[:i] + bytes([draw(st.integers(0, 255))]) + raw[i + 1 :]
+    elif how == "insert":
+        raw = raw[:i] + bytes([draw(st.integers(0, 255))]) + raw[i:]
+    elif how == "drop":
+        raw = raw[:i] + raw[i + 1 :]
+    return raw
+
+
+def plain_events(rnd, n: int) -> list[bytes]:
+    """What producers write: ``json.dumps`` of valid events with ASCII text (the scanner's
+    form), keys in any order, now and then a feature of the other kind or a missing one; long
+    runs of these make the scanner read whole windows. Drawn from ``rnd``: cheap to generate."""
+    lines = []
+    for _ in range(n):
+        values: dict[str, object] = {
+            "active": rnd.randrange(4),
+            "minutes": rnd.uniform(-1e12, 1e12) if rnd.random() < 0.5 else rnd.randrange(100),
+            "plan": rnd.choice(["free", "pro", ""]),
+        }
+        if rnd.random() < 0.03:
+            values["plan"] = 1
+        if rnd.random() < 0.03:
+            del values["active"]
+        items = list(values.items())
+        if rnd.random() < 0.1:
+            rnd.shuffle(items)
+        obj: dict[str, object] = {
+            "user_id": f"u{rnd.randrange(1000)}",
+            "day": DAY if rnd.random() < 0.9 else "2026-01-06",
+            "values": dict(items),
+        }
+        if rnd.random() < 0.5:
+            obj["event_id"] = rnd.choice([None, f"e{rnd.randrange(10**6)}"])
+        lines.append(json.dumps(obj).encode())
+    return lines
+
+
+#: the registered queries' feature kinds the decoder is checked under: none; agreeing with the
+#: plain events; disagreeing (so that typed rejects meet scanned runs)
+KINDS = [None, {"minutes": False, "plan": True}, {"active": True}, {"plan": False, "a": False}]
+
+EXAMPLES = [
+    b'{"user_id": "\\ud800", "day": "2026-01-05", "values": {}}',
+    b'{"user_id": "\xed\xa0\x80", "day": "2026-01-05", "values": {}}',
+    b'{"user_id": "u", "day": "2026-01-05", "values": {"a\\udfff": 1}}',
+    b'{"user_id": "u", "day": "2026-01-05", "values": {"a": "\\udbff"}}',
+    b'{"user_id": "u", "day": "2026-01-05", "values": {"a": 1}, "event_id": "\\ud800"}',
+    b'{"user_id": "u", "user_id": 5, "day": "2026-01-05", "values": {}}',
+    b'{"user_id": 5, "user_id": "u", "day": "2026-01-05", "values": {}}',
+    b'{"user_id": "u", "day": "2026-01-05", "values": {"a": true, "a": 1}}',
+    b'{"user_id": "u", "day": "2026-01-05", "values": {"a": 1, "a": "x"}}',
+    b'{"user_id": "u", "day": "2026-01-05", "values": {"a": 1}, "values": {"b": 2}}',
+    b'{"user_id": "u", "day": "2026-01-05", "values": {"a\\u003db": 1}}',
+    b'{"user_id": "u", "day": "2026-01-05", "values": {"a": 1e999}}',
+    b'{"user_id": "u", "day": "2026-01-05", "values": {"a": -0.0}}',
+    b'{"user_id": "u", "day": "2026-01-05", "values": {"a": 1000000000001}}',
+    b'{"user_id": "u", "day": "2026-01-05", "values": {"a": NaN}}',
+    b'{"user_id": "u", "day": "2026-01-05", "values": {}, "event_id": null}',
+    b'{"user_id": "u\x7f", "day": "2026-01-05", "values": {"a": 1}}',
+    b'{"user_id": "u", "day": "2026-02-30", "values": {"a": 1}}',
+    b'\xef\xbb\xbf{"user_id": "u", "day": "2026-01-05", "values": {}}',
+    '{"user_id": "u", "day": "2026-01-05", "values": {}}'.encode("utf-16"),
+    b"",
+    b"[" * 50_000,
+]
+_A = b'{"user_id": "u", "day": "2026-01-05", "values": {"a": 1}}'
+
+
+def check_agrees(lines: list[bytes], kinds, label: bool = True) -> None:
+    """``parse_events`` and ``parse_columns``, on the list and on its block, against the
+    reference line by line."""
+    expected = [_reference(line, kinds) for line in lines]
+    for form in (lines, as_block(lines)):
+        got = parse_events(form, kinds)
+        assert len(got) == len(lines)
+        for line, g, e in zip(lines, got, expected, strict=True):
+            assert _same(g, e), (line, g, e)
+        columns = ingest.parse_columns(form, kinds)
+        if columns is not None:
+            assert len(columns) == len(lines)
+            assert all(_same(g, e) for g, e in zip(columns.events(), expected, strict=True))
+    if not label:
+        return
+    accepted = sum(isinstance(e, Event) for e in expected)
+    event(f"accepted: {accepted * 4 // max(1, len(lines))}/4 of the lines")
+    event(f"{len(lines) // 100 * 100}+ lines")
+
+
+# ------------------------------------------------------------------------------ the agreement
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(st.one_of(raw_lines(), near_plain_lines(), st.binary(max_size=80)), max_size=8),
+    st.integers(0, 200),
+    st.sampled_from(KINDS),
+    st.integers(0, 2**32),
+)
+@example([*EXAMPLES, _A, _A], 0, None, None)
+@example([_A, _A.replace(b"2026-01-05", b"2026-02-30"), _A], 0, None, None)
+@example([_A, _A.replace(b"2026-01-05", b"1969-12-31")], 0, {"a": False}, None)
+@example([_A, _A.replace(b"1}", b'"1"}'), _A], 0, {"a": False}, None)
+def test_the_decoder_agrees_with_the_reference_on_mixed_batches(odd, n_plain, kinds, seed):
+    """Invalid and unusual lines shuffled into runs of plain events (so that the scanner reads
+    whole windows, stops mid-window and starts again): every line decides as ``parse_event``
+    decides, on both sources' batch forms and under each set of feature kinds."""
+    lines = list(odd)
+    if seed is not None:  # the plain runs from a seeded generator: cheap to draw
+        rnd = random.Random(seed)
+        lines += plain_events(rnd, n_plain)
+        rnd.shuffle(lines)
+        if rnd.random() < 0.5:  # or the odd lines in one place, the plain runs left long
+            lines.sort(key=lambda line: line not in odd)
+    check_agrees(lines, kinds)
 
 
 @pytest.mark.parametrize(
@@ -288,177 +382,130 @@ def test_a_batch_is_the_lines_one_by_one(lines):
     ],
 )
 def test_limits(obj, accepted):
+    """At each limit and one past it, on the scanner (a batch of the line twice) and alone."""
     line = json.dumps(obj).encode()
-    assert len(line) > MAX_EVENT_BYTES or (ingest._fast(line) is not None) == accepted
-    check_agrees(line, label=False)
-    assert isinstance(parse_events([line])[0], Event) == accepted
-
-
-# ------------------------------------------------------------------------ the chunk decoder
-
-_E = '{"user_id": "u", "day": "2026-01-05", "values": {"a": 1}}'
-
-
-@pytest.mark.parametrize(
-    "lines",
-    [
-        # two lines that are one event only when joined
-        ['{"user_id": "u", "day": "2026-01-05", "values": {"a": 1', '"b": 2}}'],
-        # a string spanning a wrapper, compensated by a line of two events
-        ['{"user_id": "a', 'b", "day": "2026-01-05", "values": {}}', f"{_E}],[{_E}"],
-        [f"{_E}, {_E}", _E],  # two events on one line
-        [f"{_E}]", f"[{_E}"],
-        [_E, "", _E],  # an empty line
-        [_E, " \t", _E],
-        [_E, _E + " x"],
-        [_E, "\ufeff" + _E],  # a BOM: parse_event accepts it, the chunk decoder does not
-        [_E, _E.replace('"a"', '"a\\u003db"')],  # '=' in a feature name, escaped
-        [_E, _E.replace('"a": 1', '"a": "[x]"')],  # brackets inside a string: accepted
-    ],
-)
-def test_a_chunk_accepts_only_lines_that_are_events_alone(lines):
-    raws = [line.encode("utf-8") for line in lines]
-    fast = ingest._fast_chunk(raws)
-    expected = [_reference(raw) for raw in raws]
-    if fast is not None:
-        assert all(isinstance(e, Event) for e in expected)
-        assert all(_same(f, e) for f, e in zip(fast, expected, strict=True))
-    got = parse_events(raws)
-    assert all(_same(g, e) for g, e in zip(got, expected, strict=True))
-
-
-@settings(max_examples=150, deadline=None)
-@given(
-    st.lists(
-        st.one_of(raw_lines(), st.just(json.dumps(GOOD).encode()), st.just(_E.encode())),
-        min_size=1,
-        max_size=40,
-    ),
-    st.integers(1, 8),
-)
-def test_mixed_batches_decoded_in_chunks_are_the_lines_one_by_one(lines, chunk_lines):
-    """Chunks of every size over mixed valid/invalid lines: the same decisions, reasons and
-    values as ``parse_event`` line by line (small chunks, so that whole chunks are accepted)."""
-    saved = ingest.CHUNK_LINES
-    ingest.CHUNK_LINES = chunk_lines
-    try:
-        got = parse_events(lines)
-    finally:
-        ingest.CHUNK_LINES = saved
-    assert len(got) == len(lines)
-    for line, item in zip(lines, got, strict=True):
-        assert _same(item, _reference(line)), line
-    for start in range(0, len(lines), chunk_lines):
-        chunk = lines[start : start + chunk_lines]
-        fast = ingest._fast_chunk(chunk)
-        if fast is not None:
-            event("chunk accepted")
-            assert all(_same(f, _reference(x)) for f, x in zip(fast, chunk, strict=True))
-
-
-# ------------------------------------------------------------------------ the columnar decoder
-
-SCHEMA_LINE = '{"user_id": "u", "day": "2026-01-05", "values": {"a": 1.5, "plan": "pro"}}'
-# lines that are one schema's events, or almost: a feature missing, unknown, repeated, of the
-# other kind, an int, a bool, out of range, keys in another order, an '=' name, a bad day
-NEAR_SCHEMA = [
-    SCHEMA_LINE,
-    '{"user_id": "v", "day": "2026-01-05", "values": {"plan": "free", "a": 2}, "event_id": "e"}',
-    '{"user_id": "w", "day": "2026-01-06", "values": {"a": -0.0, "plan": ""}, "event_id": null}',
-    '{"user_id": "u", "day": "2026-01-05", "values": {"a": 1.5}}',
-    '{"user_id": "u", "day": "2026-01-05", "values": {"a": 1.5, "plan": "pro", "b": 1}}',
-    '{"user_id": "u", "day": "2026-01-05", "values": {"a": "1.5", "plan": "pro"}}',
-    '{"user_id": "u", "day": "2026-01-05", "values": {"a": 1.5, "plan": 3}}',
-    '{"user_id": "u", "day": "2026-01-05", "values": {"a": true, "plan": "pro"}}',
-    '{"user_id": "u", "day": "2026-01-05", "values": {"a": 1e13, "plan": "pro"}}',
-    '{"user_id": "u", "day": "2026-01-05", "values": {"a": 1, "a": "x", "plan": "pro"}}',
-    '{"user_id": "u", "day": "2026-01-05", "values": {"a": "x", "a": 1, "plan": "pro"}}',
-    '{"user_id": "u", "day": "2026-02-30", "values": {"a": 1.5, "plan": "pro"}}',
-    '{"user_id": "u", "day": "2026-01-05", "values": {"a=b": 1.5, "plan": "pro"}}',
-    '{"user_id": "", "day": "2026-01-05", "values": {"a": 1.5, "plan": "pro"}}',
-    '{"user_id": "u", "day": "2026-01-05", "values": {"a": 1.5, "plan": "pro"}, "x": 1}',
-    '{"user_id": "u", "day": "2026-01-05", "values": {}}',
-    '\ufeff{"user_id": "u", "day": "2026-01-05", "values": {"a": 1.5, "plan": "pro"}}',
-]
-
-
-unbracketed = good_texts.filter(lambda t: "[" not in t and "]" not in t)
-
-
-def _same_event(a: Event, b: Event) -> bool:
-    """Equal events: fields, the features (any order), each value's type and bits."""
-    return (
-        (a.user_id, a.day, a.event_id) == (b.user_id, b.day, b.event_id)
-        and set(a.values) == set(b.values)
-        and all(type(a.values[k]) is type(b.values[k]) for k in a.values)
-        and all(_bits(a.values[k]) == _bits(b.values[k]) for k in a.values)
-    )
-
-
-@settings(max_examples=400, deadline=None)
-@given(
-    st.lists(
-        st.one_of(st.sampled_from(NEAR_SCHEMA).map(str.encode), raw_lines()),
-        min_size=1,
-        max_size=12,
-    )
-)
-@example([SCHEMA_LINE.encode()] * 3)
-@example([NEAR_SCHEMA[0].encode(), NEAR_SCHEMA[1].encode(), NEAR_SCHEMA[2].encode()])
-@example([SCHEMA_LINE.encode(), SCHEMA_LINE.replace("2026-01-05", "2026-02-30").encode()])
-@example([SCHEMA_LINE.encode(), SCHEMA_LINE.replace("2026-01-05", "1969-12-31").encode()])
-def test_columns_are_the_events_parse_events_accepts(lines):
-    """``parse_columns`` decides nothing of its own: when it returns columns, every line is an
-    event ``parse_events`` accepts, with the same fields and values, bit for bit."""
-    columns = ingest.parse_columns(lines)
-    expected = parse_events(lines)
-    event("columns" if columns is not None else "per event")
-    if columns is not None:
-        assert all(isinstance(e, Event) for e in expected)
-        assert len(columns) == len(lines)
-        got = columns.events()
-        assert all(_same_event(g, e) for g, e in zip(got, expected, strict=True))
-
-
-@settings(max_examples=150, deadline=None)
-@given(
-    st.dictionaries(
-        st.text(
-            st.characters(blacklist_categories=("Cc", "Cs"), blacklist_characters='="\\[]'),
-            min_size=1,
-            max_size=8,
-        ),
-        st.booleans(),
-        min_size=1,
-        max_size=6,
-    ),
-    st.lists(st.tuples(unbracketed, st.one_of(st.none(), unbracketed)), min_size=1, max_size=20),
-    st.randoms(use_true_random=False),
-)
-def test_one_schema_batches_are_decoded_as_columns(schema, ids, rnd):
-    """Valid events that share features and kinds take the columnar path (keys in any order;
-    a ``[`` or ``]`` anywhere in the batch sends it per event, as for ``_fast_chunk``)."""
-    lines = []
-    for user, event_id in ids:
-        values = {
-            name: (rnd.choice(["a", "é", ""]) if cat else rnd.uniform(-1e12, 1e12))
-            for name, cat in schema.items()
-        }
-        items = list(values.items())
-        rnd.shuffle(items)
-        obj = {"user_id": user, "day": "2026-01-05", "values": dict(items)}
-        if event_id is not None:
-            obj["event_id"] = event_id
-        lines.append(json.dumps(obj, ensure_ascii=rnd.random() < 0.5).encode())
-    columns = ingest.parse_columns(lines)
-    assert columns is not None
-    expected = parse_events(lines)
-    assert all(_same_event(g, e) for g, e in zip(columns.events(), expected, strict=True))
+    check_agrees([line, line], None, label=False)
+    assert isinstance(parse_events([line, line])[1], Event) == accepted
+    if ingest.SCANNER == "native" and len(line) <= MAX_EVENT_BYTES:
+        assert (ingest.parse_columns([line, line]) is not None) == accepted
 
 
 @pytest.mark.parametrize("name", ["a\\b", 'a"b', "a\x1fb", "\x00"])
-def test_a_feature_name_msgspec_cannot_rename_goes_per_event(name):
+def test_a_feature_name_the_scanner_cannot_take_goes_to_the_reference(name):
     lines = [json.dumps({"user_id": "u", "day": "2026-01-05", "values": {name: 1}}).encode()]
     assert ingest.parse_columns(lines) is None
     (got,) = parse_events(lines)
     assert isinstance(got, Event) and got.values == {name: 1.0}
+
+
+# --------------------------------------------------------------- control characters in user ids
+#: user ids holding a control character (Unicode category Cc: C0, DEL, C1), as JSON text: escaped,
+#: and, for the ones JSON allows raw, as the raw byte
+CONTROL_USER_IDS = [
+    b'"\\u0000"',
+    b'"a\\u0000b"',
+    b'"u\\u001f"',
+    b'"tab\\there"',
+    b'"\\n"',
+    b'"u\x7f"',
+    b'"u\\u007f"',
+    b'"u\\u0085"',
+    b'"u\xc2\x9f"',
+]
+
+
+def _with_user(user: bytes) -> bytes:
+    return b'{"user_id": ' + user + b', "day": "2026-01-05", "values": {"a": 1, "b": "x"}}'
+
+
+@pytest.mark.parametrize("user", CONTROL_USER_IDS)
+def test_a_control_character_in_a_user_id_is_refused_on_every_path(tmp_path, user):
+    """The reference, the batch decoder, the column path on a Kafka batch (a list of bytes) and
+    on a file source's block (``BlockLines``, read by the real ``FileSource``) all refuse it as
+    ``invalid_user_id``; the lines around it are accepted."""
+    from streamfilter.runtime.io.files import FileSource
+
+    bad = _with_user(user)
+    good = _with_user(b'"u1"')
+    with pytest.raises(Reject) as exc:
+        parse_event(bad)
+    assert exc.value.reason == "invalid_user_id"
+    batch = [good, bad, good]
+    parsed = parse_events(batch)
+    assert isinstance(parsed[0], Event) and isinstance(parsed[2], Event)
+    assert isinstance(parsed[1], Reject) and parsed[1].reason == "invalid_user_id"
+    assert ingest.parse_columns(batch) is None  # the daemon then takes parse_events
+    assert ingest.parse_columns([bad]) is None
+    path = tmp_path / "events.jsonl"
+    path.write_bytes(b"\n".join(batch) + b"\n")
+    source = FileSource(path)
+    source.seek({})
+    (read,) = source.poll_batches(10)
+    source.close()
+    assert list(read.values) == batch
+    assert ingest.parse_columns(read.values) is None
+    from_file = parse_events(read.values)
+    assert [getattr(p, "reason", None) for p in from_file] == [None, "invalid_user_id", None]
+
+
+# ------------------------------------------------------------------------------ typed features
+SUM_SESSIONS = {"query_id": "s", "kind": "sum", "features": ["sessions"], "clip": 5.0}
+PLANS = {"query_id": "p", "kind": "histogram", "feature": "plan", "categories": ["1", "pro"]}
+
+
+def _typed_engine():
+    from streamfilter.engine.contract import parse_query
+    from streamfilter.engine.engine import Engine
+    from streamfilter.engine.params import PrivacyParams
+    from streamfilter.privacy.noise import SeededRandomBits
+
+    engine = Engine(PrivacyParams.create(b_norm=4.0, rho=0.5), SeededRandomBits(1))
+    for q in (SUM_SESSIONS, {**PLANS, "clip": 1.0}):
+        engine.register_query(parse_query({**q, "from_day": "2026-01-01"}))
+    return engine
+
+
+def _typed(sessions: object, plan: object) -> bytes:
+    values = {"sessions": sessions, "plan": plan, "other": "x"}
+    return json.dumps({"user_id": "u", "day": DAY, "values": values}).encode()
+
+
+@pytest.mark.parametrize("form", ["kafka", "file"])
+def test_a_value_of_the_type_no_registered_query_reads_is_refused(form):
+    """A sum over ``sessions`` refuses ``"sessions": "1"`` (it would be the category
+    ``sessions=1``, adding 0 to the sum); a histogram over ``plan`` refuses ``"plan": 1`` (a
+    number no category matches) — both as ``wrong_type``, on the scanner's batches (Kafka's list,
+    the file source's block) and on the reference; a feature no query reads takes any type."""
+    engine = _typed_engine()
+    good = _typed(2, "pro")
+    lines = [good, good, _typed("1", "pro"), good, _typed(2, 1), _typed(2, "pro")]
+    batch = lines if form == "kafka" else as_block(lines)
+    parsed = engine.parse_records(batch)
+    assert [getattr(p, "reason", None) for p in parsed] == [
+        None,
+        None,
+        "wrong_type",
+        None,
+        "wrong_type",
+        None,
+    ]
+    assert "sessions" in parsed[2].detail and "plan" in parsed[4].detail
+    assert engine.parse_columns(batch) is None
+    assert engine.parse_columns(as_block([good] * 3) if form == "file" else [good] * 3) is not None
+    for line, item in zip(lines, parsed, strict=True):
+        try:
+            ref = engine.parse_record(line)
+        except Reject as rej:
+            ref = rej
+        assert _same(item, ref)
+    assert engine.parse_columns([_typed("1", "pro"), good]) is None
+
+
+def test_a_query_reading_a_feature_as_the_other_type_is_refused():
+    from streamfilter.engine.contract import parse_query
+
+    engine = _typed_engine()
+    as_category = {"query_id": "h", "kind": "histogram", "feature": "sessions", "categories": ["1"]}
+    with pytest.raises(Reject) as exc:
+        engine.register_query(parse_query({**as_category, "clip": 1.0, "from_day": "2026-01-01"}))
+    assert exc.value.reason == "invalid_query" and "sessions" in exc.value.detail

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from streamfilter import _native
 from streamfilter.dedup.index import id_bytes, pair_key, pair_keys
 from streamfilter.engine import native
 from tests.native_build import check_built_in_ci, needs
@@ -20,7 +21,7 @@ built = needs(native.pair_set, "engine/_pair_set.c")
 
 def test_the_native_pair_set_is_built_in_ci():
     check_built_in_ci(native.pair_set, "engine/_pair_set.c")
-    assert "engine/_pair_set.c" not in native.missing()
+    assert "engine/_pair_set.c" not in _native.missing()
 
 
 def new_set():

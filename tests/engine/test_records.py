@@ -157,9 +157,9 @@ def test_from_codes_is_from_columns(cells, collide):
 @given(
     st.lists(
         st.tuples(
-            st.sampled_from(["u0", "u1", "é", "u3"]),
+            st.sampled_from(["u0", "u1", "u2", "u3"]),
             st.floats(-1e6, 1e6, allow_nan=False),
-            st.sampled_from(["a", "b", "é"]),
+            st.sampled_from(["a", "b", "c"]),
             st.one_of(st.none(), st.sampled_from(["e1", "e2", "e3"])),
         ),
         min_size=1,

@@ -11,7 +11,14 @@ from pathlib import Path
 
 from streamfilter.errors import StoreError
 from streamfilter.runtime.store.base import TelemetryCharge
-from streamfilter.runtime.store.schema import as_blob, checked_row, lookup_budget, read_ledger
+from streamfilter.runtime.store.schema import (
+    ROW_FORMAT,
+    OldRowFormatError,
+    as_blob,
+    checked_row,
+    lookup_budget,
+    read_ledger,
+)
 
 
 class SQLiteStateReader:
@@ -36,6 +43,9 @@ class SQLiteStateReader:
             self._db.execute("SELECT count(*) FROM meta").fetchone()
         except sqlite3.Error as exc:
             raise StoreError(f"cannot open state store {self.path} read-only: {exc}") from exc
+        if self._meta("row_format") != ROW_FORMAT:  # an older state: the writer converts it
+            self.close()
+            raise OldRowFormatError(self.path)
 
     def __enter__(self) -> SQLiteStateReader:
         return self

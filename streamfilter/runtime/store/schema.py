@@ -2,7 +2,11 @@
 
 Every row carries a CRC-32 of its values (``crc`` column), written with the row and checked
 whenever the row is read, so a damaged budget, release, query, position or meta value is refused
-instead of silently used (``integrity_check`` sees only SQLite's page structure).
+instead of silently used (``integrity_check`` sees only SQLite's page structure). The CRC is
+``zlib.crc32`` of the row packed as binary (``pack_row``: each value type-tagged, numbers
+fixed-width, text and blobs length-prefixed); meta ``row_format`` names that format. A state
+written before it (each value's ``repr``) is converted when the writer opens it, in one
+transaction, every row first checked against its old checksum (``legacy_row_crc``).
 
 Budgets are log-structured: a day's debits are one ``budget_log`` row of packed columns (ids,
 spent units, retired flags); a user's state is their newest log entry, else their ``budgets`` row.
@@ -14,6 +18,7 @@ is (reading them again gives the same state: the table holds the same values, or
 from __future__ import annotations
 
 import sqlite3
+import struct
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -25,11 +30,6 @@ import numpy as np
 from streamfilter.engine.ledger import UserKeys, encode_ids
 from streamfilter.errors import StoreError
 from streamfilter.runtime.store.base import TelemetryCharge
-
-try:  # budget rows' checksums (runtime/store/_row_crc.c); None: the Python path
-    import streamfilter.runtime.store._row_crc as _row_crc
-except ImportError:
-    _row_crc = None  # type: ignore[assignment]
 
 
 def sqlite_error_text(exc: sqlite3.Error) -> str:
@@ -88,65 +88,95 @@ CRC_COLUMNS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 }
 
 
-def row_crc(*values: object) -> int:
-    """CRC-32 of a row's values, each type-tagged and length-prefixed (``repr`` for numbers and
-    text, raw bytes for blobs): one damaged byte, or a value of another type, changes it."""
+#: meta ``row_format`` of a state whose checksums are over ``pack_row``; absent: ``repr``
+ROW_FORMAT = "packed-1"
+#: the command that converts an older state (the writer converts it when it opens it)
+MIGRATE_COMMAND = "streamfilter migrate-state"
+
+_INT = struct.Struct("<cq")
+_FLOAT = struct.Struct("<cd")
+_HEAD = struct.Struct("<cI")
+
+
+def pack_row(*values: object) -> bytes:
+    """A row's values as bytes, each type-tagged: an integer (``bool`` too, as SQLite stores
+    it) as ``i`` + int64, a float as ``f`` + float64, text as ``t`` + length + UTF-8 (lone
+    surrogates kept), a blob as ``b`` + length + its bytes, NULL as ``n``; little-endian. One
+    changed byte, or a value of another type, gives other bytes."""
     parts: list[bytes] = []
     for v in values:
-        if isinstance(v, bytes):
-            parts.append(_head(b"b", len(v)))
+        if isinstance(v, int):
+            parts.append(_INT.pack(b"i", v))
+        elif isinstance(v, float):
+            parts.append(_FLOAT.pack(b"f", v))
+        elif isinstance(v, str):
+            data = v.encode("utf-8", "surrogatepass")
+            parts += (_HEAD.pack(b"t", len(data)), data)
+        elif isinstance(v, bytes | bytearray | memoryview):
+            data = bytes(v)
+            parts += (_HEAD.pack(b"b", len(data)), data)
+        elif v is None:
+            parts.append(b"n")
         else:
+            raise TypeError(f"pack_row: no row value is a {type(v).__name__}")
+    return b"".join(parts)
+
+
+def row_crc(*values: object) -> int:
+    """CRC-32 of a row's values (``pack_row``)."""
+    return zlib.crc32(pack_row(*values))
+
+
+def budget_crcs(packed: PackedBudgets, path: Path) -> list[int]:
+    """``row_crc(user, spent, int(retired))`` of each entry of a packed budget row (the upkeep's
+    fold writes one ``budgets`` row per entry): the entries' ``pack_row`` bytes are laid out
+    back to back in one array from the packed columns (no Python step per entry), then one
+    ``zlib.crc32`` call per entry."""
+    lengths = packed.lengths(path)
+    n = len(lengths)
+    sizes = lengths + (_HEAD.size + 2 * _INT.size)
+    ends = np.cumsum(sizes)
+    starts = ends - sizes
+    rows = np.empty(int(ends[-1]) if n else 0, np.uint8)
+    rows[starts] = ord("t")
+    rows[starts[:, None] + np.arange(1, 5)] = lengths.astype("<u4").view(np.uint8).reshape(n, 4)
+    id_starts = np.cumsum(lengths) - lengths
+    text = np.repeat(starts + _HEAD.size - id_starts, lengths) + np.arange(len(packed.ids))
+    rows[text] = np.frombuffer(packed.ids, np.uint8)
+    spent = starts + _HEAD.size + lengths
+    flag = spent + _INT.size
+    rows[spent] = rows[flag] = ord("i")
+    rows[spent[:, None] + np.arange(1, 9)] = np.frombuffer(packed.spent_units, np.uint8).reshape(
+        n, 8
+    )
+    retired = np.frombuffer(packed.retired, np.uint8).astype("<i8")
+    rows[flag[:, None] + np.arange(1, 9)] = retired.view(np.uint8).reshape(n, 8)
+    view, crc32 = rows.data, zlib.crc32
+    return [crc32(view[a:b]) for a, b in zip(starts.tolist(), ends.tolist(), strict=True)]
+
+
+def legacy_row_crc(*values: object) -> int:
+    """The checksum of a state without meta ``row_format``: CRC-32 of each value type-tagged
+    and length-prefixed, ``repr`` for numbers and text, raw bytes for blobs. Only to check an
+    older state's rows before converting them (``SQLiteStateStore``)."""
+    parts: list[bytes] = []
+    for v in values:
+        if not isinstance(v, bytes):
             v = repr(v).encode("utf-8", "surrogatepass")
-            parts.append(_R_HEADS[len(v)] if len(v) < len(_R_HEADS) else _head(b"r", len(v)))
+            parts.append(b"r" + len(v).to_bytes(8, "little"))
+        else:
+            parts.append(b"b" + len(v).to_bytes(8, "little"))
         parts.append(v)
     return zlib.crc32(b"".join(parts))
 
 
-def _head(tag: bytes, length: int) -> bytes:
-    return tag + length.to_bytes(8, "little")
-
-
-#: ``_head(b"r", n)`` for the lengths of ids and numbers, looked up instead of built per value
-_R_HEADS = [_head(b"r", n) for n in range(512)]
-
-
-#: the ``retired`` value of a budget row, 0 or 1, with its head
-_RETIRED = (_head(b"r", 1) + b"0", _head(b"r", 1) + b"1")
-
-
-def budget_crcs(users: list[str], spent: list[int], retired: list[bool]) -> list[int]:
-    """``row_crc(user, spent, int(retired))`` of each budget row (the upkeep's fold writes one
-    row per entry): natively (``runtime/store/_row_crc.c``) for the ids whose ``repr`` is the id
-    in quotes and ``int`` spends, else with one join and one ``zlib.crc32`` call per row."""
-    if _row_crc is not None and type(users) is list and set(map(type, spent)) <= {int}:
-        try:
-            native = np.frombuffer(
-                _row_crc.budget_crcs(
-                    users, np.asarray(spent, np.int64), np.asarray(retired, np.uint8)
-                ),
-                np.int64,
-            ).tolist()
-        except (OverflowError, ValueError):  # beyond int64, or not 0/1: the exact path below
-            pass
-        else:
-            for i in [i for i, crc in enumerate(native) if crc == -1]:  # ids left to Python
-                native[i] = row_crc(users[i], spent[i], int(retired[i]))
-            return native
-    return _budget_crcs_py(users, spent, retired)
-
-
-def _budget_crcs_py(users: list[str], spent: list[int], retired: list[bool]) -> list[int]:
-    crc32, heads, tails, big = zlib.crc32, _R_HEADS, _RETIRED, len(_R_HEADS)
-    out = []
-    for u, s, r in zip(users, spent, retired, strict=True):
-        if type(u) is not str or type(s) is not int:  # never from the engine; exact fallback
-            out.append(row_crc(u, s, int(r)))
-            continue
-        a = repr(u).encode("utf-8", "surrogatepass")
-        b = b"%d" % s
-        ha = heads[len(a)] if len(a) < big else _head(b"r", len(a))
-        out.append(crc32(b"".join((ha, a, heads[len(b)], b, tails[r]))))
-    return out
+class OldRowFormatError(StoreError):
+    def __init__(self, path: Path) -> None:
+        super().__init__(
+            f"state store {path} has the row checksums of an older streamfilter; convert it "
+            f"once with `{MIGRATE_COMMAND} {path}` (one transaction; `streamfilter run` on it "
+            "converts it too)"
+        )
 
 
 BUDGET_UPSERT = (
@@ -286,17 +316,10 @@ def fold_rows(packed: PackedBudgets, path: Path) -> list[tuple[str, int, int, in
     """The ``budgets`` rows folding ``packed``'s entries upserts: ``(user, spent units, retired,
     crc)``, sorted by id — in key order the upserts walk the table's B-tree pages in sequence
     (a day's users come in hash order; a 600k-entry fold took 10 s unsorted) — and stable, so
-    a user listed twice keeps their newest entry last. Natively in one pass over the packed
-    columns (``_row_crc.budget_rows``) when every id is plain ASCII; else from :meth:`unpack`,
-    which names a corrupt row."""
-    if _row_crc is not None:
-        rows = _row_crc.budget_rows(
-            packed.ids, packed.id_lengths, packed.spent_units, packed.retired
-        )
-        if rows is not None:
-            return rows
+    a user listed twice keeps their newest entry last. :meth:`PackedBudgets.unpack` names a
+    corrupt row."""
     users, spent, retired = packed.unpack(path)
-    crcs = budget_crcs(users, spent, retired)
+    crcs = budget_crcs(packed, path)
     return sorted(zip(users, spent, map(int, retired), crcs, strict=True), key=itemgetter(0))
 
 

@@ -53,12 +53,15 @@ from streamfilter.runtime.store.schema import (
     BUDGET_UPSERT,
     CRC_COLUMNS,
     LOG_COLUMNS,
+    ROW_FORMAT,
     SCHEMA,
+    CorruptRowError,
     PackedBudgets,
     as_blob,
     as_int,
     checked_row,
     fold_rows,
+    legacy_row_crc,
     lookup_budget,
     newest_in_log,
     read_ledger,
@@ -104,6 +107,7 @@ class SQLiteStateStore(StateStore):
             self._db.executescript(SCHEMA)
             self._check_writable()
             self._add_checksums()
+            self._convert_row_format()
             state_id = uuid.uuid4().hex
             self._db.execute(
                 "INSERT INTO meta(key, value, crc) VALUES('state_id', ?, ?) "
@@ -160,7 +164,8 @@ class SQLiteStateStore(StateStore):
 
     def _add_checksums(self) -> None:
         """A state written before rows carried a ``crc``: add the column, computed from the rows
-        as they are (checked by ``integrity_check`` just before)."""
+        as they are (checked by ``integrity_check`` just before) in that state's row format
+        (``legacy_row_crc``), which ``_convert_row_format`` then converts."""
         missing = [
             table
             for table in CRC_COLUMNS
@@ -176,8 +181,38 @@ class SQLiteStateStore(StateStore):
                 where = " AND ".join(f"{k} = ?" for k in key)
                 db.executemany(
                     f"UPDATE {table} SET crc = ? WHERE {where}",
-                    [(row_crc(*r), *(r[columns.index(k)] for k in key)) for r in rows],
+                    [(legacy_row_crc(*r), *(r[columns.index(k)] for k in key)) for r in rows],
                 )
+
+    def _convert_row_format(self) -> None:
+        """A state without meta ``row_format`` (checksums over ``repr``, ``legacy_row_crc``)
+        gets the packed checksums (``schema.row_crc``) in one transaction: every row is first
+        checked against its old checksum (a damaged one is refused, never re-checksummed), then
+        rewritten; a new state just records the format."""
+        db = self._db
+        row = db.execute("SELECT key, value, crc FROM meta WHERE key = 'row_format'").fetchone()
+        if row is not None:
+            if checked_row(self.path, "meta", row)[1] != ROW_FORMAT:
+                raise StoreError(
+                    f"state store {self.path} has row format {row[1]!r}, which this streamfilter "
+                    f"does not know (it writes {ROW_FORMAT!r}): use the version that wrote it"
+                )
+            return
+        with self._transaction() as db:
+            for table, (columns, key) in CRC_COLUMNS.items():
+                where = " AND ".join(f"{k} = ?" for k in key)
+                cells = ", ".join(columns)
+                updates = []
+                for *values, crc in db.execute(f"SELECT {cells}, crc FROM {table}"):
+                    if crc != legacy_row_crc(*values):
+                        raise CorruptRowError(self.path, table)
+                    where_values = [values[columns.index(k)] for k in key]
+                    updates.append((row_crc(*values), *where_values))
+                db.executemany(f"UPDATE {table} SET crc = ? WHERE {where}", updates)
+            db.execute(
+                "INSERT INTO meta(key, value, crc) VALUES('row_format', ?, ?)",
+                (ROW_FORMAT, row_crc("row_format", ROW_FORMAT)),
+            )
 
     # -- the sequence mirror outside the store ---------------------------------------------
     def _check_mirror(self) -> None:
