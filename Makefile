@@ -41,9 +41,9 @@ bench: $(STAMP)
 	$(BIN)/python -m pip install -q -e '.[dev,bench]'
 	$(BIN)/python -m benchmarks.run
 
-# CI smoke, under a minute (tests/test_bench_quick.py runs it in CI on the session's broker and
-# holds it to 60 s): small sizes, fewer runs, results-quick.{json,md} (not committed); the Kafka
-# entry is skipped when no broker can be started here.
+# CI smoke, under a minute (tests/system/test_bench_quick.py runs it in CI on the session's broker
+# and holds it to 60 s): small sizes, fewer runs, results-quick.{json,md} (not committed); the
+# Kafka entry is skipped when no broker can be started here.
 bench-quick: $(STAMP)
 	$(BIN)/python -m benchmarks.run --quick
 

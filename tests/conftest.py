@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-pytest_plugins = ["tests.kafka_broker", "tests.postgres_server"]
+pytest_plugins = ["tests.support.kafka_broker", "tests.support.postgres_server"]
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
 

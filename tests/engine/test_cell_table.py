@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streamfilter.engine import native, records
-from tests.native_build import check_built_in_ci, needs
+from tests.support.native_build import check_built_in_ci, needs
 
 built = needs(native.cell_table, "engine/_cell_table.c")
 COORD_BITS = 31

@@ -17,7 +17,7 @@ from streamfilter.privacy.individual import (
     totals_of,
 )
 from streamfilter.privacy.lattice import Lattice
-from tests.native_build import check_built_in_ci, needs
+from tests.support.native_build import check_built_in_ci, needs
 
 native = needs(individual._filter, "privacy/_filter.c")
 

@@ -48,7 +48,7 @@ from tests.runtime.test_stale_store import (
     setup,
     store_seq,
 )
-from tests.test_cli import cli, fold_budget_log_early
+from tests.support.cli import cli, fold_budget_log_early
 
 FAILING_DAY = 5  # days 1..4 commit, day 5 is the one whose commit fails
 

@@ -8,7 +8,7 @@ from collections import defaultdict
 import pytest
 from kafka import KafkaProducer
 
-from tests.kafka_broker import (
+from tests.support.kafka_broker import (
     KafkaBroker,
     broker_control,
     create_topic,

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.kafka_broker import read_topic, unique_topic
-from tests.test_cli import stored_budgets
+from tests.support.cli import stored_budgets
+from tests.support.kafka_broker import read_topic, unique_topic
 
 pytestmark = pytest.mark.kafka
 
@@ -448,7 +448,7 @@ def test_kafka_source_batches_are_its_records_as_columns(kafka_bootstrap):
     from kafka import KafkaProducer
 
     from streamfilter.runtime.io.kafka import KafkaSource
-    from tests.kafka_broker import create_topic
+    from tests.support.kafka_broker import create_topic
 
     topic = create_topic(kafka_bootstrap, unique_topic("batches"), partitions=3)
     producer = KafkaProducer(bootstrap_servers=kafka_bootstrap)

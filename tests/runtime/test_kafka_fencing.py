@@ -47,7 +47,7 @@ def of_days(events, days):
 
 
 def values_by_key(bootstrap, topic, isolation_level="read_committed"):
-    from tests.kafka_broker import read_topic
+    from tests.support.kafka_broker import read_topic
 
     by_key = defaultdict(set)
     for rec in read_topic(bootstrap, topic, timeout=60, isolation_level=isolation_level):

@@ -14,7 +14,6 @@ import time
 import pytest
 
 from tests.conftest import require
-from tests.kafka_broker import SASL_PASSWORDS, admin_client, read_topic
 from tests.runtime.test_kafka_daemon import (
     QUERIES,
     cli,
@@ -23,6 +22,7 @@ from tests.runtime.test_kafka_daemon import (
     reference,
     unique_topic,
 )
+from tests.support.kafka_broker import SASL_PASSWORDS, admin_client, read_topic
 
 pytestmark = pytest.mark.kafka
 
@@ -286,7 +286,7 @@ def _delete(admin, entry):
 
 @pytest.mark.timeout(120)
 def test_simulate_local_over_kafka_fails_with_one_clear_line(kafka_secured, tmp_path):
-    from tests.test_local_mode import config_text as local_config
+    from tests.system.test_local_mode import config_text as local_config
 
     broker = kafka_secured
     topic = unique_topic("contributions")

@@ -18,7 +18,7 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 
 from streamfilter.cli import main
-from tests.test_golden_releases import GOLDEN
+from tests.system.test_golden_releases import GOLDEN
 
 CLUSTER = Path(__file__).resolve().parents[2] / "deploy" / "cluster"
 

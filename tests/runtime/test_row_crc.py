@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from streamfilter.runtime.store import schema
 from streamfilter.runtime.store.schema import budget_crcs, row_crc
-from tests.native_build import check_built_in_ci, needs
+from tests.support.native_build import check_built_in_ci, needs
 
 built = needs(schema._row_crc, "runtime/store/_row_crc.c")
 

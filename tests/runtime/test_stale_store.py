@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from streamfilter.runtime.store import SQLiteStateStore, StaleStoreError, StoreError
-from tests.test_cli import CONFIG, QUERIES, cli
+from tests.support.cli import CONFIG, QUERIES, cli
 
 DAYS = 8
 USERS = 60
