@@ -31,8 +31,9 @@ test-deps:
 	@if [ "$$(id -u)" = 0 ] || command -v sudo >/dev/null; then bash deploy/install-test-deps.sh; \
 	else echo "not root: Prometheus/Chromium tests skip locally if the packages are missing"; fi
 
+# one worker per core (pytest-xdist); each worker starts its own Kafka and PostgreSQL
 test: lint test-deps
-	$(BIN)/pytest
+	$(BIN)/pytest -n auto
 
 # The suite writes benchmarks/results.{json,md} (README "Benchmarks"); each entry is the median of
 # >= 5 runs next to its baseline. The Kafka entry starts its own broker the way the tests do

@@ -2,9 +2,16 @@
 
 Components the suite needs (a Kafka broker, promtool/Prometheus, Chromium) must be present in CI
 (``CI=true``): there a missing component fails the test; locally it skips with the reason.
+
+``make test`` runs the suite on every core (pytest-xdist, one worker per core). Each worker is a
+process of its own with its own session fixtures: its own Kafka brokers and PostgreSQL server, on
+free ports, with their files under directories of their own (``tests/support/``). A test marked
+``alone`` (one that holds a wall-clock budget) runs while no other worker runs a test.
 """
 
+import fcntl
 import os
+from collections.abc import Iterator
 
 import pytest
 
@@ -20,3 +27,22 @@ def require(condition: bool, reason: str) -> None:
     if IN_CI:
         pytest.fail(f"required in CI: {reason}")
     pytest.skip(reason)
+
+
+@pytest.fixture(autouse=True)
+def _share_of_the_machine(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[None]:
+    """Under xdist, a readers-writer lock over the workers of one run: every test holds it
+    shared, an ``alone`` test exclusively, so it waits for the tests running on the other
+    workers and none starts until it ends. The lock file sits in the run's own temporary
+    directory (the parent of every worker's), so two runs on one machine do not wait for each
+    other. Without xdist it does nothing."""
+    if not hasattr(request.config, "workerinput"):
+        yield
+        return
+    alone = request.node.get_closest_marker("alone") is not None
+    lock = tmp_path_factory.getbasetemp().parent / "machine.lock"
+    with open(lock, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        yield

@@ -9,6 +9,8 @@ from urllib.parse import urlsplit
 import psycopg
 import pytest
 
+from tests.support.postgres_server import free_port
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -32,7 +34,8 @@ def test_the_cluster_serves_the_printed_url_over_loopback_with_passwords(postgre
 def test_make_pg_up_is_idempotent_and_pg_down_removes_the_cluster():
     # under /tmp itself: the cluster runs as the unprivileged 'postgres' user when we are root
     run_dir = Path(tempfile.mkdtemp(prefix="streamfilter-pg-"))
-    env = {**os.environ, "PG_PORT": "55417", "PG_RUN_DIR": str(run_dir)}
+    port = free_port()  # not a fixed one: other workers and other runs share the machine
+    env = {**os.environ, "PG_PORT": str(port), "PG_RUN_DIR": str(run_dir)}
     up = [
         subprocess.run(
             ["make", "--no-print-directory", "pg-up"],
@@ -49,7 +52,7 @@ def test_make_pg_up_is_idempotent_and_pg_down_removes_the_cluster():
             pytest.skip("PostgreSQL is not installed")  # the session fixture already enforces CI
         assert [u.returncode for u in up] == [0, 0], up[0].stderr + up[1].stderr
         first, second = (u.stdout.strip().splitlines()[-1] for u in up)
-        assert first == second and first.startswith("postgresql://") and ":55417/" in first
+        assert first == second and first.startswith("postgresql://") and f":{port}/" in first
         with psycopg.connect(first) as con:
             assert con.execute("SELECT 1").fetchone() == (1,)
     finally:

@@ -33,7 +33,7 @@ PG_DIR = Path(__file__).resolve().parents[2] / "deploy" / "postgres"
 EXIT_UNAVAILABLE = 3
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -44,7 +44,7 @@ class PostgresServer:
 
     def __init__(self) -> None:
         self.run_dir = tempfile.mkdtemp(prefix="streamfilter-pg-")
-        self.port = _free_port()
+        self.port = free_port()
         self.url = ""
 
     def _script(self, name: str, *, keep_data: bool) -> subprocess.CompletedProcess[str]:
