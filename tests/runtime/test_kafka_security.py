@@ -41,7 +41,10 @@ def secured_config(topics, broker, user="admin", mechanism="SCRAM-SHA-512", **ov
     if "bootstrap_servers" in override:
         text = text.replace(f'bootstrap_servers = "{broker.bootstrap}"\n', "")
     lines = "".join(f"{k} = {json.dumps(v)}\n" for k, v in keys.items())
-    return text.replace("[kafka]\n", "[kafka]\n" + lines)
+    # no /metrics: the default port 9464 may be held by a daemon of another test (another xdist
+    # worker), and its warning would break the one-clear-line checks below
+    metrics = "[metrics]\nenabled = false\n"
+    return text.replace("[kafka]\n", "[kafka]\n" + lines) + metrics
 
 
 def new_topics():

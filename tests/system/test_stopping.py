@@ -134,7 +134,7 @@ kind = "file"
 path = "events.jsonl"
 [queries]
 kind = "policy"
-policy = "tests.test_stopping:POLICY"
+policy = "tests.system.test_stopping:POLICY"
 [sink]
 kind = "file"
 path = "releases.jsonl"
