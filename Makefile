@@ -31,14 +31,15 @@ test-deps:
 	@if [ "$$(id -u)" = 0 ] || command -v sudo >/dev/null; then bash deploy/install-test-deps.sh; \
 	else echo "not root: Prometheus/Chromium tests skip locally if the packages are missing"; fi
 
+# one worker per core (pytest-xdist); each worker starts its own Kafka and PostgreSQL
 test: lint test-deps
-	$(BIN)/pytest
+	$(BIN)/pytest -n auto
 
-# Mutation check of the privacy core (tests/mutants.py): each mutant (admission, rounding, σ
+# Mutation check of the privacy core (tests/support/mutants.py): each mutant (admission, rounding, σ
 # calibration, continual-counting noise, odometer, conversions) must be killed by its named test;
 # a survivor fails. A few minutes on 2 cores, so a target of its own that .ci/run calls.
 mutants: $(STAMP)
-	$(BIN)/python -m tests.mutants
+	$(BIN)/python -m tests.support.mutants
 
 # The suite writes benchmarks/results.{json,md} (docs/performance.md); each entry is the median of
 # >= 5 runs next to its baseline. The Kafka entry starts its own broker the way the tests do
@@ -47,9 +48,9 @@ bench: $(STAMP)
 	$(BIN)/python -m pip install -q -e '.[dev,bench]'
 	$(BIN)/python -m benchmarks.run
 
-# CI smoke, under a minute (tests/test_bench_quick.py runs it in CI on the session's broker and
-# holds it to 60 s): small sizes, fewer runs, results-quick.{json,md} (not committed); the Kafka
-# entry is skipped when no broker can be started here.
+# CI smoke, under a minute (tests/system/test_bench_quick.py runs it in CI on the session's broker
+# and holds it to 60 s): small sizes, fewer runs, results-quick.{json,md} (not committed); the
+# Kafka entry is skipped when no broker can be started here.
 bench-quick: $(STAMP)
 	$(BIN)/python -m benchmarks.run --quick
 
@@ -65,7 +66,7 @@ SANITIZE_ENV := PYTHONPATH=$(SANITIZE_DIR)/lib STREAMFILTER_IMPL=native PYTHONMA
 	UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 NATIVE_TESTS := tests/_native tests/engine/test_native_scanner.py tests/engine/test_ingest.py \
 	tests/engine/test_lines.py tests/engine/test_packed_ids.py tests/engine/test_user_codes.py \
-	tests/engine/test_pair_set.py tests/engine/test_cell_table.py tests/privacy/test_native_filter.py
+	tests/engine/test_pair_set.py tests/engine/test_cell_table.py tests/privacy/test_filter.py
 
 sanitize: $(STAMP)
 	rm -rf $(SANITIZE_DIR) && mkdir -p $(SANITIZE_DIR)/lib
@@ -75,7 +76,7 @@ sanitize: $(STAMP)
 	STREAMFILTER_CFLAGS="$(SANITIZE_FLAGS)" $(BIN)/python setup.py -q build_ext \
 		--build-lib $(SANITIZE_DIR)/lib --build-temp $(SANITIZE_DIR)/tmp
 	$(SANITIZE_ENV) $(BIN)/python -m pytest -q -p no:cacheprovider $(NATIVE_TESTS)
-	$(SANITIZE_ENV) $(BIN)/python tests/fuzz_scanner.py
+	$(SANITIZE_ENV) $(BIN)/python tests/system/fuzz_scanner.py
 
 clean:
 	rm -rf $(VENV) build .pytest_cache .mypy_cache .ruff_cache

@@ -1,6 +1,6 @@
 """``kafka_vs_bare_consumer``: daemon throughput on Kafka ÷ a bare kafka-python consumer loop.
 
-A single-node broker is started like the tests start it (``tests/kafka_broker.py``: KRaft, free
+A single-node broker is started like the tests start it (``tests/support/kafka_broker.py``: KRaft, free
 ports, ``deploy/kafka/kafka-up.sh``) unless ``KAFKA_BOOTSTRAP`` names one. One events topic with
 3 partitions is filled with ``n`` events over 5 days (``n/5`` users a day), then ``runs`` pairs,
 each measured back to back (alternating which goes first):
@@ -68,7 +68,12 @@ def broker() -> Iterator[str]:
     if external:
         yield external
         return
-    from tests.kafka_broker import KafkaBroker, KafkaBrokerError, KafkaUnavailable, free_port_pair
+    from tests.support.kafka_broker import (
+        KafkaBroker,
+        KafkaBrokerError,
+        KafkaUnavailable,
+        free_port_pair,
+    )
 
     for _ in range(3):  # retry if another process took the ports meanwhile
         b = KafkaBroker(*free_port_pair())

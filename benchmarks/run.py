@@ -6,7 +6,7 @@ ratio, machine, ...}`` (``machine``: CPU model, cores, RAM, Python, OS; ``module
 ``module_cpu_seconds``: the whole module's wall time, set-up included, and its processes' CPU) —
 and ``benchmarks/results.md``, the table docs/performance.md includes (a full run also rewrites
 it between that page's include markers). ``--quick`` (CI smoke, under a minute:
-``tests/test_bench_quick.py`` holds it to that) uses smaller sizes and fewer runs and writes
+``tests/system/test_bench_quick.py`` holds it to that) uses smaller sizes and fewer runs and writes
 ``results-quick.json``/``results-quick.md`` instead (not committed); ``--out-dir`` writes them
 elsewhere. Each module runs in its own interpreter (a module that fails, e.g. killed for memory,
 becomes a failed entry and the suite goes on). Every entry is measured side by side with its

@@ -4,7 +4,7 @@
 # "postgresql", for deploy/postgres/pg-up.sh), kcat (a librdkafka client: the Kafka tests produce
 # every compression codec with it and read the releases the way README.md shows) and openssl (the
 # TLS test broker's self-signed CA; keytool comes with the JDK the broker needs anyway) and
-# systemd-analyze (package "systemd": tests/test_deploy.py verifies the unit file with it). The
+# systemd-analyze (package "systemd": tests/system/test_deploy.py verifies the unit file with it). The
 # Kubernetes manifests are validated with the kubernetes-validate package of the dev extra.
 # Under CI=true a test whose component is missing fails (tests/conftest.py), so all are needed.
 # Idempotent: does nothing when all are already installed. Run as root (CI images) or through sudo.

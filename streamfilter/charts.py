@@ -3,7 +3,7 @@
 One renderer for every page: ``streamfilter report`` (:mod:`streamfilter.cli.report`: values
 over days with 95% bands, bars, columns) and the learning study's page
 (:mod:`streamfilter.learn.report`: scatter plots, a histogram, columns). Pure string building:
-no I/O, no imports from the rest of the package (the lowest layer, tests/test_architecture.py).
+no I/O, no imports from the rest of the package (the lowest layer, tests/system/test_architecture.py).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 # workers run as and the schema it owns, with deploy/cluster/worker-role.sql. The administrator
 # is the image's POSTGRES_USER; the worker's password comes from STREAMFILTER_PG_PASSWORD.
 # Also usable by hand against any server (libpq's PGHOST/PGPORT/PGPASSWORD, and
-# STREAMFILTER_ROLE_SQL pointing at worker-role.sql); tests/runtime/test_postgres_role.py does.
+# STREAMFILTER_ROLE_SQL pointing at worker-role.sql); tests/runtime/store/test_postgres_role.py does.
 set -euo pipefail
 : "${STREAMFILTER_PG_PASSWORD:?set the password of the workers role}"
 psql -X -q -v ON_ERROR_STOP=1 --username "${POSTGRES_USER:-postgres}" \

@@ -4,5 +4,5 @@
 ``index`` is the interface (:class:`~streamfilter.dedup.index.EventIdIndex`) and the pairs'
 packing; ``in_memory`` the in-memory tier (pure, the engine's: ``Monitor`` and every day's recent
 pairs); ``spill`` the tier that spills to disk past a bound — an adapter, imported only by the
-runtime (``tests/test_architecture.py`` holds each module to its layer).
+runtime (``tests/system/test_architecture.py`` holds each module to its layer).
 """

@@ -186,7 +186,7 @@ def filter_totals(
     lattice vectors. With ``privacy/_filter.c`` built, the rows go 256 at a time through the
     same IEEE operations in the same order and the same exact int64 costs as
     ``round_to_lattice`` and ``_admission``, so the result is identical
-    (tests/privacy/test_native_filter.py), without the (n, d) temporaries; else
+    (tests/privacy/test_filter.py), without the (n, d) temporaries; else
     ``totals_of(filter_contributions(...))``.
     """
     x = np.asarray(x, dtype=np.float64)

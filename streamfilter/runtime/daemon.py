@@ -240,7 +240,7 @@ class Daemon:
                 self.observer.stopped()
                 # days and releases only: both follow the data-independent schedule; a count of
                 # records or rejects would differ between neighbouring inputs
-                # (tests/test_side_channels.py compares logs byte for byte)
+                # (tests/system/test_side_channels.py compares logs byte for byte)
                 log.info(
                     "stopped: %d days closed, %d releases published",
                     self.summary.days_closed,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from tests.kafka_broker import unique_topic
+from tests.support.kafka_broker import unique_topic
 
 
 def test_a_replication_factor_above_the_brokers_is_explained_in_one_line(kafka_bootstrap, tmp_path):

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from streamfilter import _native
 from streamfilter.engine import cell_table, native
-from tests.native_build import check_built_in_ci, needs
+from tests.support.native_build import check_built_in_ci, needs
 
 built = needs(native.cell_table, "engine/_cell_table.c")
 COORD_BITS = 31

@@ -13,7 +13,7 @@ from streamfilter.engine.ledger import BudgetLedger, KeyedUsers, UserKeys, pytho
 from streamfilter.engine.params import PrivacyParams
 from streamfilter.engine.records import DayRecords
 from streamfilter.runtime.store import DayCommit, Position, SQLiteStateStore
-from tests.native_build import check_built_in_ci
+from tests.support.native_build import check_built_in_ci
 
 
 def weak_hash(users):

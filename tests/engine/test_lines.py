@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from streamfilter.engine import ingest, lines, native
 from streamfilter.engine.lines import BlockLines, EventIdSpans, id_list
 from streamfilter.engine.records import DayAccumulator
-from tests.native_build import needs
+from tests.support.native_build import needs
 
 built = needs(native.jsonl, "engine/_jsonl.c")
 

@@ -26,7 +26,7 @@ from streamfilter.engine.contract import (
     parse_event,
 )
 from tests.engine.test_ingest import ascii_ids
-from tests.native_build import check_built_in_ci, needs
+from tests.support.native_build import check_built_in_ci, needs
 
 native = needs(ingest._jsonl, "engine/_jsonl.c")
 DAY = "2026-01-05"

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from streamfilter.dedup import index as event_ids
 from streamfilter.engine import ledger, records
 from streamfilter.engine.ledger import python_hash
-from tests.native_build import check_built_in_ci, needs
+from tests.support.native_build import check_built_in_ci, needs
 
 native = needs(ledger._packed_ids, "engine/_packed_ids.c")
 

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from streamfilter import _native
 from streamfilter.dedup.index import id_bytes, pair_key, pair_keys
 from streamfilter.engine import native
-from tests.native_build import check_built_in_ci, needs
+from tests.support.native_build import check_built_in_ci, needs
 
 built = needs(native.pair_set, "engine/_pair_set.c")
 

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from streamfilter.engine import user_codes
 from streamfilter.engine.user_codes import DictUserCodes
-from tests.native_build import check_built_in_ci, needs
+from tests.support.native_build import check_built_in_ci, needs
 
 native = needs(user_codes._user_codes, "engine/_user_codes.c")
 

@@ -195,7 +195,7 @@ def test_individual_report_renders_in_headless_chromium(study, tmp_path):
         timeout=180,
     )
     assert out.returncode == 0 and shot.exists(), out.stderr.decode()[-2000:]
-    from tests.test_report import decode_png
+    from tests.cli.test_report import decode_png
 
     img = decode_png(shot.read_bytes())
     assert img.shape[:2] == (1800, 1200)

@@ -18,8 +18,7 @@ from streamfilter.learn.models import SoftmaxRegression
 from streamfilter.privacy.filters import ZCDPFilter
 from streamfilter.privacy.noise import SeededRandomBits
 from streamfilter.privacy.subsampled import epsilon_from_rdp, rdp_poisson_gaussian
-
-from .sigma_check import assert_sigma
+from tests.support.sigma_check import assert_sigma
 
 ORDERS = (2.0, 4.0, 8.0, 16.0, 32.0)
 
@@ -125,7 +124,7 @@ def test_released_statistics_name_replace_one_and_noise_matches_its_sensitivitie
     """The mean's and the histogram's noise against σ computed here from ρ and the replace-one
     sensitivities (sum: ε_max; histogram: √2), via σ = Δ/sqrt(2·ρ/2) (Gaussian mechanism,
     Bun & Steinke 2016, Prop. 1.6). Two-sided χ² bounds: a correct σ passes with probability
-    0.999, a σ off by √2 either way fails with probability >= 0.999 (tests/learn/sigma_check)."""
+    0.999, a σ off by √2 either way fails with probability >= 0.999 (tests/support/sigma_check)."""
     ds, _cfg, _model, r = run
     rho, bins, releases = 2.0, 40, 300
     eps_max = r.worst_case_epsilon

@@ -10,8 +10,7 @@ from streamfilter.learn.dpsgd_filter import dpsgd_with_individual_filters, worst
 from streamfilter.learn.models import SoftmaxRegression
 from streamfilter.privacy.noise import SeededRandomBits
 from streamfilter.privacy.subsampled import epsilon_from_rdp, rdp_poisson_gaussian
-
-from .sigma_check import assert_sigma
+from tests.support.sigma_check import assert_sigma
 
 ORDERS = (1.5, 2.0, 4.0, 8.0, 16.0, 32.0)
 

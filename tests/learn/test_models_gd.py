@@ -175,10 +175,10 @@ def test_plan_without_checks_gives_the_filter_the_whole_budget():
 
 def test_private_gd_noise_is_sigma_times_clip():
     """θ₁ − θ₀ = −η·(Σ clipped + noise)/n, so one step reveals the noise; σ₀ = σ·C from the
-    configuration (Algorithm 6's N(0, σ²C²·I)). Two-sided χ² bounds (tests/learn/sigma_check):
+    configuration (Algorithm 6's N(0, σ²C²·I)). Two-sided χ² bounds (tests/support/sigma_check):
     a correct σ passes with probability 0.999, one off by √2 either way fails with probability
     >= 0.999."""
-    from .sigma_check import assert_sigma
+    from tests.support.sigma_check import assert_sigma
 
     ds = digits()
     model = SoftmaxRegression(64, 10)

@@ -19,8 +19,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
-from tests.kafka_broker import read_topic, unique_topic
-from tests.runtime.test_kafka_daemon import B_NORM, GAMMA, cli, make_events, released, spawn
+from tests.runtime.io.test_kafka_daemon import B_NORM, GAMMA, cli, make_events, released, spawn
+from tests.support.kafka_broker import read_topic, unique_topic
 
 pytestmark = pytest.mark.kafka
 
@@ -208,7 +208,7 @@ def assert_same_as_reference(got, expected) -> None:
 
 def assert_debits_as_reference(cluster: Cluster, reference_dir: Path) -> None:
     """Every user's spent budget in the ledger is the single process's, and within B."""
-    from tests.test_cli import stored_budgets
+    from tests.support.cli import stored_budgets
 
     want = {u: (s, r) for u, s, r in stored_budgets(reference_dir / "state.db")}
     got = {

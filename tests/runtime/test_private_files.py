@@ -10,7 +10,7 @@ import sys
 
 from streamfilter.runtime.store.mirror import SequenceMirror, read_mirror, write_mirror
 from streamfilter.runtime.store.sqlite import SQLiteStateStore
-from tests.test_cli import write_world
+from tests.cli.test_main import write_world
 
 
 def _mode(path) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 
-from tests.test_cli import cli
+from tests.cli.test_main import cli
 
 CONFIG = """
 [privacy]

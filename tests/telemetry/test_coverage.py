@@ -26,7 +26,7 @@ from streamfilter.telemetry.coverage import (
     coverage_counts,
     coverage_thresholds_units,
 )
-from tests import oracle
+from tests.support import oracle
 
 PARAMS = PrivacyParams.create(b_norm=4.0, rho=0.5, granularity=2.0**-10, exhaustion="skip")
 B = PARAMS.budget_units  # 4·2^20

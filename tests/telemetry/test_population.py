@@ -118,7 +118,7 @@ def write_figure(png: str) -> None:
 
     from streamfilter.cli.report import ReportData, render_report
     from streamfilter.config import load_config
-    from tests.test_report import CHROMIUM_FLAGS
+    from tests.cli.test_report import CHROMIUM_FLAGS
 
     with tempfile.TemporaryDirectory() as tmp:
         cfg = Path(tmp) / "c.toml"

@@ -19,7 +19,7 @@ kafka-python 3.0.x does not say which partition failed, and after the error the 
 partition's parsed records stay next in line with an exhausted iterator: polling again without
 a seek spins forever inside ``Fetcher.fetched_records``. The partition is read from that
 next-in-line slot (``consumer._fetcher._next_partition_records``, a private attribute:
-``tests/runtime/test_kafka_codecs.py`` pins the behaviour); seeking it past the record makes
+``tests/runtime/io/test_kafka_codecs.py`` pins the behaviour); seeking it past the record makes
 the fetcher drop the stale slot. When the slot is not there (another kafka-python), the error
 propagates as before.
 """

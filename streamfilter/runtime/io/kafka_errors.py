@@ -4,7 +4,7 @@ kafka-python retries a bootstrap connection that fails the TLS handshake or SASL
 authentication exactly like an unreachable broker, for ``bootstrap_timeout_ms``, and then says
 only ``Unable to bootstrap``. :func:`fail_fast` stops at the first such failure instead: the
 cause is read from the client's own "Bootstrap connection to ... failed" log record (a filter
-on the ``kafka.net.manager`` logger raises it; ``tests/runtime/test_kafka_security.py`` pins the
+on the ``kafka.net.manager`` logger raises it; ``tests/runtime/io/test_kafka_security.py`` pins the
 behaviour on a real secured broker). An unreachable broker is still retried as before.
 
 :func:`explain` turns such a cause, or an authorization error from any request, into

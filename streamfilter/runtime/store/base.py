@@ -5,7 +5,7 @@ the day's releases (noise already drawn, unique per ``(day, query_id)``) and the
 Releases leave through the outbox: they are published from the store and marked sent only after
 the sink acknowledged, so a restart republishes the stored bytes and never draws noise twice.
 
-``StateStore`` is the interface every backend implements (``tests/runtime/test_store_contract.py``
+``StateStore`` is the interface every backend implements (``tests/runtime/store/test_store_contract.py``
 is its contract suite); ``streamfilter.runtime.store.sqlite`` is the embedded default.
 """
 

@@ -4,7 +4,7 @@ The durable source of truth may live in a PostgreSQL server instead of a local f
 kind = "postgres"``; docs/design.md §5, §7). Each state is one PostgreSQL *schema* (default
 ``streamfilter``), so one database can hold several independent runs.
 
-Guarantees, as for SQLite (``tests/runtime/test_store_contract.py`` runs against both):
+Guarantees, as for SQLite (``tests/runtime/store/test_store_contract.py`` runs against both):
 
 * **One transaction per closed day** (``commit_day``): budget debits, releases (primary key
   ``(day, query_id)``: a second noise draw for a stored release is refused, and the whole day with

@@ -1,7 +1,7 @@
 """Contract suite for BrokerSource (runtime/io/base.py): what a source reading a broker's
 partitions can also do — report lag and caught-up partitions, mirror committed offsets, move
 its end (``mark_end``). Every BrokerSource runs these tests; the cases are the Source suite's
-broker cases (Kafka, on the real test broker: ``tests/kafka_broker.py``).
+broker cases (Kafka, on the real test broker: ``tests/support/kafka_broker.py``).
 """
 
 from __future__ import annotations

@@ -56,7 +56,7 @@ def kafka_case(bootstrap: str) -> FeedCase:
     from kafka import KafkaProducer
 
     from streamfilter.runtime.io.kafka import KafkaQueryFeed
-    from tests.kafka_broker import create_topic, unique_topic
+    from tests.support.kafka_broker import create_topic, unique_topic
 
     topic = create_topic(bootstrap, unique_topic("feed-contract"), partitions=2)
 

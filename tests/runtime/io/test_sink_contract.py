@@ -96,7 +96,7 @@ def stdout_case(capfdbinary: pytest.CaptureFixture[bytes]) -> SinkCase:
 
 def kafka_case(bootstrap: str) -> SinkCase:
     from streamfilter.runtime.io.kafka import KafkaSink
-    from tests.kafka_broker import create_topic, read_topic, unique_topic
+    from tests.support.kafka_broker import create_topic, read_topic, unique_topic
 
     topic = create_topic(bootstrap, unique_topic("sink-contract"), partitions=3)
 

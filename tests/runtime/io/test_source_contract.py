@@ -5,7 +5,7 @@ A case is a source over a fixed input written before the test starts (``written`
 partition), plus what the implementation can do: append input later, report lag. What a broker's
 source can also do (:class:`BrokerSource`) has its own suite,
 tests/runtime/io/test_broker_source_contract.py. Kafka runs on
-the real test broker (``tests/kafka_broker.py``: skipped locally without one, never in CI).
+the real test broker (``tests/support/kafka_broker.py``: skipped locally without one, never in CI).
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ def kafka_case(bootstrap: str) -> SourceCase:
     from kafka import KafkaProducer
 
     from streamfilter.runtime.io.kafka import KafkaSource
-    from tests.kafka_broker import create_topic, unique_topic
+    from tests.support.kafka_broker import create_topic, unique_topic
 
     topic = create_topic(bootstrap, unique_topic("source-contract"), partitions=3)
     written = {f"{topic}:0": values(7, "k0"), f"{topic}:1": values(5, "k1"), f"{topic}:2": []}

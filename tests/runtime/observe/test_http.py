@@ -1,85 +1,112 @@
-"""The metrics endpoint stays bounded whatever its clients do: idle connections cost no thread,
-are capped and time out, and a scraper that sends its request is answered meanwhile."""
+"""The metrics server (``runtime/observe/http.py``): /metrics, /healthz and /readyz over real
+sockets on 127.0.0.1, and its life inside ``build_daemon`` (served, not served, a busy port)."""
 
-from __future__ import annotations
-
-import select
+import json
 import socket
-import threading
-import time
+import urllib.error
 import urllib.request
 
 import pytest
 from prometheus_client import CollectorRegistry
 
-from streamfilter.engine.params import PrivacyParams
-from streamfilter.runtime.observe import http
+from streamfilter.config import load_config
+from streamfilter.errors import ConfigError
+from streamfilter.runtime.app import build_daemon
 from streamfilter.runtime.observe.http import MetricsServer
 from streamfilter.runtime.observe.prometheus import PrometheusObserver
-
-PARAMS = PrivacyParams.create(b_norm=4.0, rho=0.5, granularity=2.0**-10)
-
-
-def _closed_by_server(sock: socket.socket) -> bool:
-    poller = select.poll()  # not select.select: descriptors past 1024
-    poller.register(sock, select.POLLIN)
-    if not poller.poll(0):
-        return False
-    try:
-        return sock.recv(1) == b""
-    except OSError:
-        return True
+from streamfilter.runtime.store import SQLiteStateStore
+from tests.runtime.observe.test_prometheus import ACTIVE, PARAMS, stream, utc
+from tests.support.http import get
 
 
-@pytest.mark.timeout(60)
-def test_a_thousand_idle_connections_hold_no_threads_and_a_scrape_is_answered():
+def test_health_and_readiness_endpoints_over_http():
     reg = CollectorRegistry()
     obs = PrometheusObserver(reg, PARAMS)
     server = MetricsServer(reg, "127.0.0.1", 0, obs.readiness)
-    threads_before = threading.active_count()
-    server.start()
-    idle: list[socket.socket] = []
-    try:
-        for _ in range(1000):
-            idle.append(socket.create_connection(("127.0.0.1", server.port), timeout=5))
-        time.sleep(0.5)  # let the server accept them all
-        grown = threading.active_count() - threads_before
-        assert grown <= 1 + http.WORKER_THREADS, grown  # the selector and the workers, no more
-        with urllib.request.urlopen(server.url + "/metrics", timeout=5) as resp:
-            assert resp.status == 200
-            assert b"streamfilter_privacy_rho 0.5" in resp.read()
-        assert threading.active_count() - threads_before <= 1 + http.WORKER_THREADS
-        # the server holds at most its cap of them: it closed the oldest ones
-        held = sum(not _closed_by_server(s) for s in idle)
-        assert held <= http.MAX_OPEN_CONNECTIONS, held
-        # and the rest once their request is overdue
-        time.sleep(http.REQUEST_TIMEOUT_S + 0.5)
-        assert not any(not _closed_by_server(s) for s in idle)
-    finally:
-        for s in idle:
-            s.close()
-        server.stop()
-    assert threading.active_count() <= threads_before
-
-
-@pytest.mark.timeout(30)
-def test_an_oversized_or_slow_request_is_dropped_and_a_partial_one_waits():
-    reg = CollectorRegistry()
-    server = MetricsServer(reg, "127.0.0.1", 0, lambda: (True, "ready"))
     server.start()
     try:
-        big = socket.create_connection(("127.0.0.1", server.port), timeout=5)
-        big.sendall(b"GET /metrics HTTP/1.1\r\nX: " + b"a" * (http.MAX_REQUEST_BYTES + 10))
-        assert big.recv(100) == b""  # closed without an answer
-        big.close()
-        split = socket.create_connection(("127.0.0.1", server.port), timeout=5)
-        split.sendall(b"GET /healthz HTTP/1.1\r\n")
-        time.sleep(0.3)
-        split.sendall(b"Host: x\r\n\r\n")
-        answer = b""
-        while chunk := split.recv(4096):
-            answer += chunk
-        assert answer.startswith(b"HTTP/1.0 200") and answer.endswith(b"ok\n")
-        split.close()
+        base = server.url
+        assert server.port > 0
+        assert get(base + "/healthz")[:2] == (200, "ok\n")
+        status, body, _ = get(base + "/readyz")
+        assert (status, body) == (503, "starting\n")
+        obs.started()
+        assert get(base + "/readyz")[:2] == (200, "ready\n")
+        status, body, ctype = get(base + "/metrics")
+        assert status == 200 and ctype.startswith("text/plain")
+        assert "streamfilter_privacy_rho 0.5" in body
+        assert "streamfilter_ready 1.0" in body
+        assert get(base + "/nope")[0] == 404
+        obs.failing_closed("disk full")
+        status, body, _ = get(base + "/readyz")
+        assert status == 503 and body.startswith("failing closed")
+        assert get(base + "/healthz")[0] == 200  # alive: the supervisor sees it exit instead
     finally:
         server.stop()
+    with pytest.raises(urllib.error.URLError):
+        urllib.request.urlopen(base + "/healthz", timeout=2)
+
+
+# ---------------------------------------------------------------------------- wiring
+
+
+def _config(tmp_path, port, enabled="true"):
+    (tmp_path / "events.jsonl").write_text(
+        b"\n".join([*stream()["p0"], *stream()["p1"]]).decode() + "\n"
+    )
+    (tmp_path / "queries.jsonl").write_text(json.dumps({**ACTIVE, "from_day": "2026-01-01"}))
+    cfg = tmp_path / "sf.toml"
+    cfg.write_text(
+        '[privacy]\nb_norm = 2.0\nrho = 0.5\n[source]\nkind = "file"\npath = "events.jsonl"\n'
+        '[queries]\nkind = "file"\npath = "queries.jsonl"\n[sink]\nkind = "file"\n'
+        f'path = "releases.jsonl"\n[state]\npath = "state.db"\n'
+        f'[metrics]\nenabled = {enabled}\nhost = "127.0.0.1"\nport = {port}\n'
+    )
+    return load_config(cfg)
+
+
+def test_build_daemon_serves_metrics_and_close_stops_the_server(tmp_path):
+    parts = build_daemon(_config(tmp_path, 0), follow=False)
+    try:
+        assert parts.metrics is not None
+        url = parts.metrics.server.url
+        assert get(url + "/readyz")[0] == 503  # built, not started
+        parts.daemon.on_day_closed = lambda day, rel: ready.append(get(url + "/readyz")[0])
+        ready: list[int] = []
+        parts.daemon.run(until_end=True)
+        assert ready and set(ready) == {200}
+        body = get(url + "/metrics")[1]
+        assert "streamfilter_day_closes_total 3.0" in body
+        assert 'streamfilter_rejects_total{reason="malformed_json"} 1.0' in body
+    finally:
+        parts.close()
+    with pytest.raises(urllib.error.URLError):
+        urllib.request.urlopen(url + "/healthz", timeout=2)
+    # a restart resumes the last closed day gauge from the store
+    parts = build_daemon(_config(tmp_path, 0), follow=False)
+    try:
+        reg = parts.metrics.registry
+        assert reg.get_sample_value("streamfilter_last_closed_day_timestamp_seconds") == utc(
+            "2026-01-03"
+        )
+    finally:
+        parts.close()
+
+
+def test_metrics_disabled_builds_no_endpoint(tmp_path):
+    parts = build_daemon(_config(tmp_path, 0, enabled="false"), follow=False)
+    try:
+        assert parts.metrics is None
+        assert type(parts.daemon.observer).__name__ == "DaemonObserver"
+    finally:
+        parts.close()
+
+
+def test_a_busy_metrics_port_is_a_configuration_error_and_releases_the_state(tmp_path):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        with pytest.raises(ConfigError, match=r"metrics\.port"):
+            build_daemon(_config(tmp_path, port), follow=False)
+    SQLiteStateStore(tmp_path / "state.db").close()  # the lock was released
