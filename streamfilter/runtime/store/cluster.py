@@ -44,7 +44,7 @@ from streamfilter.engine.contract import Reject, RejectReason
 from streamfilter.engine.day import DayPartial
 from streamfilter.errors import StoreError
 from streamfilter.runtime.store.base import Position
-from streamfilter.runtime.store.postgres import PostgresStateStore, _first_line
+from streamfilter.runtime.store.postgres import PostgresStateStore, _add_guards, _first_line
 
 __all__ = [
     "Claim",
@@ -147,6 +147,7 @@ class ClusterLedger(PostgresStateStore):
 
     def _create_more(self, cur: Any) -> None:
         cur.execute(_CLUSTER_TABLES.format(s=self.schema))
+        _add_guards(cur, self.schema)  # the cluster's tables too (partials, commits: write-once)
         # a worker stopped inside a transaction (SIGSTOP, a pause) holds row locks that would
         # block the worker taking its partitions over: the server ends such a session (and with
         # it the stopped worker's transaction and locks) after this long

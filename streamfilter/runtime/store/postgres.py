@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from typing import Any
 
@@ -45,6 +45,12 @@ from streamfilter.runtime.store.base import (
     check_telemetry_arguments,
     check_telemetry_charge,
     telemetry_balance,
+)
+from streamfilter.runtime.store.versions import (
+    SCHEMA_VERSION_KEY,
+    current_version,
+    parse_version,
+    pending_steps,
 )
 
 __all__ = ["PostgresStateStore"]
@@ -73,6 +79,88 @@ CREATE TABLE IF NOT EXISTS {s}.telemetry_ledger (
     record BYTEA NOT NULL
 );
 """
+
+#: guards on the tables (a trigger's refusal is an exception: the whole transaction is rolled
+#: back): a user's spend is never lowered, a retired user never revived, a budget row, a day, a
+#: release, a registered query and a cluster partial never deleted, and a stored release never
+#: rewritten (only its ``sent`` flag set); ``released_through`` and ``last_closed_day`` only move
+#: forward. Statement-level on ``budgets`` (one set-based check per day's upsert).
+_GUARDS = """
+CREATE OR REPLACE FUNCTION {s}.refuse_erase() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE EXCEPTION 'streamfilter: % on %.% refused: committed state is never erased',
+        TG_OP, TG_TABLE_SCHEMA, TG_TABLE_NAME USING ERRCODE = 'insufficient_privilege';
+END $$;
+CREATE OR REPLACE FUNCTION {s}.refuse_lower_budget() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM old_rows o LEFT JOIN new_rows n USING (user_id)
+               WHERE n.user_id IS NULL OR n.spent_units < o.spent_units
+                  OR (o.retired AND NOT n.retired)) THEN
+        RAISE EXCEPTION 'streamfilter: a budget of %.budgets would be lowered: refused',
+            TG_TABLE_SCHEMA USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    RETURN NULL;
+END $$;
+CREATE OR REPLACE FUNCTION {s}.refuse_rewrite_release() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF (NEW.day, NEW.query_id, NEW.ord, NEW.payload) IS DISTINCT FROM
+       (OLD.day, OLD.query_id, OLD.ord, OLD.payload) OR (OLD.sent AND NOT NEW.sent) THEN
+        RAISE EXCEPTION 'streamfilter: a stored release of %.releases would be rewritten: refused',
+            TG_TABLE_SCHEMA USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    RETURN NEW;
+END $$;
+CREATE OR REPLACE FUNCTION {s}.refuse_meta_back() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.key IS DISTINCT FROM OLD.key OR (OLD.key IN ('released_through', 'last_closed_day')
+                                             AND NEW.value < OLD.value) THEN
+        RAISE EXCEPTION 'streamfilter: % of %.meta would move back: refused',
+            OLD.key, TG_TABLE_SCHEMA USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    RETURN NEW;
+END $$;
+CREATE OR REPLACE TRIGGER budgets_never_lowered AFTER UPDATE ON {s}.budgets
+    REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION {s}.refuse_lower_budget();
+CREATE OR REPLACE TRIGGER releases_never_rewritten BEFORE UPDATE ON {s}.releases
+    FOR EACH ROW EXECUTE FUNCTION {s}.refuse_rewrite_release();
+CREATE OR REPLACE TRIGGER meta_never_back BEFORE UPDATE ON {s}.meta
+    FOR EACH ROW EXECUTE FUNCTION {s}.refuse_meta_back();
+"""
+
+#: the tables whose rows are never deleted (nor the table truncated), when they exist; those
+#: never updated either (their rows are written once)
+_NEVER_ERASED = ("budgets", "releases", "meta", "queries", "days", "telemetry_ledger")
+_WRITTEN_ONCE = ("days", "telemetry_ledger", "cluster_commits", "cluster_partials")
+
+
+def _add_guards(cur: Any, s: str) -> None:
+    """Create (or replace) the guards of ``_GUARDS`` on the schema's tables."""
+    cur.execute(_GUARDS.format(s=s))
+    for table in (*_NEVER_ERASED, *_WRITTEN_ONCE):
+        cur.execute("SELECT to_regclass(%s)", (f"{s}.{table}",))
+        if cur.fetchone()[0] is None:
+            continue
+        ops = "UPDATE OR DELETE" if table in _WRITTEN_ONCE else "DELETE"
+        cur.execute(
+            f"CREATE OR REPLACE TRIGGER never_erased BEFORE {ops} ON {s}.{table} "
+            f"FOR EACH ROW EXECUTE FUNCTION {s}.refuse_erase()"
+        )
+        cur.execute(
+            f"CREATE OR REPLACE TRIGGER never_truncated BEFORE TRUNCATE ON {s}.{table} "
+            f"FOR EACH STATEMENT EXECUTE FUNCTION {s}.refuse_erase()"
+        )
+
+
+def _version_2_guards(cur: Any, s: str) -> None:
+    """Version 1 → 2: the guards (``_GUARDS``) on a schema created without them."""
+    _add_guards(cur, s)
+
+
+#: the schema's migration steps in order: ``MIGRATIONS[i]`` turns version ``i + 1`` into
+#: ``i + 2`` inside the opening transaction (versions.py); version 1 is any schema written
+#: before versions were recorded (tests/runtime/store/fixtures/postgres_schema_v1.sql)
+MIGRATIONS: list[Callable[[Any, str], None]] = [_version_2_guards]
 
 
 def _driver() -> Any:
@@ -134,8 +222,7 @@ class PostgresStateStore(StateStore):
                     cur.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (schema,))
                     if cur.fetchone() is None:
                         cur.execute(f"CREATE SCHEMA {schema}")
-                    cur.execute(_TABLES.format(s=schema))
-                    self._create_more(cur)
+                    self._migrate(cur)
             finally:
                 with suppress(self._psycopg.Error):  # a lost connection released it already
                     self._db.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", ddl_lock)
@@ -145,6 +232,30 @@ class PostgresStateStore(StateStore):
 
     def _create_more(self, cur: Any) -> None:
         """A subclass's own tables, created in the same transaction as the common ones."""
+
+    def _migrate(self, cur: Any) -> None:
+        """Bring the schema to this code's version (versions.py) inside the opening
+        transaction: a new schema is created at it, an older one gets its missing tables and
+        the steps it lacks, a newer one is refused before anything is written."""
+        s = self.schema
+        cur.execute("SELECT to_regclass(%s)", (f"{s}.meta",))
+        new = cur.fetchone()[0] is None
+        steps: Sequence[Callable[[Any, str], None]] = []
+        if not new:
+            row = cur.execute(
+                f"SELECT value FROM {s}.meta WHERE key = %s", (SCHEMA_VERSION_KEY,)
+            ).fetchone()
+            found = parse_version(None if row is None else str(row[0]), self.where)
+            steps = pending_steps(found, MIGRATIONS, self.where)
+        cur.execute(_TABLES.format(s=s))
+        self._create_more(cur)
+        if not new and not steps:
+            return
+        for step in steps:
+            step(cur, s)
+        if new:
+            _add_guards(cur, s)  # a new schema: the guards the steps give an older one
+        self._set_meta(cur, SCHEMA_VERSION_KEY, str(current_version(MIGRATIONS)))
 
     # -- plumbing --------------------------------------------------------------------------
     @contextmanager
