@@ -439,15 +439,13 @@ class ClusterDaemon(Daemon):
             return
         if self._lease_token is None:
             try:
-                sink = self._sink_factory()  # fences any earlier publisher of the topic
+                sink = self._sink_factory()  # fences no one until the check below passes
             except KafkaError as exc:  # the broker is unreachable: no releaser until it is back
                 log.warning("cannot open the release sink (%s); the lease is retried", exc)
                 return
             self._lease_token = token
             self.sink = sink
-            check_sink_not_ahead(
-                self.store.where, self.store.view().released_through, self.sink.last_published_day()
-            )
+            check_sink_not_ahead(self.store.where, self.store.view().released_through, self.sink)
             log.info("this worker is the releaser")
         try:
             while not self.stop_event.is_set():

@@ -313,7 +313,7 @@ class Daemon:
         check_sink_not_ahead(
             getattr(self.store, "path", "(store)"),
             self.engine.last_closed_day,
-            self.sink.last_published_day(),
+            self.sink,
         )
         self._relay_outbox()
         self.observer.started()

@@ -461,14 +461,15 @@ def _is_fenced(exc: BaseException) -> bool:
 
 
 class KafkaSink(Sink):
-    """Producer with ``acks=all``; ``flush`` returns once the broker acknowledged everything.
+    r"""Producer with ``acks=all``; ``flush`` returns once the broker acknowledged everything.
 
     With ``transactional_id`` (the releases sink) everything published between two flushes is
     one Kafka transaction, committed by ``flush``: a day's releases become visible to
-    ``read_committed`` readers at once. The constructor calls ``init_transactions``, which
-    fences every earlier producer with the same id (their open transaction is aborted, their
-    next send or commit fails): so :meth:`last_published_day`, asked after construction, reads
-    a topic no other instance can still write to. A fenced sink raises
+    ``read_committed`` readers at once. Construction fences no one: :meth:`last_published_day`
+    first reads the topic as the running publisher left it, and only a state found not stale
+    :meth:`take_over`\ s the topic (``init_transactions``, fencing every earlier producer with
+    the same id) and reads it again, now that no other instance can write to it. A fenced sink
+    raises
     :class:`PublisherFencedError`. Without ``transactional_id`` (rejects) it is an idempotent
     producer.
     """
@@ -501,13 +502,7 @@ class KafkaSink(Sink):
             max_block_ms=int(delivery_timeout_s * 1000),
         )
         self._pending: list[Any] = []
-        if transactional_id is not None:
-            try:
-                with self._fencing():
-                    self._producer.init_transactions()
-            except BaseException:
-                self._producer.close(timeout=0)
-                raise
+        self._taken_over = transactional_id is None  # a plain producer fences no one
 
     @contextlib.contextmanager
     def _fencing(self) -> Iterator[None]:
@@ -522,7 +517,25 @@ class KafkaSink(Sink):
                 f"({type(exc).__name__})"
             ) from None
 
+    def take_over(self) -> str | None:
+        """Fence every earlier producer of the topic (``init_transactions``: their open
+        transaction is aborted, their next send or commit fails), then read the topic's latest
+        day again: what it holds now that no one else can write to it. Called once the state
+        was checked against :meth:`last_published_day` (``check_sink_not_ahead``), so a stale
+        copy is refused before it stops the instance that is publishing."""
+        if not self._taken_over:
+            with kafka_access(self._client, topic=self.topic, role="sink.topic"), self._fencing():
+                self._producer.init_transactions()
+            self._taken_over = True
+            self._held_through = None
+        return self.last_published_day()
+
     def publish(self, key: str, payload: bytes) -> None:
+        if not self._taken_over:
+            raise PublishError(
+                f"kafka topic {self.topic!r}: the releases sink publishes only after take_over "
+                "(the stale-state check)"
+            )
         with self._fencing():
             if self._transactional_id is not None and not self._in_transaction:
                 self._producer.begin_transaction()
