@@ -438,14 +438,20 @@ class ClusterDaemon(Daemon):
         if token is None:
             return
         if self._lease_token is None:
+            sink: Sink | None = None
             try:
-                sink = self._sink_factory()  # fences no one until the check below passes
+                sink = self._sink_factory()  # fences no one: the check reads the topic first
+                # a stale ledger is refused (StaleStoreError) before this worker fences the
+                # topic's publisher, and checked again once it has
+                check_sink_not_ahead(self.store.where, self.store.view().released_through, sink)
             except KafkaError as exc:  # the broker is unreachable: no releaser until it is back
+                if sink is not None:
+                    with contextlib.suppress(Exception):
+                        sink.close()
                 log.warning("cannot open the release sink (%s); the lease is retried", exc)
                 return
             self._lease_token = token
             self.sink = sink
-            check_sink_not_ahead(self.store.where, self.store.view().released_through, self.sink)
             log.info("this worker is the releaser")
         try:
             while not self.stop_event.is_set():
