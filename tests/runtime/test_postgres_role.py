@@ -206,6 +206,10 @@ def test_the_worker_role_cannot_rewrite_the_ledger(postgres_url):
         for statement in refused:
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
                 worker.execute(statement)
+        # the partial sums are write-only; a day's totals only while it awaits its release
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            worker.execute(f"SELECT * FROM {s}.cluster_partials")
+        assert worker.execute(f"SELECT * FROM {s}.sf_day_sums('2026-01-02')").fetchall() == []
         # a second noise draw for a stored release is refused by its key
         with pytest.raises(psycopg.errors.UniqueViolation):
             worker.execute(

@@ -497,14 +497,12 @@ class ClusterLedger(PostgresStateStore):
             ).fetchone()[0]
             if int(committed) < int(row[0]):
                 return False
-            sums: dict[str, np.ndarray] = {}
-            for query_id, part_sums in cur.execute(
-                f"SELECT query_id, sums FROM {s}.cluster_partials WHERE day = %s "
-                "ORDER BY query_id, partition",
-                (day,),
-            ):
-                add = np.array([int(x) for x in part_sums], dtype=np.int64)
-                sums[query_id] = sums[query_id] + add if query_id in sums else add
+            sums: dict[str, np.ndarray] = {
+                str(query_id): np.array([int(x) for x in totals], dtype=np.int64)
+                for query_id, totals in cur.execute(
+                    f"SELECT query_id, sums FROM {s}.sf_day_sums(%s)", (day,)
+                )
+            }
             counters: dict[str, int] = {}
             for (blob,) in cur.execute(
                 f"SELECT counters FROM {s}.cluster_commits WHERE day = %s", (day,)

@@ -181,6 +181,33 @@ REVOKE ALL ON FUNCTION {s}.sf_meta_for_update(TEXT) FROM PUBLIC;
 REVOKE ALL ON FUNCTION {s}.sf_mark_sent(TEXT[], TEXT[]) FROM PUBLIC;
 """
 
+#: a day's exact sums over its partitions, per query, for the releaser to noise: only for a day
+#: that is frozen, not released, and committed by every pinned partition (else no rows). The
+#: per-partition partial sums themselves are readable by no worker.
+_DAY_SUMS = """
+CREATE OR REPLACE FUNCTION {s}.sf_day_sums(d TEXT)
+RETURNS TABLE (query_id TEXT, sums NUMERIC[]) LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp AS $$
+    WITH ready AS (
+        SELECT 1 FROM {s}.cluster_days c
+        WHERE c.day = d AND c.frozen AND NOT c.released
+          AND (SELECT count(*) FROM {s}.cluster_commits m
+               WHERE m.day = d AND m.partition < c.partitions) >= c.partitions
+    ), totals AS (
+        SELECT p.query_id, u.i, sum(u.v) AS total
+        FROM {s}.cluster_partials p, unnest(p.sums) WITH ORDINALITY AS u(v, i)
+        WHERE p.day = d AND EXISTS (SELECT 1 FROM ready)
+        GROUP BY p.query_id, u.i
+    )
+    SELECT q.query_id, coalesce(
+        (SELECT array_agg(t.total ORDER BY t.i) FROM totals t WHERE t.query_id = q.query_id),
+        '{{}}')
+    FROM (SELECT DISTINCT p.query_id FROM {s}.cluster_partials p
+          WHERE p.day = d AND EXISTS (SELECT 1 FROM ready)) q
+$$;
+REVOKE ALL ON FUNCTION {s}.sf_day_sums(TEXT) FROM PUBLIC;
+"""
+
 #: the ``meta`` keys the runtime writes (``sf_set_meta``)
 _WORKER_META_KEYS = (
     "config_fingerprint",
@@ -224,6 +251,7 @@ def _add_guards(cur: Any, s: str) -> None:
         )
     cur.execute("SELECT to_regclass(%s)", (f"{s}.cluster_days",))
     if cur.fetchone()[0] is not None:
+        cur.execute(_DAY_SUMS.format(s=s))
         _trigger(
             cur,
             "days_never_back",
@@ -242,7 +270,8 @@ def _trigger(cur: Any, name: str, when: str, table: str, action: str) -> None:
 #: what a worker role may do on each table, granted by :func:`grant_worker`: read, append,
 #: and update only the tables that hold no budget, partial sum, release or ``meta`` (positions,
 #: partition epochs, the releaser lease, the days' flags — their guards keep the flags from
-#: moving back). ``telemetry_ledger``'s UPDATE is for ``LOCK TABLE``: its guard refuses any
+#: moving back). The partial sums are write-only: the releaser reads a day's totals through
+#: ``sf_day_sums``. ``telemetry_ledger``'s UPDATE is for ``LOCK TABLE``: its guard refuses any
 #: update. Every other write goes through the functions of ``_WRITE_FUNCTIONS``.
 _WORKER_TABLE_RIGHTS = {
     "meta": "SELECT",
@@ -255,7 +284,7 @@ _WORKER_TABLE_RIGHTS = {
     "cluster_partitions": "SELECT, INSERT, UPDATE",
     "cluster_days": "SELECT, INSERT, UPDATE",
     "cluster_commits": "SELECT, INSERT",
-    "cluster_partials": "SELECT, INSERT",
+    "cluster_partials": "INSERT",
     "cluster_releaser": "SELECT, INSERT, UPDATE",
 }
 
@@ -282,6 +311,9 @@ def grant_worker(cur: Any, s: str, role: str) -> None:
         "sf_mark_sent(TEXT[], TEXT[])",
     ):
         cur.execute(f"GRANT EXECUTE ON FUNCTION {s}.{signature} TO {role}")
+    cur.execute("SELECT to_regprocedure(%s)", (f"{s}.sf_day_sums(text)",))
+    if cur.fetchone()[0] is not None:
+        cur.execute(f"GRANT EXECUTE ON FUNCTION {s}.sf_day_sums(TEXT) TO {role}")
 
 
 def _version_2_guards(cur: Any, s: str) -> None:
