@@ -443,7 +443,9 @@ class ClusterDaemon(Daemon):
                 sink = self._sink_factory()  # fences no one: the check reads the topic first
                 # a stale ledger is refused (StaleStoreError) before this worker fences the
                 # topic's publisher, and checked again once it has
-                check_sink_not_ahead(self.store.where, self.store.view().released_through, sink)
+                held = check_sink_not_ahead(
+                    self.store.where, self.store.view().released_through, sink
+                )
             except KafkaError as exc:  # the broker is unreachable: no releaser until it is back
                 if sink is not None:
                     with contextlib.suppress(Exception):
@@ -453,6 +455,7 @@ class ClusterDaemon(Daemon):
             self._lease_token = token
             self.sink = sink
             log.info("this worker is the releaser")
+            self._publish_lost(held)
         try:
             while not self.stop_event.is_set():
                 day = self.store.view().next_day()

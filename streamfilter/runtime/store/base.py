@@ -162,6 +162,12 @@ class StateStore(abc.ABC):
         """(day, query_id, payload) not yet acknowledged, in publication order."""
 
     @abc.abstractmethod
+    def sent_releases_after(self, day: str | None) -> list[tuple[str, str, bytes]]:
+        """(day, query_id, payload) acknowledged by the sink, of the days after ``day`` (None:
+        every day), in publication order: what to publish again, with its stored noise, when
+        the sink lost them (a releases topic deleted or recreated)."""
+
+    @abc.abstractmethod
     def mark_sent(self, keys: list[tuple[str, str]]) -> None:
         """Mark releases ``(day, query_id)`` as acknowledged by the sink (one transaction)."""
 
@@ -206,15 +212,17 @@ class StateStore(abc.ABC):
 
 def check_sink_not_ahead(
     state_path: str | os.PathLike[str], last_closed_day: str | None, sink: Sink
-) -> None:
+) -> str | None:
     """Refuse a state whose last closed day is before a day the release sink already holds: the
     published releases are a mirror of the sequence the state cannot roll back (a stale copy
     restored together with its ``.seq`` file is caught here). Checked before the sink fences
     the instance publishing now (a stale copy never stops a healthy instance) and again once
     it has (``Sink.take_over``: nothing can be published in between any more); the sink is
-    this state's publisher only if both pass."""
+    this state's publisher only if both pass. Returns the latest day the sink holds."""
     _refuse_ahead(state_path, last_closed_day, sink.last_published_day())
-    _refuse_ahead(state_path, last_closed_day, sink.take_over())
+    held = sink.take_over()
+    _refuse_ahead(state_path, last_closed_day, held)
+    return held
 
 
 def _refuse_ahead(

@@ -601,6 +601,14 @@ class PostgresStateStore(StateStore):
         )
         return [(str(d), str(q), bytes(p)) for d, q, p in rows]
 
+    def sent_releases_after(self, day: str | None) -> list[tuple[str, str, bytes]]:
+        rows = self._read(
+            "SELECT day, query_id, payload FROM {s}.releases WHERE sent AND day > %s "
+            "ORDER BY day, ord",
+            (day or "",),
+        )
+        return [(str(d), str(q), bytes(p)) for d, q, p in rows]
+
     def mark_sent(self, keys: list[tuple[str, str]]) -> None:
         with self._transaction() as cur:
             self._mark_sent(cur, keys)

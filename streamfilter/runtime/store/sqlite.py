@@ -542,6 +542,20 @@ class SQLiteStateStore(StateStore):
         checked = [checked_row(self.path, "releases", row) for row in rows]
         return [(str(d), str(q), as_blob(p)) for d, q, _ord, p, _sent in checked]
 
+    def sent_releases_after(self, day: str | None) -> list[tuple[str, str, bytes]]:
+        try:
+            rows = self._db.execute(
+                "SELECT day, query_id, ord, payload, sent, crc FROM releases "
+                "WHERE sent = 1 AND day > ? ORDER BY day, ord",
+                (day or "",),
+            ).fetchall()
+        except sqlite3.Error as exc:
+            raise StoreError(
+                f"cannot read state store {self.path}: {sqlite_error_text(exc)}"
+            ) from exc
+        checked = [checked_row(self.path, "releases", row) for row in rows]
+        return [(str(d), str(q), as_blob(p)) for d, q, _ord, p, _sent in checked]
+
     def mark_sent(self, keys: list[tuple[str, str]]) -> None:
         with self._transaction() as db:
             for day, query_id in keys:
