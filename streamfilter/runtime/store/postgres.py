@@ -15,6 +15,12 @@ Guarantees, as for SQLite (``tests/runtime/test_store_contract.py`` runs against
   ``StoreLockedError``. The server releases the lock when the session ends, so a writer that dies
   never leaves a stale lock behind.
 * **Fail closed**: any driver error is a ``StoreError`` naming the state, never a silent retry.
+* **Schema versions** (versions.py): ``meta`` records the schema's version; an older schema is
+  migrated in the opening transaction, a newer one refused (exit 4).
+* **A worker cannot rewrite the state**: the tables belong to an administrator, who creates and
+  migrates them (``setup.py``) and grants the worker role reads, appends and four
+  ``SECURITY DEFINER`` write functions (``grant_worker``); triggers refuse, whoever writes, a
+  lower spend, an erased or rewritten release, budget or day, and a ``meta`` day moved back.
 
 Integrity of the stored values relies on PostgreSQL itself (WAL, ``fsync``, and page checksums
 when the cluster was initialised with them) rather than on per-row CRCs: the server is a
