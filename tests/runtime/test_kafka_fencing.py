@@ -177,3 +177,43 @@ def test_a_current_second_instance_fences_the_first_and_each_release_has_one_val
     got = values_by_key(kafka_bootstrap, topics["releases"])
     assert {day for day, _ in got} == {"2026-01-01", "2026-01-02", "2026-01-03"}
     assert all(len(values) == 1 for values in got.values()), got
+
+
+@pytest.mark.timeout(300)
+def test_a_recreated_releases_topic_gets_its_releases_back_with_their_stored_noise(
+    kafka_bootstrap, tmp_path
+):
+    """The releases topic deleted and created again between two runs: the next start finds it
+    behind the state and publishes the releases it lost from their stored payloads (the same
+    values: no new noise; the instances run without a test seed)."""
+    from tests.kafka_broker import admin_client
+
+    topics, events, first, _second = start_two(kafka_bootstrap, tmp_path)
+    produce(kafka_bootstrap, topics["events"], of_days(events, {"2026-01-02", "2026-01-03"}))
+    cli(RUN_ONCE, cwd=first)
+    before = values_by_key(kafka_bootstrap, topics["releases"])
+    assert {day for day, _ in before} >= {"2026-01-01", "2026-01-02"}
+    admin = admin_client(kafka_bootstrap)
+    try:
+        admin.delete_topics([topics["releases"]])
+        deadline = time.monotonic() + 60
+        while topics["releases"] in admin.list_topics():
+            assert time.monotonic() < deadline, "the topic was not deleted"
+            time.sleep(0.5)
+    finally:
+        admin.close()
+    deadline = time.monotonic() + 60
+    while True:  # the broker finishes the deletion before it accepts the name again
+        made = cli(["topics", "create", "--config", "streamfilter.toml"], cwd=first, check=False)
+        created = [
+            line
+            for line in made.stdout.splitlines()
+            if line.startswith(topics["releases"]) and line.endswith("\tcreated")
+        ]
+        if made.returncode == 0 and created:
+            break
+        assert time.monotonic() < deadline, made.stdout + made.stderr
+        time.sleep(1)
+    proc = cli(RUN_ONCE, cwd=first)
+    assert "publishing them again with their stored noise" in proc.stderr
+    assert values_by_key(kafka_bootstrap, topics["releases"]) == before
