@@ -217,3 +217,45 @@ def test_a_recreated_releases_topic_gets_its_releases_back_with_their_stored_noi
     proc = cli(RUN_ONCE, cwd=first)
     assert "publishing them again with their stored noise" in proc.stderr
     assert values_by_key(kafka_bootstrap, topics["releases"]) == before
+
+
+@pytest.mark.timeout(300)
+def test_a_deleted_releases_topic_fails_closed_within_seconds(kafka_bootstrap, tmp_path):
+    """The releases topic deleted under a running instance: its next publication fails closed
+    (exit 4, one line naming the topic) within seconds, not after the 300 s delivery timeout;
+    the day's releases stay in the state's outbox."""
+    from tests.kafka_broker import admin_client
+
+    topics, events, first, _second = start_two(kafka_bootstrap, tmp_path)
+    running = spawn(["run", "--config", "streamfilter.toml"], cwd=first)
+    try:
+        produce(kafka_bootstrap, topics["events"], of_days(events, {"2026-01-02"}))
+        wait_for_release(kafka_bootstrap, topics["releases"], ("2026-01-02", "active"), 120)
+        admin = admin_client(kafka_bootstrap)
+        try:
+            admin.delete_topics([topics["releases"]])
+            deadline = time.monotonic() + 60
+            while topics["releases"] in admin.list_topics():
+                assert time.monotonic() < deadline, "the topic was not deleted"
+                time.sleep(0.5)
+        finally:
+            admin.close()
+        produce(kafka_bootstrap, topics["events"], [*of_days(events, {"2026-01-03"}), LATE])
+        started = time.monotonic()
+        code = wait_exit(running, 150)
+        elapsed = time.monotonic() - started
+    finally:
+        if running.poll() is None:
+            running.send_signal(9)
+    log = running.tail()
+    assert code == 4, log
+    assert elapsed < 60, (elapsed, log)
+    last = log.strip().splitlines()[-1]
+    assert "no longer exists" in last and topics["releases"] in last, log
+    assert "Traceback" not in log
+    db = sqlite3.connect(first / "state.db")
+    try:
+        unsent = db.execute("SELECT count(*) FROM releases WHERE sent = 0").fetchone()[0]
+    finally:
+        db.close()
+    assert unsent > 0  # the undelivered releases wait in the outbox, with their noise
