@@ -69,7 +69,11 @@ def _init_role(
         timeout=60,
     )
     assert setup.returncode == 0, setup.stderr
-    assert setup.stdout.strip() == f"state {schema} at schema version 2; {role} may use it"
+    from streamfilter.runtime.store.postgres import MIGRATIONS
+    from streamfilter.runtime.store.versions import current_version
+
+    now = current_version(MIGRATIONS)
+    assert setup.stdout.strip() == f"state {schema} at schema version {now}; {role} may use it"
 
 
 def test_streamfilter_runs_as_a_restricted_role(postgres_url, tmp_path, monkeypatch):

@@ -15,12 +15,16 @@ import pytest
 
 from streamfilter.errors import ExitCode
 from streamfilter.runtime.store import SQLiteStateStore
+from streamfilter.runtime.store.postgres import MIGRATIONS as PG_MIGRATIONS
 from streamfilter.runtime.store.schema import row_crc
-from streamfilter.runtime.store.versions import SchemaTooNewError
+from streamfilter.runtime.store.sqlite import MIGRATIONS as SQLITE_MIGRATIONS
+from streamfilter.runtime.store.versions import SchemaTooNewError, current_version
 from tests.runtime.test_stale_store import RUN, release_bytes, setup
 from tests.test_cli import cli
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
+SQLITE_NOW = str(current_version(SQLITE_MIGRATIONS))
+PG_NOW = str(current_version(PG_MIGRATIONS))
 
 
 # -- SQLite -------------------------------------------------------------------------------------
@@ -55,7 +59,7 @@ def test_sqlite_state_of_version_1_is_migrated_and_keeps_its_rows(tmp_path):
         assert store.spent_units("u-1") == (7, False)
     finally:
         store.close()
-    assert _version(path) == "2"
+    assert _version(path) == SQLITE_NOW
 
 
 def test_sqlite_state_without_row_checksums_is_migrated(tmp_path):
@@ -74,7 +78,7 @@ def test_sqlite_state_without_row_checksums_is_migrated(tmp_path):
         assert store.spent_units("u-2") == (11, True)
     finally:
         store.close()
-    assert _version(path) == "2"
+    assert _version(path) == SQLITE_NOW
 
 
 def test_sqlite_migration_is_one_transaction(tmp_path, monkeypatch):
@@ -118,7 +122,7 @@ def test_newer_sqlite_state_is_refused_with_one_line_and_exit_4(tmp_path):
     assert proc.returncode == ExitCode.FAIL_CLOSED == 4
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, proc.stderr
-    assert "schema version 99" in lines[0] and "versions 1 to 2" in lines[0]
+    assert "schema version 99" in lines[0] and f"versions 1 to {SQLITE_NOW}" in lines[0]
     assert (tmp / "state.db").read_bytes() == before
     assert release_bytes(tmp) == released
 
@@ -154,7 +158,7 @@ def test_postgres_schema_of_version_1_is_migrated_with_its_guards(postgres_url):
         assert ledger.spent_units("u-1") == (7, False)
     finally:
         ledger.close()
-    assert _pg_version(postgres_url, schema) == "2"
+    assert _pg_version(postgres_url, schema) == PG_NOW
     with psycopg.connect(postgres_url, autocommit=True) as db:
         for statement in (
             f"UPDATE {schema}.budgets SET spent_units = 0",
@@ -199,11 +203,15 @@ def test_newer_postgres_schema_is_refused(postgres_url):
 
     schema = f"sf_new_{uuid.uuid4().hex[:8]}"
     PostgresStateStore(postgres_url, schema=schema).close()
-    assert _pg_version(postgres_url, schema) == "2"
+    assert _pg_version(postgres_url, schema) == PG_NOW
     with psycopg.connect(postgres_url, autocommit=True) as db:
-        db.execute(f"UPDATE {schema}.meta SET value = '3' WHERE key = 'schema_version'")
+        db.execute(
+            f"UPDATE {schema}.meta SET value = %s WHERE key = 'schema_version'",
+            (str(int(PG_NOW) + 1),),
+        )
     with pytest.raises(SchemaTooNewError) as refused:
         PostgresStateStore(postgres_url, schema=schema)
     assert refused.value.exit_code == ExitCode.FAIL_CLOSED
     assert "\n" not in str(refused.value)
-    assert "schema version 3" in str(refused.value) and "versions 1 to 2" in str(refused.value)
+    assert f"schema version {int(PG_NOW) + 1}" in str(refused.value)
+    assert f"versions 1 to {PG_NOW}" in str(refused.value)
