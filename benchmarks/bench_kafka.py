@@ -179,8 +179,9 @@ budget_log_max_rows = {0 if fold_early else BUDGET_LOG_MAX_ROWS}
     )
     parts = build_daemon(load_config(cfg), follow=False)
     # start-up, excluded like the bare consumer's: the stale-state check reads the releases
-    # topic once per process (the sink remembers the answer)
+    # topic, takes it over and reads it again once per process (the sink remembers the answer)
     parts.sink.last_published_day()
+    parts.sink.take_over()
     t0, c0 = time.perf_counter(), time.process_time()
     try:
         summary = parts.daemon.run(until_end=True)

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # First start of the PostgreSQL container (docker-entrypoint-initdb.d): create the role the
-# workers run as and the schema it owns, with deploy/cluster/worker-role.sql. The administrator
-# is the image's POSTGRES_USER; the worker's password comes from STREAMFILTER_PG_PASSWORD.
+# workers run as (owning nothing) and the administrator's schema for the state, with
+# deploy/cluster/worker-role.sql. The administrator is the image's POSTGRES_USER; the worker's
+# password comes from STREAMFILTER_PG_PASSWORD. The state's tables and the worker's rights come
+# next, from `python -m streamfilter.runtime.store.setup` run as the administrator (the
+# compose file's ledger-setup service).
 # Also usable by hand against any server (libpq's PGHOST/PGPORT/PGPASSWORD, and
 # STREAMFILTER_ROLE_SQL pointing at worker-role.sql); tests/runtime/store/test_postgres_role.py does.
 set -euo pipefail

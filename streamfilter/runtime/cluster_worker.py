@@ -440,17 +440,24 @@ class ClusterDaemon(Daemon):
         if token is None:
             return
         if self._lease_token is None:
+            sink: Sink | None = None
             try:
-                sink = self._sink_factory()  # fences any earlier publisher of the topic
+                sink = self._sink_factory()  # fences no one: the check reads the topic first
+                # a stale ledger is refused (StaleStoreError) before this worker fences the
+                # topic's publisher, and checked again once it has
+                held = check_sink_not_ahead(
+                    self.store.where, self.store.view().released_through, sink
+                )
             except KafkaError as exc:  # the broker is unreachable: no releaser until it is back
+                if sink is not None:
+                    with contextlib.suppress(Exception):
+                        sink.close()
                 log.warning("cannot open the release sink (%s); the lease is retried", exc)
                 return
             self._lease_token = token
             self.sink = sink
-            check_sink_not_ahead(
-                self.store.where, self.store.view().released_through, self.sink.last_published_day()
-            )
             log.info("this worker is the releaser")
+            self._publish_lost(held)
         try:
             while not self.stop_event.is_set():
                 day = self.store.view().next_day()

@@ -249,11 +249,12 @@ class Daemon:
 
     def _run(self, until_end: bool, through_day: str | None = None) -> RunSummary:
         # a stale state must not publish anything: the sink may already hold later days
-        check_sink_not_ahead(
+        held = check_sink_not_ahead(
             getattr(self.store, "path", "(store)"),
             self.engine.last_closed_day,
-            self.sink.last_published_day(),
+            self.sink,
         )
+        self._publish_lost(held)
         self._relay_outbox()
         self.observer.started()
         while not self.stop_event.is_set():
@@ -755,6 +756,25 @@ class Daemon:
                 continue
             self.observer.sink_available()
             return
+
+    def _publish_lost(self, held_through: str | None) -> None:
+        """Publish again, with their stored noise, the releases the state recorded as sent of
+        days after the latest one the sink holds (``held_through``): the sink lost them (a
+        releases topic deleted and created again, a release file cut short). Never new noise."""
+        lost = self.store.sent_releases_after(held_through)
+        if not lost:
+            return
+        log.warning(
+            "the release sink holds no release after %s, but the state recorded %d releases "
+            "through %s as published (was the releases topic deleted or recreated?): "
+            "publishing them again with their stored noise",
+            held_through or "(none)",
+            len(lost),
+            lost[-1][0],
+        )
+        for day, query_id, payload in lost:
+            self.sink.publish(f"{day}/{query_id}", payload)
+        self.sink.flush()
 
     def _relay_once(self) -> None:
         unsent = self.store.unsent_releases()

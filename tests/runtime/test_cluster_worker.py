@@ -387,16 +387,19 @@ def test_workers_joining_and_leaving_mid_run_change_nothing(
 
 def restricted_role(cluster: Cluster) -> None:
     """Make the workers connect as a new role with no superuser (nor role-, database- or
-    schema-creation) rights: it owns only the cluster's schema, made for it by the admin."""
+    schema-creation) rights that owns nothing: the admin creates the ledger and grants the
+    role its rights (``runtime/store/setup.py``), the workers only use it."""
     import psycopg
+
+    from streamfilter.runtime.store.setup import set_up
 
     role, password = f"sf_w_{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
     with psycopg.connect(cluster.url, autocommit=True) as db:
         db.execute(
             f"CREATE ROLE {role} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE PASSWORD '{password}'"
         )
-        db.execute(f"CREATE SCHEMA {cluster.schema} AUTHORIZATION {role}")
         db.execute(f"REVOKE CREATE ON SCHEMA public FROM {role}")
+    set_up(cluster.url, schema=cluster.schema, worker_role=role)
     config = cluster.work / "cluster.toml"
     url = urlsplit(cluster.url)
     text = config.read_text().replace(f"{url.username}@", f"{role}@", 1)

@@ -234,6 +234,9 @@ def test_a_store_without_a_ledger_refuses_charges():
         def unsent_releases(self):
             return []
 
+        def sent_releases_after(self, day):
+            return []
+
         def mark_sent(self, keys): ...
         def spent_units(self, user_id):
             return None

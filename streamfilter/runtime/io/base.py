@@ -166,6 +166,11 @@ class Sink(abc.ABC):
         """The latest day this sink already holds a release of, if it can tell (else ``None``)."""
         return None
 
+    def take_over(self) -> str | None:
+        """Become the sink's only publisher (fencing any earlier one, where the sink can) and
+        return :meth:`last_published_day` as it is after that."""
+        return self.last_published_day()
+
     def close(self) -> None:  # noqa: B027 - optional hook
         pass
 

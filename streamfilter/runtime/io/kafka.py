@@ -20,7 +20,7 @@ import contextlib
 import logging
 import re
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any
@@ -472,6 +472,9 @@ def release_transactional_id(topic: str) -> str:
 
 _FENCED = (ProducerFencedError, InvalidProducerEpochError)
 
+#: how often a waiting flush checks that the releases topic still exists
+TOPIC_PROBE_S = 5.0
+
 
 def _is_fenced(exc: BaseException) -> bool:
     """A fenced producer's error, raised as is or (after the transaction failed) wrapped by
@@ -482,14 +485,15 @@ def _is_fenced(exc: BaseException) -> bool:
 
 
 class KafkaSink(Sink):
-    """Producer with ``acks=all``; ``flush`` returns once the broker acknowledged everything.
+    r"""Producer with ``acks=all``; ``flush`` returns once the broker acknowledged everything.
 
     With ``transactional_id`` (the releases sink) everything published between two flushes is
     one Kafka transaction, committed by ``flush``: a day's releases become visible to
-    ``read_committed`` readers at once. The constructor calls ``init_transactions``, which
-    fences every earlier producer with the same id (their open transaction is aborted, their
-    next send or commit fails): so :meth:`last_published_day`, asked after construction, reads
-    a topic no other instance can still write to. A fenced sink raises
+    ``read_committed`` readers at once. Construction fences no one: :meth:`last_published_day`
+    first reads the topic as the running publisher left it, and only a state found not stale
+    :meth:`take_over`\ s the topic (``init_transactions``, fencing every earlier producer with
+    the same id) and reads it again, now that no other instance can write to it. A fenced sink
+    raises
     :class:`PublisherFencedError`. Without ``transactional_id`` (rejects) it is an idempotent
     producer.
     """
@@ -507,6 +511,7 @@ class KafkaSink(Sink):
         self._timeout_s = delivery_timeout_s
         self._transactional_id = transactional_id
         self._in_transaction = False
+        self._topic_deleted = False
         extra: dict[str, Any] = {}
         if transactional_id is not None:
             extra = {"transactional_id": transactional_id, "transaction_timeout_ms": 60_000}
@@ -522,13 +527,7 @@ class KafkaSink(Sink):
             max_block_ms=int(delivery_timeout_s * 1000),
         )
         self._pending: list[Any] = []
-        if transactional_id is not None:
-            try:
-                with self._fencing():
-                    self._producer.init_transactions()
-            except BaseException:
-                self._producer.close(timeout=0)
-                raise
+        self._taken_over = transactional_id is None  # a plain producer fences no one
 
     @contextlib.contextmanager
     def _fencing(self) -> Iterator[None]:
@@ -543,7 +542,25 @@ class KafkaSink(Sink):
                 f"({type(exc).__name__})"
             ) from None
 
+    def take_over(self) -> str | None:
+        """Fence every earlier producer of the topic (``init_transactions``: their open
+        transaction is aborted, their next send or commit fails), then read the topic's latest
+        day again: what it holds now that no one else can write to it. Called once the state
+        was checked against :meth:`last_published_day` (``check_sink_not_ahead``), so a stale
+        copy is refused before it stops the instance that is publishing."""
+        if not self._taken_over:
+            with kafka_access(self._client, topic=self.topic, role="sink.topic"), self._fencing():
+                self._producer.init_transactions()
+            self._taken_over = True
+            self._held_through = None
+        return self.last_published_day()
+
     def publish(self, key: str, payload: bytes) -> None:
+        if not self._taken_over:
+            raise PublishError(
+                f"kafka topic {self.topic!r}: the releases sink publishes only after take_over "
+                "(the stale-state check)"
+            )
         with self._fencing():
             if self._transactional_id is not None and not self._in_transaction:
                 self._producer.begin_transaction()
@@ -551,24 +568,64 @@ class KafkaSink(Sink):
             self._pending.append(self._producer.send(self.topic, key=key.encode(), value=payload))
 
     def flush(self) -> None:
+        """Wait until the broker acknowledged everything (commit the transaction), at most the
+        delivery timeout; every ``TOPIC_PROBE_S`` of waiting, check that the topic still
+        exists: a deleted topic fails closed within seconds (``PublishError``), not after the
+        delivery timeout (the releases stay in the state's outbox)."""
         deadline = time.monotonic() + self._timeout_s
         pending, self._pending = self._pending, []  # after a failure the caller republishes
         with self._fencing():
             try:
-                self._producer.flush(timeout=self._timeout_s)
-                for future in pending:
-                    future.get(timeout=max(1.0, deadline - time.monotonic()))  # raises KafkaError
-            except KafkaError:
+                self._wait(self._producer.flush, deadline)
+                for future in pending:  # raises the send's KafkaError
+                    self._wait(future.get, deadline)
+            except (KafkaError, PublishError) as exc:
                 # a failed send dooms the open transaction: abort it (if the broker answers) so
-                # that the relay's retry republishes in a new one; the store keeps the releases
-                if self._in_transaction:
+                # that the relay's retry republishes in a new one; the store keeps the releases.
+                # A deleted topic's transaction is left to the broker (its abort would wait for
+                # the sends that cannot complete)
+                if self._in_transaction and isinstance(exc, KafkaError):
                     with contextlib.suppress(KafkaError):
                         self._producer.abort_transaction()
-                    self._in_transaction = False
+                self._in_transaction = False
+                self._topic_deleted = isinstance(exc, PublishError)
                 raise
             if self._in_transaction:
                 self._producer.commit_transaction()
                 self._in_transaction = False
+
+    def _wait(self, wait: Callable[[float], object], deadline: float) -> None:
+        """``wait(seconds)`` in slices of ``TOPIC_PROBE_S`` until ``deadline``; between slices,
+        a topic found deleted fails closed (``PublishError``)."""
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                wait(max(1.0, min(TOPIC_PROBE_S, left)))
+                return
+            except KafkaTimeoutError:
+                if left <= TOPIC_PROBE_S:
+                    raise
+                if self._topic_gone():
+                    raise PublishError(
+                        f"kafka topic {self.topic!r} (sink.topic) no longer exists (was it "
+                        "deleted?); nothing more is published — create it again (streamfilter "
+                        "topics create) and restart: the releases it lost are published again "
+                        "from the state, with their stored noise"
+                    ) from None
+
+    def _topic_gone(self) -> bool:
+        """Whether the broker answers that the topic does not exist (False when it cannot be
+        asked: an outage is not a deletion)."""
+        try:
+            consumer = KafkaConsumer(**self._client, group_id=None, request_timeout_ms=10_000)
+        except KafkaError:
+            return False
+        try:
+            return self.topic not in consumer.topics()
+        except KafkaError:
+            return False
+        finally:
+            consumer.close()
 
     def last_published_day(self) -> str | None:
         """The latest day among the (committed) releases the topic held when first asked.
@@ -644,6 +701,13 @@ class KafkaSink(Sink):
         return latest
 
     def close(self) -> None:
+        if self._topic_deleted:
+            # nothing can be delivered: fail the waiting sends (kafka-python's close flushes
+            # first and gives up on a timeout), then close without waiting
+            self._producer._accumulator.abort_incomplete_batches()
+            with contextlib.suppress(KafkaError):
+                self._producer.close(timeout=0)
+            return
         try:
             self.flush()
         finally:

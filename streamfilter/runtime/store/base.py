@@ -17,11 +17,15 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from streamfilter.errors import StaleStoreError, StoreError, TelemetryBudgetError
 from streamfilter.privacy.rounding import float_down, float_up
+
+if TYPE_CHECKING:
+    from streamfilter.runtime.io.base import Sink
 
 
 @dataclass(frozen=True)
@@ -158,6 +162,12 @@ class StateStore(abc.ABC):
         """(day, query_id, payload) not yet acknowledged, in publication order."""
 
     @abc.abstractmethod
+    def sent_releases_after(self, day: str | None) -> list[tuple[str, str, bytes]]:
+        """(day, query_id, payload) acknowledged by the sink, of the days after ``day`` (None:
+        every day), in publication order: what to publish again, with its stored noise, when
+        the sink lost them (a releases topic deleted or recreated)."""
+
+    @abc.abstractmethod
     def mark_sent(self, keys: list[tuple[str, str]]) -> None:
         """Mark releases ``(day, query_id)`` as acknowledged by the sink (one transaction)."""
 
@@ -201,11 +211,23 @@ class StateStore(abc.ABC):
 
 
 def check_sink_not_ahead(
-    state_path: str | os.PathLike[str], last_closed_day: str | None, published_day: str | None
-) -> None:
+    state_path: str | os.PathLike[str], last_closed_day: str | None, sink: Sink
+) -> str | None:
     """Refuse a state whose last closed day is before a day the release sink already holds: the
     published releases are a mirror of the sequence the state cannot roll back (a stale copy
-    restored together with its ``.seq`` file is caught here)."""
+    restored together with its ``.seq`` file is caught here). Checked before the sink fences
+    the instance publishing now (a stale copy never stops a healthy instance) and again once
+    it has (``Sink.take_over``: nothing can be published in between any more); the sink is
+    this state's publisher only if both pass. Returns the latest day the sink holds."""
+    _refuse_ahead(state_path, last_closed_day, sink.last_published_day())
+    held = sink.take_over()
+    _refuse_ahead(state_path, last_closed_day, held)
+    return held
+
+
+def _refuse_ahead(
+    state_path: str | os.PathLike[str], last_closed_day: str | None, published_day: str | None
+) -> None:
     if published_day is not None and (last_closed_day is None or published_day > last_closed_day):
         raise StaleStoreError(
             f"state store {state_path} is stale: the release sink already holds releases of "

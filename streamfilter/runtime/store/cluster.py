@@ -145,12 +145,25 @@ class ClusterLedger(PostgresStateStore):
 
     single_writer = False
 
-    def _create_more(self, cur: Any) -> None:
-        cur.execute(_CLUSTER_TABLES.format(s=self.schema))
+    def __init__(self, url: str, *, schema: str = "streamfilter", password: str | None = None):
+        super().__init__(url, schema=schema, password=password)
         # a worker stopped inside a transaction (SIGSTOP, a pause) holds row locks that would
         # block the worker taking its partitions over: the server ends such a session (and with
         # it the stopped worker's transaction and locks) after this long
-        cur.execute(f"SET idle_in_transaction_session_timeout = '{IDLE_IN_TRANSACTION_S}s'")
+        try:
+            self._db.execute(
+                f"SET idle_in_transaction_session_timeout = '{IDLE_IN_TRANSACTION_S}s'"
+            )
+        except self._psycopg.Error as exc:
+            self._db.close()
+            raise StoreError(f"state store {self.where}: {_first_line(exc)}") from None
+
+    def _create_more(self, cur: Any) -> None:
+        cur.execute(_CLUSTER_TABLES.format(s=self.schema))
+
+    def _complete(self, cur: Any) -> bool:
+        cur.execute("SELECT to_regclass(%s)", (f"{self.schema}.cluster_releaser",))
+        return cur.fetchone()[0] is not None
 
     def _serial(self, body: Callable[[Any], Any]) -> Any:
         """``body(cursor)`` in one serializable transaction, run again (after a short random
@@ -180,20 +193,14 @@ class ClusterLedger(PostgresStateStore):
         """Pin the fingerprint unless a worker starting at the same time pinned one first."""
 
         def body(cur: Any) -> None:
-            cur.execute(
-                f"INSERT INTO {self.schema}.meta(key, value) VALUES('config_fingerprint', %s) "
-                "ON CONFLICT (key) DO NOTHING",
-                (fingerprint,),
-            )
+            if self._meta_for_update(cur, "config_fingerprint") is None:
+                self._set_meta(cur, "config_fingerprint", fingerprint)
 
         self._serial(body)
 
     def mark_sent(self, keys: list[tuple[str, str]]) -> None:
         def body(cur: Any) -> None:
-            cur.executemany(
-                f"UPDATE {self.schema}.releases SET sent = TRUE WHERE day = %s AND query_id = %s",
-                keys,
-            )
+            self._mark_sent(cur, keys)
 
         self._serial(body)
 
@@ -269,9 +276,7 @@ class ClusterLedger(PostgresStateStore):
         s = self.schema
 
         def body(cur: Any) -> Any:
-            frozen = cur.execute(
-                f"SELECT value FROM {s}.meta WHERE key = 'frozen_through' FOR UPDATE"
-            ).fetchone()[0]
+            frozen = self._meta_for_update(cur, "frozen_through")
             row = cur.execute(
                 f"SELECT payload FROM {s}.queries WHERE query_id = %s", (obj["query_id"],)
             ).fetchone()
@@ -307,9 +312,7 @@ class ClusterLedger(PostgresStateStore):
         s = self.schema
 
         def body(cur: Any) -> bool:
-            frozen = cur.execute(
-                f"SELECT value FROM {s}.meta WHERE key = 'frozen_through' FOR UPDATE"
-            ).fetchone()[0]
+            frozen = self._meta_for_update(cur, "frozen_through")
             meta = dict(
                 cur.execute(
                     f"SELECT key, value FROM {s}.meta WHERE key IN "
@@ -393,13 +396,7 @@ class ClusterLedger(PostgresStateStore):
                 spent.extend(int(x) for x in part.spent_units)
                 retired.extend(bool(x) for x in part.retired)
             if users:
-                cur.execute(
-                    f"INSERT INTO {s}.budgets(user_id, spent_units, retired) "
-                    "SELECT * FROM unnest(%s::text[], %s::bigint[], %s::boolean[]) "
-                    "ON CONFLICT (user_id) DO UPDATE SET spent_units = excluded.spent_units, "
-                    "retired = excluded.retired",
-                    (users, spent, retired),
-                )
+                self._raise_budgets(cur, users, spent, retired)
             cur.executemany(
                 f"INSERT INTO {s}.cluster_partials(day, query_id, partition, sums) "
                 "VALUES (%s, %s, %s, %s)",
@@ -500,25 +497,21 @@ class ClusterLedger(PostgresStateStore):
             ).fetchone()[0]
             if int(committed) < int(row[0]):
                 return False
-            sums: dict[str, np.ndarray] = {}
-            for query_id, part_sums in cur.execute(
-                f"SELECT query_id, sums FROM {s}.cluster_partials WHERE day = %s "
-                "ORDER BY query_id, partition",
-                (day,),
-            ):
-                add = np.array([int(x) for x in part_sums], dtype=np.int64)
-                sums[query_id] = sums[query_id] + add if query_id in sums else add
+            sums: dict[str, np.ndarray] = {
+                str(query_id): np.array([int(x) for x in totals], dtype=np.int64)
+                for query_id, totals in cur.execute(
+                    f"SELECT query_id, sums FROM {s}.sf_day_sums(%s)", (day,)
+                )
+            }
             counters: dict[str, int] = {}
             for (blob,) in cur.execute(
                 f"SELECT counters FROM {s}.cluster_commits WHERE day = %s", (day,)
             ):
                 for k, v in (blob if isinstance(blob, dict) else json.loads(blob)).items():
                     counters[k] = counters.get(k, 0) + int(v)
-            row = cur.execute(
-                f"SELECT value FROM {s}.meta WHERE key = 'coverage_state' FOR UPDATE"
-            ).fetchone()
+            stored = self._meta_for_update(cur, "coverage_state")
             releases, coverage = make_releases(
-                sums, counters, None if row is None else str(row[0]).encode()
+                sums, counters, None if stored is None else stored.encode()
             )
             if coverage is not None:
                 self._set_meta(cur, "coverage_state", coverage.decode())

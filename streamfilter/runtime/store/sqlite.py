@@ -12,7 +12,8 @@ a file whose ``PRAGMA integrity_check`` is not ``ok`` (a damaged state is never 
 empty one) and a file it cannot write (probed at open with a write that is rolled back). A commit
 that fails (disk full, I/O error) raises ``StoreError`` and changes nothing. Every row is checked
 against its CRC when read (schema.py); states written before the column existed get it on the
-first open. A mirror of the sequence outside the store (mirror.py) detects restored stale copies
+first open (a schema migration, versions.py: a state records its schema version; an older one
+is migrated in one transaction, a newer one refused). A mirror of the sequence outside the store (mirror.py) detects restored stale copies
 and swapped states.
 
 Telemetry (docs/odometer.md): a separate zCDP budget for statistics about the run itself. Every
@@ -28,7 +29,7 @@ import json
 import os
 import sqlite3
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import IO
 
@@ -68,6 +69,12 @@ from streamfilter.runtime.store.schema import (
     row_crc,
     sqlite_error_text,
 )
+from streamfilter.runtime.store.versions import (
+    SCHEMA_VERSION_KEY,
+    current_version,
+    parse_version,
+    pending_steps,
+)
 
 #: the budget log's entries beyond this and beyond the rows of ``budgets`` are folded into
 #: ``budgets`` (``[state] budget_log_max_rows``)
@@ -76,6 +83,57 @@ BUDGET_LOG_MAX_ROWS = 1_000_000
 FOLD_STEP_ENTRIES = 100_000
 #: SQLite page size of a new state file (the largest SQLite allows)
 PAGE_BYTES = 65536
+
+
+def _add_row_checksums(db: sqlite3.Connection) -> None:
+    """Version 1 → 2: a state written before rows carried a ``crc`` gets the column, computed
+    from the rows as they are (checked by ``integrity_check`` just before) in the checksum format
+    of its time (``legacy_row_crc``, over ``repr``); tables that already have it are left alone."""
+    for table, (columns, key) in CRC_COLUMNS.items():
+        if "crc" in {r[1] for r in db.execute(f"PRAGMA table_info({table})")}:
+            continue
+        db.execute(f"ALTER TABLE {table} ADD COLUMN crc INTEGER")
+        rows = db.execute(f"SELECT {', '.join(columns)} FROM {table}").fetchall()
+        where = " AND ".join(f"{k} = ?" for k in key)
+        db.executemany(
+            f"UPDATE {table} SET crc = ? WHERE {where}",
+            [(legacy_row_crc(*r), *(r[columns.index(k)] for k in key)) for r in rows],
+        )
+
+
+def _pack_row_checksums(db: sqlite3.Connection) -> None:
+    """Version 2 → 3: checksums over ``repr`` become ``zlib.crc32`` of the packed row
+    (``schema.row_crc``). Every row is first checked against its old checksum: a damaged row is
+    refused (the whole migration rolls back), never re-checksummed."""
+    if db.execute("SELECT 1 FROM meta WHERE key = 'row_format'").fetchone() is not None:
+        return  # written with packed checksums already
+    path = Path(str(db.execute("PRAGMA database_list").fetchone()[2]))
+    for table, (columns, key) in CRC_COLUMNS.items():
+        where = " AND ".join(f"{k} = ?" for k in key)
+        updates = []
+        for *values, crc in db.execute(f"SELECT {', '.join(columns)}, crc FROM {table}"):
+            if crc != legacy_row_crc(*values):
+                raise CorruptRowError(path, table)
+            updates.append((row_crc(*values), *(values[columns.index(k)] for k in key)))
+        db.executemany(f"UPDATE {table} SET crc = ? WHERE {where}", updates)
+    _record_row_format(db)
+
+
+def _record_row_format(db: sqlite3.Connection) -> None:
+    """The row format in meta: the read-only reader refuses a state without it."""
+    db.execute(
+        "INSERT INTO meta(key, value, crc) VALUES('row_format', ?, ?) ON CONFLICT(key) DO NOTHING",
+        (ROW_FORMAT, row_crc("row_format", ROW_FORMAT)),
+    )
+
+
+#: the state's migration steps in order: ``MIGRATIONS[i]`` turns schema version ``i + 1`` into
+#: ``i + 2`` inside the opening transaction (versions.py); version 1 is any state written before
+#: versions were recorded
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
+    _add_row_checksums,
+    _pack_row_checksums,
+]
 
 
 class SQLiteStateStore(StateStore):
@@ -104,10 +162,8 @@ class SQLiteStateStore(StateStore):
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=FULL")
             self._db.execute("PRAGMA foreign_keys=ON")
-            self._db.executescript(SCHEMA)
+            self._migrate()
             self._check_writable()
-            self._add_checksums()
-            self._convert_row_format()
             state_id = uuid.uuid4().hex
             self._db.execute(
                 "INSERT INTO meta(key, value, crc) VALUES('state_id', ?, ?) "
@@ -162,57 +218,31 @@ class SQLiteStateStore(StateStore):
         finally:
             db.execute("ROLLBACK")
 
-    def _add_checksums(self) -> None:
-        """A state written before rows carried a ``crc``: add the column, computed from the rows
-        as they are (checked by ``integrity_check`` just before) in that state's row format
-        (``legacy_row_crc``), which ``_convert_row_format`` then converts."""
-        missing = [
-            table
-            for table in CRC_COLUMNS
-            if "crc" not in {r[1] for r in self._db.execute(f"PRAGMA table_info({table})")}
-        ]
-        if not missing:
-            return
-        with self._transaction() as db:
-            for table in missing:
-                columns, key = CRC_COLUMNS[table]
-                db.execute(f"ALTER TABLE {table} ADD COLUMN crc INTEGER")
-                rows = db.execute(f"SELECT {', '.join(columns)} FROM {table}").fetchall()
-                where = " AND ".join(f"{k} = ?" for k in key)
-                db.executemany(
-                    f"UPDATE {table} SET crc = ? WHERE {where}",
-                    [(legacy_row_crc(*r), *(r[columns.index(k)] for k in key)) for r in rows],
-                )
-
-    def _convert_row_format(self) -> None:
-        """A state without meta ``row_format`` (checksums over ``repr``, ``legacy_row_crc``)
-        gets the packed checksums (``schema.row_crc``) in one transaction: every row is first
-        checked against its old checksum (a damaged one is refused, never re-checksummed), then
-        rewritten; a new state just records the format."""
+    def _migrate(self) -> None:
+        """Bring the state to this code's schema version (versions.py) in one transaction: a
+        new file is created at it; an older state gets its missing tables and the migration
+        steps it lacks; a newer state is refused before anything is written."""
         db = self._db
-        row = db.execute("SELECT key, value, crc FROM meta WHERE key = 'row_format'").fetchone()
-        if row is not None:
-            if checked_row(self.path, "meta", row)[1] != ROW_FORMAT:
-                raise StoreError(
-                    f"state store {self.path} has row format {row[1]!r}, which this streamfilter "
-                    f"does not know (it writes {ROW_FORMAT!r}): use the version that wrote it"
-                )
-            return
+        has_meta = db.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'meta'"
+        ).fetchone()
+        if has_meta:
+            row = db.execute("SELECT value FROM meta WHERE key = ?", (SCHEMA_VERSION_KEY,))
+            found = parse_version(next((str(r[0]) for r in row), None), str(self.path))
+            steps = pending_steps(found, MIGRATIONS, str(self.path))
+            if not steps:
+                return
+        else:
+            steps = []  # a new state: created at the current version, nothing to migrate
         with self._transaction() as db:
-            for table, (columns, key) in CRC_COLUMNS.items():
-                where = " AND ".join(f"{k} = ?" for k in key)
-                cells = ", ".join(columns)
-                updates = []
-                for *values, crc in db.execute(f"SELECT {cells}, crc FROM {table}"):
-                    if crc != legacy_row_crc(*values):
-                        raise CorruptRowError(self.path, table)
-                    where_values = [values[columns.index(k)] for k in key]
-                    updates.append((row_crc(*values), *where_values))
-                db.executemany(f"UPDATE {table} SET crc = ? WHERE {where}", updates)
-            db.execute(
-                "INSERT INTO meta(key, value, crc) VALUES('row_format', ?, ?)",
-                (ROW_FORMAT, row_crc("row_format", ROW_FORMAT)),
-            )
+            for statement in SCHEMA.split(";"):
+                if statement.strip():
+                    db.execute(statement)
+            for step in steps:
+                step(db)
+            if not has_meta:
+                _record_row_format(db)
+            self._set_meta(db, SCHEMA_VERSION_KEY, str(current_version(MIGRATIONS)))
 
     # -- the sequence mirror outside the store ---------------------------------------------
     def _check_mirror(self) -> None:
@@ -540,6 +570,20 @@ class SQLiteStateStore(StateStore):
             rows = self._db.execute(
                 "SELECT day, query_id, ord, payload, sent, crc FROM releases WHERE sent = 0 "
                 "ORDER BY day, ord"
+            ).fetchall()
+        except sqlite3.Error as exc:
+            raise StoreError(
+                f"cannot read state store {self.path}: {sqlite_error_text(exc)}"
+            ) from exc
+        checked = [checked_row(self.path, "releases", row) for row in rows]
+        return [(str(d), str(q), as_blob(p)) for d, q, _ord, p, _sent in checked]
+
+    def sent_releases_after(self, day: str | None) -> list[tuple[str, str, bytes]]:
+        try:
+            rows = self._db.execute(
+                "SELECT day, query_id, ord, payload, sent, crc FROM releases "
+                "WHERE sent = 1 AND day > ? ORDER BY day, ord",
+                (day or "",),
             ).fetchall()
         except sqlite3.Error as exc:
             raise StoreError(

@@ -209,3 +209,24 @@ def test_a_state_that_never_committed_a_day_may_be_replaced(tmp_path):
     SQLiteStateStore(tmp_path / "state.db").close()
     second = json.loads((tmp_path / "state.db.seq").read_text())
     assert second["seq"] == first["seq"] == 0 and second["state_id"] != first["state_id"]
+
+
+def test_releases_the_sink_lost_are_published_again_with_their_stored_noise(tmp_path):
+    """A release file cut back to its first days (as a releases topic deleted and created
+    again loses what it held): the state recorded the later releases as published, so the
+    next start publishes them again — their stored payloads, byte for byte — and draws no
+    noise."""
+    tmp = setup(tmp_path / "run")
+    cli(*RUN, cwd=tmp)
+    full = release_bytes(tmp)
+    lines = full.splitlines(keepends=True)
+    first_days = [line for line in lines if json.loads(line)["day"] <= "2026-01-03"]
+    assert 0 < len(first_days) < len(lines)
+    (tmp / "out" / "releases.jsonl").write_bytes(b"".join(first_days))
+    proc = cli(*RUN, cwd=tmp)
+    assert "publishing them again with their stored noise" in proc.stderr
+    assert release_bytes(tmp) == full
+    # nothing lost, nothing published twice on the next start
+    proc = cli(*RUN, cwd=tmp)
+    assert "publishing them again" not in proc.stderr
+    assert release_bytes(tmp) == full
