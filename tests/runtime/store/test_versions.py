@@ -19,7 +19,7 @@ from streamfilter.runtime.store.postgres import MIGRATIONS as PG_MIGRATIONS
 from streamfilter.runtime.store.schema import legacy_row_crc, row_crc
 from streamfilter.runtime.store.sqlite import MIGRATIONS as SQLITE_MIGRATIONS
 from streamfilter.runtime.store.versions import SchemaTooNewError, current_version
-from tests.runtime.store.test_reader_stale import RUN, release_bytes, setup
+from tests.runtime.store.test_reader_stale import RUN, error_lines, release_bytes, setup
 from tests.support.cli import cli
 
 FIXTURES = Path(__file__).resolve().parents[2] / "system" / "data" / "schema_v1"
@@ -128,7 +128,7 @@ def test_newer_sqlite_state_is_refused_with_one_line_and_exit_4(tmp_path):
     before = (tmp / "state.db").read_bytes()
     proc = cli(*RUN, cwd=tmp, check=False)
     assert proc.returncode == ExitCode.FAIL_CLOSED == 4
-    lines = [x for x in proc.stderr.strip().splitlines() if " INFO " not in x]  # the error alone
+    lines = error_lines(proc.stderr)  # the error alone
     assert len(lines) == 1, proc.stderr
     assert "schema version 99" in lines[0] and f"versions 1 to {SQLITE_NOW}" in lines[0]
     assert (tmp / "state.db").read_bytes() == before
