@@ -7,8 +7,9 @@ batches (``batch_size`` = 50,000 records) and each batch must learn which of its
 5% repeat an earlier event (a redelivery), shuffled; every arm gets the same events in the same
 order (one seed) and must mark exactly the same events new (asserted, bit for bit).
 
-Arms, each in its own child process (peak RSS is that process's ``ru_maxrss``; the input, built
-before timing, is in every arm's RSS alike — the detail also gives the growth past it):
+Arms, each in its own child process. Peak RSS is that process's ``VmHWM``, reset once the input
+is built (its temporaries freed), so it is the input every arm holds alike plus the arm's own
+peak; the detail also gives the growth past the input alone:
 
 - ``spill``: the index the daemon builds (``runtime/app.py``): ``SpillingEventIds`` with its
   default memory budget (``event_ids_in_memory`` = 2**20 pairs), spilling to a temporary
@@ -35,10 +36,10 @@ ratios; the in-memory tier's and the set's ratios are in the detail.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import random
-import resource
 import sqlite3
 import statistics
 import subprocess
@@ -76,9 +77,18 @@ def events(n: int, seed: int = 7) -> tuple[np.ndarray, list[str]]:
     return np.array([users[k] for k in order], dtype=np.int32), [ids[k] for k in order]
 
 
-def _rss_mib() -> float:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+def _status_mib(field: str) -> float:
+    """``VmRSS`` or ``VmHWM`` (the peak since the last reset) of this process, MiB."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+def _reset_peak_rss() -> None:
+    """Start the peak RSS (``VmHWM``) over from the current RSS (Linux ``clear_refs`` 5), so the
+    input's building, whose temporaries are freed by now, is not in the arm's peak."""
+    Path("/proc/self/clear_refs").write_text("5")
 
 
 def _index_arm(arm: str, users: np.ndarray, ids: list[str], tmp: str) -> np.ndarray:
@@ -145,7 +155,9 @@ def _child(arm: str, n: int, out: str) -> None:
     """One arm on ``n`` events: print its seconds, peak RSS and RSS growth (MiB) as JSON and
     write which events were new to ``out`` (packed bits)."""
     users, ids = events(n)
-    before_mib = _rss_mib()
+    gc.collect()
+    _reset_peak_rss()
+    before_mib = _status_mib("VmRSS")
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
         if arm == "sqlite":
@@ -155,7 +167,7 @@ def _child(arm: str, n: int, out: str) -> None:
         else:
             new = _index_arm(arm, users, ids, tmp)
         seconds = time.perf_counter() - t0
-    peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    peak_mib = _status_mib("VmHWM")
     Path(out).write_bytes(np.packbits(new).tobytes())
     result = {"seconds": seconds, "peak_rss_mib": peak_mib, "rss_growth_mib": peak_mib - before_mib}
     print(json.dumps(result))
