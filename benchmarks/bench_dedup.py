@@ -119,13 +119,12 @@ def _sqlite_arm(users: np.ndarray, ids: list[str], tmp: str) -> np.ndarray:
         )
         db.execute("CREATE TEMP TABLE batch (seq INTEGER PRIMARY KEY, user INTEGER, event_id TEXT)")
         new = np.zeros(len(ids), dtype=bool)
-        user_list = users.tolist()
         for a in range(0, len(ids), BATCH_EVENTS):
             b = min(a + BATCH_EVENTS, len(ids))
             db.execute("BEGIN")
             db.executemany(
                 "INSERT INTO batch VALUES (?, ?, ?)",
-                zip(range(a, b), user_list[a:b], ids[a:b], strict=True),
+                zip(range(a, b), users[a:b].tolist(), ids[a:b], strict=True),
             )
             seqs = db.execute(
                 "INSERT INTO seen SELECT user, event_id, seq FROM batch WHERE true "
