@@ -43,6 +43,7 @@ MODULES = [
     "benchmarks.bench_local",
     "benchmarks.bench_sparse",
     "benchmarks.bench_learn",  # learn_*_step_*: the learning systems' seconds per step
+    "benchmarks.bench_dedup",  # dedup_index_vs_sqlite_*: the event-id index vs SQLite
 ]
 HERE = Path(__file__).resolve().parent
 #: docs/performance.md includes benchmarks/results.md between these markers (a full run rewrites it)
