@@ -10,11 +10,11 @@ STAMP := $(VENV)/.installed
 include deploy/kafka/kafka.mk
 include deploy/postgres/postgres.mk
 
+# PYTHONWARNINGS: setuptools' editable build prints a notice on import precedence (the package
+# sits at the repository root, as intended); a fresh install prints nothing but real problems
 $(STAMP): pyproject.toml setup.py $(wildcard streamfilter/*/*.c streamfilter/_native/*.h)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	# setuptools' editable build prints a notice on import precedence (the package sits at the
-	# repository root, as intended): a fresh install prints nothing but real problems
 	PYTHONWARNINGS="ignore:Editable installation" $(BIN)/python -m pip install -q -e '.[dev]'
 	$(BIN)/python -m compileall -q streamfilter  # the bytecode a wheel install compiles
 	touch $(STAMP)

@@ -174,7 +174,7 @@ MUTANTS = (
 def _build_c(source: Path) -> None:
     """Rebuild one extension in place with the flags setup.py declares for it."""
     spec = (ROOT / "setup.py").read_text()
-    rel = source.relative_to(source.parents[2]).with_suffix("").as_posix()
+    rel = source.relative_to(source.parents[1]).with_suffix("").as_posix()  # e.g. privacy/_filter
     line = next(x for x in spec.splitlines() if f'extension("{rel}"' in x)
     flags = ["-Wall", "-Wextra", *re.findall(r'"(-[^"]+)"', line)]
     suffix = sysconfig.get_config_var("EXT_SUFFIX")
