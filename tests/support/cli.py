@@ -3,6 +3,7 @@ real ``python -m streamfilter`` run as a subprocess."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -132,3 +133,13 @@ def fold_budget_log_early(tmp: Path) -> None:
     config.write_text(
         text.replace('path = "state.db"\n', 'path = "state.db"\nbudget_log_max_rows = 0\n')
     )
+
+
+#: a log line (``logging``'s default format here), as opposed to the error a run ends with
+LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ (DEBUG|INFO|WARNING) ")
+
+
+def error_lines(stderr: str) -> list[str]:
+    """stderr without the log lines a run writes before it fails (where it serves metrics, or
+    that another test's daemon holds the metrics port): the error lines alone."""
+    return [x for x in stderr.strip().splitlines() if not LOG_LINE.match(x)]

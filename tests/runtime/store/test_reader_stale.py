@@ -14,7 +14,6 @@ Everything runs through the real CLI, real SQLite files and real SIGKILLs.
 from __future__ import annotations
 
 import json
-import re
 import shutil
 import signal
 import sqlite3
@@ -23,21 +22,11 @@ from pathlib import Path
 import pytest
 
 from streamfilter.runtime.store import SQLiteStateStore, StaleStoreError, StoreError
-from tests.support.cli import CONFIG, QUERIES, cli
+from tests.support.cli import CONFIG, QUERIES, cli, error_lines
 
 DAYS = 8
 USERS = 60
 RUN = ("run", "--config", "streamfilter.toml", "--until-end", "--testing")
-
-
-#: a log line (``logging``'s default format here), as opposed to the error a run ends with
-LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ (DEBUG|INFO|WARNING) ")
-
-
-def error_lines(stderr: str) -> list[str]:
-    """stderr without the log lines a run writes before it fails (where it serves metrics, or
-    that another test's daemon holds the metrics port): the error lines alone."""
-    return [x for x in stderr.strip().splitlines() if not LOG_LINE.match(x)]
 
 
 def event_lines(days: range) -> list[str]:

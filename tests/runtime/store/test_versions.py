@@ -19,8 +19,8 @@ from streamfilter.runtime.store.postgres import MIGRATIONS as PG_MIGRATIONS
 from streamfilter.runtime.store.schema import legacy_row_crc, row_crc
 from streamfilter.runtime.store.sqlite import MIGRATIONS as SQLITE_MIGRATIONS
 from streamfilter.runtime.store.versions import SchemaTooNewError, current_version
-from tests.runtime.store.test_reader_stale import RUN, error_lines, release_bytes, setup
-from tests.support.cli import cli
+from tests.runtime.store.test_reader_stale import RUN, release_bytes, setup
+from tests.support.cli import cli, error_lines
 
 FIXTURES = Path(__file__).resolve().parents[2] / "system" / "data" / "schema_v1"
 SQLITE_NOW = str(current_version(SQLITE_MIGRATIONS))
