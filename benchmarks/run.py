@@ -38,7 +38,7 @@ MODULES = [
     "benchmarks.bench_noise",
     "benchmarks.bench_store",
     "benchmarks.bench_kafka",
-    "benchmarks.bench_cluster",  # cluster_workers: 1, 2, 3 workers over Kafka + PostgreSQL
+    "benchmarks.bench_cluster",  # cluster_vs_single, cluster_workers (1, 2, 4) + scale-out model
     "benchmarks.bench_recovery",
     "benchmarks.bench_local",
     "benchmarks.bench_sparse",
