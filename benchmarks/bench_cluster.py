@@ -229,6 +229,10 @@ def spied(pid: int, out: Path) -> Iterator[dict[str, float]]:
     info: dict[str, float] = {}
     spy = None
     for _ in range(40):  # attaching fails until the interpreter is up
+        try:
+            info["cpu_at_attach_s"] = _cpu_seconds(pid)
+        except OSError:
+            info["cpu_at_attach_s"] = 0.0
         spy = subprocess.Popen(
             [
                 str(Path(sys.executable).parent / "py-spy"),
@@ -254,10 +258,6 @@ def spied(pid: int, out: Path) -> Iterator[dict[str, float]]:
         time.sleep(0.2)
     if spy is None:
         raise RuntimeError(f"py-spy could not attach to {pid}")
-    try:
-        info["cpu_at_attach_s"] = _cpu_seconds(pid)
-    except OSError:
-        info["cpu_at_attach_s"] = 0.0
     try:
         yield info
     finally:
