@@ -94,17 +94,20 @@ def broker() -> Iterator[str]:
         b.stop(purge=True)
 
 
-def fill_topic(bootstrap: str, topic: str, n: int, days: int, partitions: int = 3) -> int:
-    """``n`` events over ``days`` days keyed by user (every user active every day) in a new
-    topic of ``partitions``; returns the users a day."""
+def fill_topic(
+    bootstrap: str, topic: str, n: int, days: int, partitions: int = 3, users: int | None = None
+) -> int:
+    """``n`` events over ``days`` days keyed by user (every user active every day; ``users`` a
+    day, by default one event each) in a new topic of ``partitions``; returns the users a day."""
     admin = KafkaAdminClient(bootstrap_servers=bootstrap)
     admin.create_topics([NewTopic(topic, partitions, 1)])
     admin.close()
     producer = KafkaProducer(bootstrap_servers=bootstrap, acks=1, linger_ms=20, batch_size=256_000)
     per_day = n // days
+    users = users or per_day
     for i in range(n):
         day = f"2026-01-{1 + min(i // per_day, days - 1):02d}"
-        user = f"u-{i % (per_day or 1)}"
+        user = f"u-{i % (min(users, per_day) or 1)}"
         value = json.dumps(
             {
                 "user_id": user,
@@ -115,7 +118,7 @@ def fill_topic(bootstrap: str, topic: str, n: int, days: int, partitions: int = 
         producer.send(topic, key=user.encode(), value=value)
     producer.flush()
     producer.close()
-    return per_day
+    return min(users, per_day)
 
 
 def _bare_consumer(bootstrap: str, topic: str, same_gc: bool = False) -> tuple[float, float, int]:

@@ -18,6 +18,7 @@ from benchmarks.bench_cluster import (
     ScaleInputs,
     Scenario,
     _growth,
+    _power_law,
     _skew_sigma,
     machines_needed,
     project,
@@ -29,13 +30,12 @@ from benchmarks.bench_cluster import (
 #: inputs of the size a 2-core machine measures (µs, s): CPU growing with N, skew, a releaser
 MEASURED = ScaleInputs(
     worker_cpu_us_per_record={1: 20.0, 2: 22.0, 4: 25.0},
-    pg_cpu_us_per_user_day={1: 8.0, 2: 9.0, 4: 11.0},
+    pg_cpu_s_by_users={120_000.0: 1.2, 60_000.0: 0.6, 30_000.0: 0.3},
     event_steps_us=12.0,
     day_steps_us_per_user_day=6.0,
     releaser_s_per_day=0.05,
     barrier_skew_s={1: 0.0, 2: 0.3, 4: 0.5},
-    commit_s_per_partition_day=1.5,
-    user_days_per_partition_day=15_000.0,
+    commit_s_by_users={120_000.0: 6.0, 60_000.0: 2.5, 30_000.0: 1.1},
     reread_per_reassignment=0.4,
     settle_s=3.0,
     startup_cpu_s=2.0,
@@ -44,10 +44,9 @@ MEASURED = ScaleInputs(
 IDEAL = dataclasses.replace(
     MEASURED,
     worker_cpu_us_per_record={1: 20.0, 2: 20.0, 4: 20.0},
-    pg_cpu_us_per_user_day={1: 8.0, 2: 8.0, 4: 8.0},
     barrier_skew_s={1: 0.0, 2: 0.0, 4: 0.0},
     releaser_s_per_day=0.0,
-    commit_s_per_partition_day=0.0,
+    commit_s_by_users={},
 )
 WORKERS = (1, 2, 4, 8, 16, 64, 256, 1024)
 
@@ -78,6 +77,9 @@ def test_every_overhead_lowers_efficiency() -> None:
         dataclasses.replace(MEASURED, barrier_skew_s={1: 0.0, 2: 300.0, 4: 500.0}),
         dataclasses.replace(MEASURED, worker_cpu_us_per_record={1: 20.0, 2: 30.0, 4: 40.0}),
     ]
+    # commits that cost more per user than the day's CPU saves do not lift efficiency above 1
+    quadratic = dataclasses.replace(MEASURED, commit_s_by_users={1e4: 1.0, 2e4: 4.0, 4e4: 16.0})
+    assert all(project(quadratic, w)["efficiency"] <= 1.0 + 1e-12 for w in WORKERS)
     for inputs in slower:
         assert project(inputs, 64)["efficiency"] < base
 
@@ -115,6 +117,9 @@ def test_the_fits_recover_the_curves_they_fit() -> None:
     points = {w: base * (1 + gamma * math.log2(w)) for w in (1, 2, 4)}
     assert _growth(points) == pytest.approx(gamma)
     assert _growth({1: 10.0, 2: 9.0, 4: 8.0}) == 0.0  # never a speed-up from more workers
+    a, alpha = 3e-9, 1.8
+    assert _power_law({u: a * u**alpha for u in (5e3, 2e4, 8e4)}) == pytest.approx((a, alpha))
+    assert _power_law({1e4: 2.0}) == pytest.approx((2.0 / 1e4, 1.0))  # one point: linear
     sigma = 0.2
     skews = {w: sigma * math.sqrt(2 * math.log(w)) if w > 1 else 0.0 for w in (1, 2, 4)}
     assert _skew_sigma(skews) == pytest.approx(sigma)
