@@ -1201,7 +1201,7 @@ def markdown(entries: list[dict[str, Any]]) -> str:
         f"{i['settle_s']:.1f} s |",
         f"| a worker's start-up CPU | {i['startup_cpu_s']:.1f} s |",
         "",
-        f"| projected ({SCENARIO_EVENTS:.0e} events, {SCENARIO_USER_DAYS:.0e} user-days a day) "
+        f"| projected ({SCENARIO_EVENTS:,} events, {SCENARIO_USER_DAYS:,} user-days a day) "
         "| " + " | ".join(f"{r['workers']} workers" for r in m["projected"]) + " |",
         "|---" * (1 + len(m["projected"])) + "|",
     ]
@@ -1209,7 +1209,7 @@ def markdown(entries: list[dict[str, Any]]) -> str:
         ("efficiency (speed-up ÷ N; target ≥ 0.8 to 64)", "efficiency", "{:.2f}"),
         ("worker CPU per event", "worker_cpu_us_per_event", "{:.1f} µs"),
         ("worker busy (share of a day)", "worker_busy_fraction", "{:.2f}"),
-        ("PostgreSQL cores, day average", "pg_cores_average", "{:.1f}"),
+        ("PostgreSQL cores, day average", "pg_cores_average", "{:,.1f}"),
         ("PostgreSQL cores during the day close", "pg_cores_during_close", "{:,.0f}"),
         ("day close (midnight → released)", "day_close_s", "{:,.0f} s"),
         ("release latency (first commit → released)", "release_latency_s", "{:.2f} s"),
