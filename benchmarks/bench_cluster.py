@@ -8,8 +8,9 @@ any rewrite of its internals.
 Set-up: one broker (started like the tests start it, or ``KAFKA_BOOTSTRAP``), one PostgreSQL
 server (``deploy/postgres/pg-up.sh`` on a free port, ``fsync`` on; or ``STREAMFILTER_PG_URL``, then
 PostgreSQL's CPU is not measured), and one events topic of ``PARTITIONS`` partitions keyed by
-``user_id``, filled once with ``n`` events over ``DAYS`` days, every user active once a day
-(``n / DAYS`` users a day). Every arm reads that topic from its start with a fresh consumer
+``user_id``, filled once with ``n`` events over ``DAYS`` days, every user active every day
+(``n / DAYS`` users a day, one event each, unless ``BENCH_CLUSTER_USERS_A_DAY`` gives fewer;
+``SIZE_ENV`` also sets the pairs and rounds of a run that cannot fit). Every arm reads that topic from its start with a fresh consumer
 group, a fresh releases topic and fresh state (a new SQLite file, or a new ledger schema).
 
 ``cluster_vs_single`` — the cost of cluster mode, paired: the single process
@@ -35,7 +36,7 @@ pairs, the order alternating. Measured per arm:
 worker count once (the order rotating). Per arm: events/s (spawn → every day released, and after
 every worker answers ``/readyz``), the CPU of all workers and of PostgreSQL per event, records
 read (re-reads after rebalances: ``/metrics``), partition reassignments (log lines
-``assigned partition(s)``), seconds in ledger commits (``/metrics``), release latency (per day,
+``assigned partition(s)``), ledger commits and their seconds (``/metrics``), release latency (per day,
 from the moment the ledger holds every partition's commit to the moment its releases are marked
 sent, polled every 50 ms) and barrier skew (per day, first to last partition commit seen). The
 speed-up of w workers is paired within a round. A 2-core machine bounds it by the cores.
