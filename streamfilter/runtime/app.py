@@ -122,6 +122,7 @@ def _engine(
         coverage=coverage,
         population=population,
         event_id_index=_event_id_index(settings),
+        quotas=settings.analyst_quotas(params),
     )
 
 
