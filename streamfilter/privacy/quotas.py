@@ -101,6 +101,8 @@ class AnalystQuotas:
         for name, share in shares.items():
             if isinstance(share, bool) or not isinstance(share, int | float):
                 raise ValueError(f"analysts.{name}.share must be a number")
+            if not 0 < share <= 1:  # NaN too
+                raise ValueError(f"analysts.{name}.share must be in (0, 1]")
             value = Fraction(repr(float(share)))  # the decimal written: 0.3 is 3/10
             if not 0 < value <= 1:
                 raise ValueError(f"analysts.{name}.share must be in (0, 1]")
