@@ -207,7 +207,9 @@ def _text(out: dict[str, object]) -> str:
                 f"  {r['query_id']:<20} {r['kind']:<10} {r['clip']:>8g} "
                 f"{r['cost_full_contribution']:>13g} {r['full_days_affordable']:>7}"
             )
-        lines.append("  (days: full-norm contributions a fresh user can afford, B_norm / clip²)")
+        analysts = out["analysts"]
+        of = "its analyst's sub-budget / clip²" if analysts else "B_norm / clip²"
+        lines.append(f"  (days: full-norm contributions a fresh user can afford, {of})")
     analysts = out["analysts"]
     assert isinstance(analysts, list)
     if analysts:
@@ -223,7 +225,7 @@ def _text(out: dict[str, object]) -> str:
             )
         lines.append(
             "  (per analyst: its queries' full costs a day, and the days its sub-budget"
-            " floor(share·B) affords them; a query's days are then of its analyst's sub-budget)"
+            " floor(share·B) affords them all)"
         )
     for key, label in (("overlaps", "overlap"), ("warnings", "WARNING"), ("problems", "ERROR")):
         items = out[key]
