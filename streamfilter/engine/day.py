@@ -251,10 +251,10 @@ def _filter_day(
                 own_retired = analysts.retired[owner][start:stop]
                 # the filter of Algorithm 3 against min(B − spent, B_a − spent_a)
                 remaining = analysts.quotas.remaining_units(owner, spent_b, own_spent)
+                own_budget_spent = budget - remaining
                 step = filter_totals(
-                    x, query.clip, lattice, budget - remaining, own_retired, budget,
-                    params.exhaustion,
-                )  # fmt: skip
+                    x, query.clip, lattice, own_budget_spent, own_retired, budget, params.exhaustion
+                )
                 own_spent += step.cost_units
                 own_retired |= step.newly_retired
             else:
@@ -289,9 +289,10 @@ def with_coverage(
     gamma = params.granularity
     covered = []
     for r, q in zip(releases, queries, strict=True):
-        estimate = of_analyst.get(q.analyst or DEFAULT_ANALYST, estimates[0])
-        if tracker.ladders and (q.analyst or DEFAULT_ANALYST) not in of_analyst:
+        name = q.analyst or DEFAULT_ANALYST
+        if tracker.ladders and name not in of_analyst:
             raise ValueError("the coverage tracker has no group for the query's analyst")
+        estimate = of_analyst[name] if tracker.ladders else estimates[0]
         cost = params.lattice.max_cost_units(q.clip)
         covered.append(replace(r, coverage=estimate.for_cost(cost, gamma)))
     return covered, after
@@ -390,9 +391,9 @@ def close_day(
     covered = None
     if coverage is not None:
         counts: CoverageCounts | tuple[CoverageCounts, ...]
-        if coverage.ladders:
-            if state is None:
-                raise ValueError("the coverage tracker counts analysts the run does not declare")
+        if bool(coverage.ladders) != (state is not None):
+            raise ValueError("the coverage tracker's analysts are not the run's")
+        if coverage.ladders and state is not None:
             counts = _analyst_coverage_counts(
                 coverage, state, analyst_before, spent_before, spent, budget
             )
