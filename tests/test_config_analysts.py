@@ -45,6 +45,11 @@ def test_shares_become_exact_sub_budgets_and_the_default_analyst_gets_the_rest(t
             "[analysts.growth]\nshare = 0.3\n[telemetry]\npopulation = true\n",
             "the population estimate does not support analysts yet",
         ),
+        (
+            '[analysts.growth]\nshare = 0.3\n[state]\nkind = "postgres"\n'
+            'url = "postgresql://u@127.0.0.1:1/db"\n',
+            "analysts need a SQLite state for now",
+        ),
     ],
 )
 def test_loose_or_oversubscribed_quotas_are_refused(tmp_path, text, needle):

@@ -432,6 +432,11 @@ def _check_analysts(settings: Settings, params: PrivacyParams) -> None:
             "[analysts]: the population estimate does not support analysts yet; set "
             "[telemetry] population = false"
         )
+    if settings.state.kind != "sqlite":
+        raise ConfigError(
+            "[analysts]: analysts need a SQLite state for now (the PostgreSQL store does not "
+            "yet mark a state holding analysts' entries against older versions)"
+        )
     settings.analyst_quotas(params)
 
 
