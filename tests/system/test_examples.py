@@ -88,3 +88,21 @@ def test_analysts_example_checks_runs_and_reports_per_analyst(tmp_path):
         ).stdout
     )
     assert stats["analyst"] == "growth" and stats["rho_charged"] > 0
+
+
+def test_local_example_runs_with_an_analyst_declared(tmp_path):
+    """Local mode with a quota: the server registers the analyst's query, the simulated devices
+    hold it to the analyst's sub-budget (client.core.answer_day), and its releases name it."""
+    d = _copy(tmp_path)
+    config = d / "local.toml"
+    config.write_text(
+        config.read_text().replace('path = "queries.jsonl"', 'path = "queries-local.jsonl"')
+        + "\n[analysts.growth]\nshare = 0.25\n"
+    )
+    queries = [json.loads(x) for x in (d / "queries.jsonl").read_text().splitlines()]
+    queries[0]["analyst"] = "growth"
+    (d / "queries-local.jsonl").write_text("".join(json.dumps(q) + "\n" for q in queries))
+    cli("simulate-local", "--config", "local.toml", cwd=d, timeout=300)
+    rel = [json.loads(r) for r in (d / "out-local" / "releases.jsonl").read_text().splitlines()]
+    named = {r["query_id"]: r.get("analyst") for r in rel}
+    assert named == {queries[0]["query_id"]: "growth", queries[1]["query_id"]: None}
