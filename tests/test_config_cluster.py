@@ -50,3 +50,14 @@ def test_cluster_workers_refuse_until_end(tmp_path, capsys):
     path.write_text(PRIVACY + "[cluster]\nenabled = true\n" + KAFKA + POSTGRES)
     assert main(["run", "--config", str(path), "--until-end"]) == 2
     assert "--until-end is not available in cluster mode" in capsys.readouterr().err
+
+
+def test_a_cluster_declaring_analysts_fails_at_start_with_one_line(tmp_path, capsys):
+    """Per-analyst quotas run in one process and in local mode; a cluster refuses them before
+    anything is opened."""
+    path = tmp_path / "cluster.toml"
+    analysts = "[analysts.growth]\nshare = 0.3\n"
+    path.write_text(PRIVACY + "[cluster]\nenabled = true\n" + KAFKA + POSTGRES + analysts)
+    assert main(["run", "--config", str(path)]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and "analysts are not supported in cluster mode yet" in err[0]

@@ -44,6 +44,12 @@ def _budget_text(b: dict[str, Any]) -> str:
             f"  spent      {b['spent']:.6g} of B_norm = {b['b_norm']:g} (Σ‖q‖², data units; "
             f"{b['spent_fraction']:.2%}){'  [retired]' if b['retired'] else ''}",
             f"  remaining  {b['remaining']:.6g}",
+            *(
+                f"  analyst    {name}: spent {a['spent']:.6g} of its sub-budget "
+                f"{a['sub_budget']:.6g} (share {a['share']:.4g}); remaining {a['remaining']:.6g}"
+                f"{'  [retired]' if a['retired'] else ''}"
+                for name, a in b.get("analysts", {}).items()
+            ),
             f"  loss       {b['rho_spent']:.6g}-zCDP of the run's {b['rho_budget']:.6g}; "
             f"ε = {b['epsilon_spent']:.6g} at δ = {b['delta']:.3g} ({b['method']})",
             f"  odometer   Δ = {o['step']:.6g}: spent <= {o['spent']:.6g} → {o['rho']:.6g}-zCDP, "
@@ -64,7 +70,12 @@ def _stats_text(s: dict[str, Any]) -> str:
     )
     return "\n".join(
         [
-            "private budget statistics (spent/B over users charged at least once; noisy)",
+            (
+                f"private budget statistics of analyst {s['analyst']} (its spent/B_a over users "
+                "charged at least once; noisy)"
+                if s.get("analyst")
+                else "private budget statistics (spent/B over users charged at least once; noisy)"
+            ),
             f"  users      ≈ {s['users_noisy']:.0f} (σ = {s['sigma']['users']:.3g})",
             f"  mean       {s['mean_spent_fraction']:.4f}",
             f"  quantiles  {qs} (bin width {1 / s['bins']:g})",
@@ -104,7 +115,7 @@ def cmd_budget_stats(args: argparse.Namespace) -> int:
 
     settings = load_config(args.config)
     with kafka_errors_explained(settings):  # Kafka TLS/SASL/ACL failures: one line, exit 6
-        result = budget_stats(settings, quantiles=qs)  # TelemetryBudgetError: exit 5
+        result = budget_stats(settings, quantiles=qs, analyst=args.analyst)  # exit 5: no budget
     print(json.dumps(result, indent=2) if args.json else _stats_text(result))
     return 0
 
@@ -125,5 +136,10 @@ def add_budget_commands(sub: Any) -> None:
     )
     sta.add_argument("--config", required=True)
     sta.add_argument("--quantiles", default="0.1,0.5,0.9", help="comma-separated, in (0, 1)")
+    sta.add_argument(
+        "--analyst",
+        default=None,
+        help="the spent fractions of this analyst's sub-budget (docs/design.md §2.13)",
+    )
     sta.add_argument("--json", action="store_true")
     sta.set_defaults(func=cmd_budget_stats)

@@ -27,6 +27,7 @@ from streamfilter.config import Settings, load_config
 from streamfilter.engine.affordability import (
     DEFAULT_MIN_DAYS,
     affordability_warning,
+    analyst_costs,
     overlaps,
     query_cost,
 )
@@ -111,7 +112,8 @@ def check(settings: Settings, events: Path | None = None) -> dict[str, object]:
     problems = _paths(settings)
     q = settings.queries
     min_days = q.min_affordable_days if q is not None else DEFAULT_MIN_DAYS
-    engine = Engine(params, SystemRandomBits())
+    quotas = settings.analyst_quotas(params)
+    engine = Engine(params, SystemRandomBits(), quotas=quotas)
     limits = input_limits(settings)
     queries: list[AnyQuery] = []
     if q is not None and q.kind == "file" and q.path is not None and q.path.is_file():
@@ -133,7 +135,7 @@ def check(settings: Settings, events: Path | None = None) -> dict[str, object]:
     if wire is not None and not wire.is_file():  # devices (or simulate-local) write it
         warnings.append(f"local.path: contributions file {loc.path} does not exist yet")
     for query in queries:
-        cost = query_cost(query, params)
+        cost = query_cost(query, params, quotas)
         rows.append({**cost.as_dict(), "kind": query.kind, "coordinates": query.coordinates()})
         warning = affordability_warning(cost, params, min_days)
         if warning is not None:
@@ -174,10 +176,14 @@ def check(settings: Settings, events: Path | None = None) -> dict[str, object]:
         kind = "none" if q is None else q.kind
         note = f"queries come from {kind}: they are checked when registered (run logs warnings)"
     g = params.guarantee()
+    analysts = (
+        [a.as_dict() for a in analyst_costs(queries, params, quotas)] if quotas.active else []
+    )
     return {
         "problems": problems,
         "warnings": warnings,
         "queries": rows,
+        "analysts": analysts,
         "overlaps": shared,
         "note": note,
         "b_norm": params.b_norm,
@@ -201,7 +207,26 @@ def _text(out: dict[str, object]) -> str:
                 f"  {r['query_id']:<20} {r['kind']:<10} {r['clip']:>8g} "
                 f"{r['cost_full_contribution']:>13g} {r['full_days_affordable']:>7}"
             )
-        lines.append("  (days: full-norm contributions a fresh user can afford, B_norm / clip²)")
+        analysts = out["analysts"]
+        of = "its analyst's sub-budget / clip²" if analysts else "B_norm / clip²"
+        lines.append(f"  (days: full-norm contributions a fresh user can afford, {of})")
+    analysts = out["analysts"]
+    assert isinstance(analysts, list)
+    if analysts:
+        lines.append(
+            f"  {'analyst':<20} {'share':>8} {'sub-budget':>11} {'queries':>8} "
+            f"{'cost/day':>10} {'days':>7}"
+        )
+        for a in analysts:
+            lines.append(
+                f"  {a['analyst']:<20} {a['share']:>8.4g} {a['sub_budget']:>11g} "
+                f"{len(a['queries']):>8} {a['cost_full_contribution']:>10g} "
+                f"{a['full_days_affordable']:>7}"
+            )
+        lines.append(
+            "  (per analyst: its queries' full costs a day, and the days its sub-budget"
+            " floor(share·B) affords them all)"
+        )
     for key, label in (("overlaps", "overlap"), ("warnings", "WARNING"), ("problems", "ERROR")):
         items = out[key]
         assert isinstance(items, list)

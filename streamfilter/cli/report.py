@@ -52,6 +52,7 @@ from streamfilter.charts import (  # the one chart renderer, shared with the lea
 from streamfilter.cli.guarantee import with_telemetry
 from streamfilter.config import Settings
 from streamfilter.engine.contract import Coverage, Release
+from streamfilter.privacy.quotas import DEFAULT_ANALYST, AnalystQuotas
 from streamfilter.runtime.store import SQLiteStateReader, TelemetryCharge
 from streamfilter.telemetry.active_set import ACTIVE_SET_QUERY_ID
 
@@ -512,6 +513,23 @@ def _single_release_section(releases: list[Release], days: list[str]) -> str:
     )
 
 
+def _analyst_heading(analyst: str, quotas: AnalystQuotas, granularity: float) -> str:
+    """The heading of one analyst's panels: its share and per-user sub-budget (public
+    configuration; docs/design.md §2.13)."""
+    if analyst in quotas.sub_budget_units:
+        units = quotas.sub_budget_units[analyst]
+        quota = (
+            f"share {fmt(float(quotas.shares[analyst]))} of every user's budget: a sub-budget "
+            f"of {fmt(units * granularity**2)} per user"
+        )
+    else:
+        quota = "no longer declared in [analysts]"
+    return (
+        f'<h3 class="analyst" id="analyst-{esc(analyst)}">Analyst {esc(analyst)}'
+        f'<span class="tag">{esc(quota)}</span></h3>'
+    )
+
+
 def render_report(
     settings: Settings, data: ReportData | None = None, *, generated: dt.datetime | None = None
 ) -> str:
@@ -567,15 +585,25 @@ def render_report(
         f"{eps_rows}</table>{composition}</section>"
     )
 
+    quotas = settings.analyst_quotas(params)
+    owners = {q: rels[-1].analyst or DEFAULT_ANALYST for q, rels in by_query.items()}
+    grouped = quotas.active or any(a != DEFAULT_ANALYST for a in owners.values())
     if by_query:
-        queries = "".join(
-            _query_section(q, rels, data.days, settings.report.low_coverage_fraction, params.b_norm)
-            for q, rels in by_query.items()
-            if len(rels) > 1
-        )
-        single = [rels[0] for rels in by_query.values() if len(rels) == 1]
-        if single:
-            queries += _single_release_section(sorted(single, key=lambda r: r.day), data.days)
+        queries = ""
+        for analyst in sorted(set(owners.values())) if grouped else [None]:
+            mine = {q: r for q, r in by_query.items() if analyst is None or owners[q] == analyst}
+            if analyst is not None:
+                queries += _analyst_heading(analyst, quotas, params.granularity)
+            queries += "".join(
+                _query_section(
+                    q, rels, data.days, settings.report.low_coverage_fraction, params.b_norm
+                )
+                for q, rels in mine.items()
+                if len(rels) > 1
+            )
+            single = [rels[0] for rels in mine.values() if len(rels) == 1]
+            if single:
+                queries += _single_release_section(sorted(single, key=lambda r: r.day), data.days)
     else:
         queries = '<section class="card"><p>No release has been published yet.</p></section>'
 

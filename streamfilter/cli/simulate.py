@@ -74,6 +74,7 @@ def device_config(settings: Settings) -> DeviceConfig:
         sigma_local=settings.local.sigma_local,
         delta=params.delta,
         mechanism=params.mechanism,
+        analysts={name: a.share for name, a in settings.analysts.items()},
     )
 
 

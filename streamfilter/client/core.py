@@ -15,8 +15,8 @@ server's sum is the same as if it had sent zeros, so the central sum is unchange
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from enum import StrEnum
 from fractions import Fraction
 
@@ -28,6 +28,7 @@ from streamfilter.privacy.individual_filter import Exhaustion, filter_contributi
 from streamfilter.privacy.lattice import Lattice
 from streamfilter.privacy.noise import RandomBits, discrete_gaussian
 from streamfilter.privacy.odometer import noise_variance_units, rho_of_units
+from streamfilter.privacy.quotas import DEFAULT_ANALYST, AnalystQuotas
 from streamfilter.privacy.rounding import float_up
 
 __all__ = ["DayAnswers", "DeviceConfig", "Variant", "answer_day"]
@@ -57,6 +58,8 @@ class DeviceConfig:
     #: the noise the loss is measured against: the server's ``[privacy] mechanism`` for
     #: ``central_noise``; always ``discrete_gaussian`` for ``local_noise``
     mechanism: str = "discrete_gaussian"
+    #: the server's ``[analysts]`` shares, ``(name, share)`` by name (docs/design.md §2.13)
+    analyst_shares: tuple[tuple[str, float], ...] = ()
 
     @classmethod
     def create(
@@ -70,9 +73,11 @@ class DeviceConfig:
         sigma_local: float | None = None,
         delta: float = 1e-6,
         mechanism: str = "discrete_gaussian",
+        analysts: Mapping[str, float] | None = None,
     ) -> DeviceConfig:
         """``rho`` (the server's central ρ) for ``central_noise``; ``sigma_local`` for
-        ``local_noise``. Validates the lattice exactly as the server does."""
+        ``local_noise``; ``analysts`` the server's ``[analysts]`` shares. Validates the lattice
+        and the shares exactly as the server does."""
         v = Variant(variant)
         if v is Variant.CENTRAL_NOISE:
             if rho is None:
@@ -85,12 +90,26 @@ class DeviceConfig:
             mechanism = "discrete_gaussian"
         if mechanism not in ("discrete_gaussian", "gaussian"):
             raise ValueError("mechanism must be discrete_gaussian or gaussian")
+        shares = tuple(sorted((str(a), float(x)) for a, x in (analysts or {}).items()))
         config = cls(
-            float(b_norm), float(granularity), Exhaustion(exhaustion), v, sigma, delta, mechanism
+            float(b_norm),
+            float(granularity),
+            Exhaustion(exhaustion),
+            v,
+            sigma,
+            delta,
+            mechanism,
+            shares,
         )
         config.lattice.budget_units(config.b_norm)
         config.lattice.sigma2_units(config.sigma)
+        config.quotas  # noqa: B018 — refuses oversubscribed shares now
         return config
+
+    @property
+    def quotas(self) -> AnalystQuotas:
+        """The analysts' per-user sub-budgets (``privacy.quotas``)."""
+        return AnalystQuotas.from_shares(dict(self.analyst_shares), self.budget_units)
 
     @property
     def lattice(self) -> Lattice:
@@ -127,6 +146,7 @@ class DeviceConfig:
             "exhaustion": str(self.exhaustion),
             "variant": str(self.variant),
             "mechanism": self.mechanism,
+            **({"analysts": [list(a) for a in self.analyst_shares]} if self.analyst_shares else {}),
         }
 
 
@@ -139,6 +159,9 @@ class DayAnswers:
     units: list[np.ndarray]
     spent_units: np.ndarray
     retired: np.ndarray
+    #: each named analyst's spend and retirement after the day (docs/design.md §2.13)
+    analyst_spent: dict[str, np.ndarray] = field(default_factory=dict)
+    analyst_retired: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 def answer_day(
@@ -148,6 +171,8 @@ def answer_day(
     spent_units: np.ndarray,
     retired: np.ndarray,
     bits: RandomBits | None,
+    analyst_spent: Mapping[str, np.ndarray] | None = None,
+    analyst_retired: Mapping[str, np.ndarray] | None = None,
 ) -> DayAnswers:
     """One day for a batch of devices. ``matrices[j]`` is the (n × k_j) record matrix of the
     coordinates ``queries[j]`` reads; ``spent_units``/``retired`` are the devices' states before
@@ -156,25 +181,59 @@ def answer_day(
     ``local_noise`` draws one batch of ``d`` noise values per sending device and query from
     ``bits`` (CKS 2020 exact sampler); the device's messages are then ``B/(2 s_local²)``-zCDP
     against whoever reads them (Theorem 4.5 applied to the device's own Gaussian mechanism).
+
+    With analysts enrolled, a query's contribution must also fit its analyst's sub-budget,
+    exactly as on the server (``privacy.quotas``): ``analyst_spent``/``analyst_retired`` are
+    the named analysts' states before the day (absent: nothing spent), the default analyst's
+    spend the rest of the global one and its retirement the global flag.
     """
     spent = np.asarray(spent_units, dtype=np.int64)
     gone = np.asarray(retired, dtype=bool)
+    quotas = config.quotas
+    own_spent = {a: np.zeros(len(spent), np.int64) for a in quotas.named}
+    own_gone = {a: np.zeros(len(spent), bool) for a in quotas.named}
+    for a, v in (analyst_spent or {}).items():
+        own_spent[a] = np.asarray(v, np.int64)
+    for a, v in (analyst_retired or {}).items():
+        own_gone[a] = np.asarray(v, bool)
+    default_spent = quotas.default_spent(spent, list(own_spent.values()))
     out_ids: list[str] = []
     out_senders: list[np.ndarray] = []
     out_units: list[np.ndarray] = []
     for query, matrix in zip(queries, matrices, strict=True):
         x = query_vectors(matrix, query.weight_matrix())
-        step = filter_contributions(
-            x,
-            query.clip,
-            config.lattice,
-            spent,
-            gone,
-            config.budget_units,
-            config.exhaustion,
-        )
+        owner = quotas.owner(query.analyst)
+        if quotas.active:  # the filter against min(B − spent, B_a − spent_a)
+            mine = default_spent if owner == DEFAULT_ANALYST else own_spent[owner]
+            mine_gone = gone if owner == DEFAULT_ANALYST else own_gone[owner]
+            remaining = quotas.remaining_units(owner, spent, mine)
+            step = filter_contributions(
+                x,
+                query.clip,
+                config.lattice,
+                config.budget_units - remaining,
+                mine_gone,
+                config.budget_units,
+                config.exhaustion,
+            )
+            if owner == DEFAULT_ANALYST:
+                default_spent = default_spent + step.cost_units
+                gone = gone | step.newly_retired
+            else:
+                own_spent[owner] = own_spent[owner] + step.cost_units
+                own_gone[owner] = own_gone[owner] | step.newly_retired
+        else:
+            step = filter_contributions(
+                x,
+                query.clip,
+                config.lattice,
+                spent,
+                gone,
+                config.budget_units,
+                config.exhaustion,
+            )
+            gone = gone | step.newly_retired
         spent = spent + step.cost_units
-        gone = gone | step.newly_retired
         senders = np.flatnonzero(step.admitted & (step.units != 0).any(axis=1))
         units = step.units[senders]
         if config.variant is Variant.LOCAL_NOISE and len(senders):
@@ -185,4 +244,4 @@ def answer_day(
         out_ids.append(query.query_id)
         out_senders.append(senders)
         out_units.append(units)
-    return DayAnswers(out_ids, out_senders, out_units, spent, gone)
+    return DayAnswers(out_ids, out_senders, out_units, spent, gone, own_spent, own_gone)

@@ -33,6 +33,7 @@ from streamfilter.client.protocol import Announcement, AnnouncementError, Contri
 from streamfilter.privacy.accounting import Mechanism
 from streamfilter.privacy.noise import RandomBits, SystemRandomBits
 from streamfilter.privacy.odometer import UserLoss, user_loss
+from streamfilter.privacy.quotas import DEFAULT_ANALYST
 
 __all__ = ["LocalFilter", "day_record"]
 
@@ -101,6 +102,10 @@ class LocalFilter:
         self.bits = bits if bits is not None else SystemRandomBits()
         self.spent_units = 0
         self.retired = False
+        #: each named analyst's spend and retirement on this device (docs/design.md §2.13);
+        #: the default analyst's spend is the rest of ``spent_units``
+        self.analyst_spent: dict[str, int] = {}
+        self.analyst_retired: dict[str, bool] = {}
         self.last_day: str | None = None
         self._queries: dict[str, Announcement] = {}
         self._outbox: list[Contribution] = []
@@ -123,12 +128,19 @@ class LocalFilter:
             )
         self.spent_units = int(state["spent_units"])
         self.retired = bool(state["retired"])
+        # a state from before analysts has none: all its spend is the default analyst's
+        analysts = state.get("analysts", {})
+        self.analyst_spent = {a: int(v["spent_units"]) for a, v in analysts.items()}
+        self.analyst_retired = {a: bool(v["retired"]) for a, v in analysts.items()}
         self.last_day = state["last_day"]
         for canonical in state["queries"]:
             a = Announcement.parse(canonical)
             self._queries[a.query_id] = a
         self._outbox = [Contribution.from_json(c) for c in state["outbox"]]
-        if not 0 <= self.spent_units <= self.config.budget_units:
+        if (
+            not 0 <= self.spent_units <= self.config.budget_units
+            or not 0 <= sum(self.analyst_spent.values()) <= self.spent_units
+        ):
             raise ValueError(f"device state {self.path} is corrupt (spent outside the budget)")
 
     def _save(
@@ -138,8 +150,10 @@ class LocalFilter:
         last_day: str | None,
         queries: dict[str, Announcement],
         outbox: list[Contribution],
+        analysts: tuple[dict[str, int], dict[str, bool]] | None = None,
     ) -> None:
-        state = {
+        analyst_spent, analyst_retired = analysts or (self.analyst_spent, self.analyst_retired)
+        state: dict[str, Any] = {
             "format": STATE_FORMAT,
             "config": self.config.fingerprint(),
             "spent_units": spent_units,
@@ -148,9 +162,15 @@ class LocalFilter:
             "queries": [a.canonical for a in queries.values()],
             "outbox": [c.to_json().decode() for c in outbox],
         }
+        if analyst_spent:
+            state["analysts"] = {
+                a: {"spent_units": units, "retired": analyst_retired.get(a, False)}
+                for a, units in sorted(analyst_spent.items())
+            }
         _write_atomically(self.path, json.dumps(state, separators=(",", ":")).encode())
         # only after the state is durable does memory (and hence the transport) move on
         self.spent_units, self.retired, self.last_day = spent_units, retired, last_day
+        self.analyst_spent, self.analyst_retired = dict(analyst_spent), dict(analyst_retired)
         self._queries, self._outbox = queries, outbox
 
     # ------------------------------------------------------------------ protocol
@@ -166,6 +186,10 @@ class LocalFilter:
             return False
         if self.last_day is not None and a.from_day <= self.last_day:
             raise AnnouncementError("from_day is a day this device has already answered")
+        try:
+            self.config.quotas.owner(a.analyst)
+        except ValueError as exc:
+            raise AnnouncementError(f"{exc} of this device's enrolment") from None
         self._save(
             self.spent_units,
             self.retired,
@@ -196,6 +220,8 @@ class LocalFilter:
             np.array([self.spent_units], dtype=np.int64),
             np.array([self.retired]),
             self.bits if self.config.variant is Variant.LOCAL_NOISE else None,
+            {a: np.array([v], np.int64) for a, v in self.analyst_spent.items()},
+            {a: np.array([v]) for a, v in self.analyst_retired.items()},
         )
         new = [
             Contribution(day, qid, tuple(int(u) for u in units[0]), secrets.token_hex(16))
@@ -210,6 +236,10 @@ class LocalFilter:
             day,
             self._queries,
             self._outbox + new,
+            (
+                {a: int(v[0]) for a, v in answers.analyst_spent.items()},
+                {a: bool(v[0]) for a, v in answers.analyst_retired.items()},
+            ),
         )
         return new
 
@@ -228,6 +258,13 @@ class LocalFilter:
     def remaining(self) -> float:
         """Budget left, data units² (``(B − spent)·γ²``)."""
         return (self.config.budget_units - self.spent_units) * self.config.granularity**2
+
+    def spent_by_analyst(self) -> dict[str, int]:
+        """This user's spend on each analyst's sub-budget, lattice units (their eyes only):
+        the named analysts' and the default analyst's, the rest."""
+        quotas = self.config.quotas
+        named = {a: self.analyst_spent.get(a, 0) for a in quotas.named}
+        return {**named, DEFAULT_ANALYST: self.spent_units - sum(self.analyst_spent.values())}
 
     def odometer(self) -> UserLoss:
         """This user's realized loss so far: spent budget, ρ and ε at the configured δ

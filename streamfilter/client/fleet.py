@@ -49,6 +49,10 @@ class DeviceFleet:
         self._row: dict[str, int] = {}
         self.spent_units = np.zeros(0, dtype=np.int64)
         self.retired = np.zeros(0, dtype=bool)
+        #: each named analyst's spend and retirement per device (docs/design.md §2.13)
+        named = config.quotas.named
+        self.analyst_spent = {a: np.zeros(0, dtype=np.int64) for a in named}
+        self.analyst_retired = {a: np.zeros(0, dtype=bool) for a in named}
         self.last_day: str | None = None
 
     def __len__(self) -> int:
@@ -62,6 +66,13 @@ class DeviceFleet:
         if grow > 0:
             self.spent_units = np.concatenate([self.spent_units, np.zeros(grow, np.int64)])
             self.retired = np.concatenate([self.retired, np.zeros(grow, bool)])
+            for a in self.analyst_spent:
+                self.analyst_spent[a] = np.concatenate(
+                    [self.analyst_spent[a], np.zeros(grow, np.int64)]
+                )
+                self.analyst_retired[a] = np.concatenate(
+                    [self.analyst_retired[a], np.zeros(grow, bool)]
+                )
         return out
 
     def spent(self, device_id: str) -> int:
@@ -83,9 +94,19 @@ class DeviceFleet:
         rows = self.rows(device_ids)
         noise = self.bits if self.config.variant is Variant.LOCAL_NOISE else None
         ans = answer_day(
-            self.config, queries, matrices, self.spent_units[rows], self.retired[rows], noise
+            self.config,
+            queries,
+            matrices,
+            self.spent_units[rows],
+            self.retired[rows],
+            noise,
+            {a: v[rows] for a, v in self.analyst_spent.items()},
+            {a: v[rows] for a, v in self.analyst_retired.items()},
         )
         self.spent_units[rows] = ans.spent_units
         self.retired[rows] = ans.retired
+        for a, v in ans.analyst_spent.items():
+            self.analyst_spent[a][rows] = v
+            self.analyst_retired[a][rows] = ans.analyst_retired[a]
         self.last_day = day
         return FleetAnswers(ans.query_ids, [rows[s] for s in ans.senders], ans.units)

@@ -22,6 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from streamfilter.privacy.quotas import ANALYST_NAME_PATTERN
+
 __all__ = [
     "MAX_QUERY_DIM",
     "NONCE_HEX_CHARS",
@@ -77,6 +79,8 @@ class Announcement:
     coordinates: tuple[str, ...]
     weights: tuple[tuple[float, ...], ...]  # k rows (one per coordinate) of d weights
     canonical: str
+    #: the analyst whose sub-budget the query draws on (None: the default analyst)
+    analyst: str | None = None
 
     @property
     def dim(self) -> int:
@@ -110,6 +114,11 @@ class Announcement:
             until_day = _day(until_day, "until_day")
             if until_day < from_day:
                 raise AnnouncementError("until_day must not be before from_day")
+        analyst = obj.get("analyst")
+        if analyst is not None and (
+            not isinstance(analyst, str) or not re.match(ANALYST_NAME_PATTERN, analyst)
+        ):
+            raise AnnouncementError("analyst must match [A-Za-z0-9_-]{1,64}")
         kind = obj.get("kind")
         coords: list[str]
         rows: list[tuple[float, ...]]
@@ -149,6 +158,7 @@ class Announcement:
             coordinates=tuple(coords),
             weights=tuple(rows),
             canonical=json.dumps(obj, sort_keys=True, separators=(",", ":")),
+            analyst=analyst,
         )
 
 

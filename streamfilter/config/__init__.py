@@ -17,18 +17,20 @@ import re
 import tomllib
 from fractions import Fraction
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import ValidationError, model_validator
+from pydantic import Field, ValidationError, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from streamfilter.engine.params import PrivacyParams
 from streamfilter.errors import ConfigError
 from streamfilter.privacy.accounting import calibrate_rho, sigma_for_rho
+from streamfilter.privacy.quotas import ANALYST_NAME_PATTERN, AnalystQuotas
 from streamfilter.privacy.rounding import float_down
 
 from .sections import (
     LOCAL_DEFAULT_FILE,
+    AnalystSection,
     ClusterSection,
     KafkaSection,
     LimitsSection,
@@ -90,6 +92,8 @@ class Settings(BaseSettings):
     mode: ModeSection = ModeSection()
     local: LocalSection = LocalSection()
     cluster: ClusterSection = ClusterSection()
+    #: ``[analysts.<name>] share``: per-analyst quotas (docs/design.md §2.13); empty: none
+    analysts: dict[Annotated[str, Field(pattern=ANALYST_NAME_PATTERN)], AnalystSection] = {}
 
     @model_validator(mode="after")
     def _cluster_mode(self) -> Settings:
@@ -180,6 +184,16 @@ class Settings(BaseSettings):
             )
         except (ValueError, ArithmeticError) as exc:
             raise ConfigError(f"[privacy]: {_without_values(str(exc))}") from None
+
+    def analyst_quotas(self, params: PrivacyParams | None = None) -> AnalystQuotas:
+        """The analysts' per-user sub-budgets (``privacy.quotas``); ``ConfigError`` if the
+        shares oversubscribe the budget."""
+        budget_units = (params or self.privacy_params()).budget_units
+        shares = {name: section.share for name, section in self.analysts.items()}
+        try:
+            return AnalystQuotas.from_shares(shares, budget_units)
+        except ValueError as exc:
+            raise ConfigError(f"[analysts]: {exc}") from None
 
     def kafka_topics(self) -> list[tuple[str, _TopicKeys]]:
         """(config key, section) of every section that names a Kafka topic."""
@@ -396,10 +410,34 @@ def load_config(path: str | Path | None = None, **overrides: Any) -> Settings:
         raise ConfigError(_format_errors(exc)) from None
     params = settings.privacy_params()  # derived checks (lattice, overflow) name [privacy]
     settings.sigma2_local_units()  # and [local]
+    _check_analysts(settings, params)
     _resolve_telemetry(settings, params)
     for warning in plausibility_warnings(settings, params):
         log.warning("%s", warning)
     return settings
+
+
+def _check_analysts(settings: Settings, params: PrivacyParams) -> None:
+    """Quotas that oversubscribe the budget, and the modes that do not run analysts yet, are
+    refused with one line each."""
+    if not settings.analysts:
+        return
+    if settings.cluster.enabled:
+        raise ConfigError(
+            "[analysts]: analysts are not supported in cluster mode yet; remove [analysts] or "
+            "run a single process"
+        )
+    if settings.telemetry.population:
+        raise ConfigError(
+            "[analysts]: the population estimate does not support analysts yet; set "
+            "[telemetry] population = false"
+        )
+    if settings.state.kind != "sqlite":
+        raise ConfigError(
+            "[analysts]: analysts need a SQLite state for now (the PostgreSQL store does not "
+            "yet mark a state holding analysts' entries against older versions)"
+        )
+    settings.analyst_quotas(params)
 
 
 def config_fingerprint(params: PrivacyParams, settings: Settings | None = None) -> str:

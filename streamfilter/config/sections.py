@@ -74,6 +74,16 @@ class PrivacySection(_Section):
         return self
 
 
+class AnalystSection(_Section):
+    """``[analysts.<name>]``: an analyst's quota, ``share`` of every user's budget (a TOML
+    number in (0, 1]; the shares sum to at most 1; docs/design.md §2.13). Queries name their
+    analyst (``"analyst": "<name>"``); those that name none belong to the analyst ``default``,
+    whose share is the rest unless ``[analysts.default]`` sets it."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    share: float = Field(gt=0, le=1, allow_inf_nan=False)
+
+
 class WindowSection(_Section):
     """``future_slack``: an event whose day begins more than this after now (UTC) is rejected as
     ``future`` (a clock ahead of ours, a typo such as 2099): it must not hold days open or pin

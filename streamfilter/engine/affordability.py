@@ -20,8 +20,17 @@ from itertools import combinations
 
 from streamfilter.engine.params import PrivacyParams
 from streamfilter.engine.queries import AnyQuery
+from streamfilter.privacy.quotas import AnalystQuotas
 
-__all__ = ["DEFAULT_MIN_DAYS", "QueryCost", "affordability_warning", "overlaps", "query_cost"]
+__all__ = [
+    "DEFAULT_MIN_DAYS",
+    "AnalystCost",
+    "QueryCost",
+    "affordability_warning",
+    "analyst_costs",
+    "overlaps",
+    "query_cost",
+]
 
 #: a query a user can afford at full norm on fewer days than this is warned about
 DEFAULT_MIN_DAYS = 7
@@ -32,27 +41,106 @@ class QueryCost:
     query_id: str
     clip: float
     cost: float  # clip² in data units², as charged (floor(clip²/γ²)·γ²)
-    full_days: int  # floor(B_norm / cost): full-norm days a fresh user can afford
+    full_days: int  # floor(budget / cost): full-norm days a fresh user can afford
+    #: with analysts declared, the query's analyst and its per-user sub-budget (data units²)
+    analyst: str | None = None
+    sub_budget: float | None = None
 
     def as_dict(self) -> dict[str, object]:
-        return {
+        out: dict[str, object] = {
             "query_id": self.query_id,
             "clip": self.clip,
             "cost_full_contribution": self.cost,
             "full_days_affordable": self.full_days,
         }
+        if self.analyst is not None:
+            out["analyst"] = self.analyst
+        return out
 
 
-def query_cost(query: AnyQuery, params: PrivacyParams) -> QueryCost:
+def query_cost(
+    query: AnyQuery, params: PrivacyParams, quotas: AnalystQuotas | None = None
+) -> QueryCost:
+    """The query's full cost and the full days a fresh user affords: of ``B``, or with analysts
+    declared of the query's analyst's sub-budget ``floor(share·B)`` (docs/design.md §2.13)."""
     units = params.lattice.max_cost_units(query.clip)
-    days = params.budget_units // units if units else params.budget_units
-    return QueryCost(query.query_id, query.clip, units * params.granularity**2, int(days))
+    gamma2 = params.granularity**2
+    if quotas is None or not quotas.active:
+        days = params.budget_units // units if units else params.budget_units
+        return QueryCost(query.query_id, query.clip, units * gamma2, int(days))
+    analyst = quotas.owner(query.analyst)
+    own = quotas.sub_budget_units[analyst]
+    days = own // units if units else own
+    return QueryCost(query.query_id, query.clip, units * gamma2, int(days), analyst, own * gamma2)
+
+
+@dataclass(frozen=True)
+class AnalystCost:
+    """One analyst's quota and what a user active in all of its queries pays a day."""
+
+    analyst: str
+    share: float
+    sub_budget: float  # floor(share·B)·γ², data units²
+    queries: tuple[str, ...]
+    cost: float  # Σ of its queries' full costs, data units²
+    full_days: int  # floor(sub-budget / cost) (the sub-budget's units when it has no query)
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "analyst": self.analyst,
+            "share": self.share,
+            "sub_budget": self.sub_budget,
+            "queries": list(self.queries),
+            "cost_full_contribution": self.cost,
+            "full_days_affordable": self.full_days,
+        }
+
+
+def analyst_costs(
+    queries: Sequence[AnyQuery], params: PrivacyParams, quotas: AnalystQuotas
+) -> list[AnalystCost]:
+    """Per analyst (name order): the cost of one full contribution to each of its queries and
+    the full days a fresh user's sub-budget affords (exact lattice units)."""
+    out = []
+    gamma2 = params.granularity**2
+    for name in quotas.analysts:
+        own = [q for q in queries if quotas.owner(q.analyst) == name]
+        units = sum(params.lattice.max_cost_units(q.clip) for q in own)
+        budget = quotas.sub_budget_units[name]
+        days = budget // units if units else budget
+        out.append(
+            AnalystCost(
+                name,
+                float(quotas.shares[name]),
+                budget * gamma2,
+                tuple(q.query_id for q in own),
+                units * gamma2,
+                int(days),
+            )
+        )
+    return out
 
 
 def affordability_warning(
     cost: QueryCost, params: PrivacyParams, min_days: int = DEFAULT_MIN_DAYS
 ) -> str | None:
     """The warning for one query, naming the numbers (None when it is affordable)."""
+    if cost.analyst is not None and cost.sub_budget is not None:
+        if cost.full_days == 0 and str(params.exhaustion) != "clip":
+            return (
+                f"query {cost.query_id}: clip² = {cost.cost:g} exceeds analyst "
+                f"{cost.analyst}'s sub-budget {cost.sub_budget:g} (of b_norm = "
+                f"{params.b_norm:g}); no user's full contribution can ever be admitted — lower "
+                "the clip or raise the analyst's share"
+            )
+        if cost.full_days < min_days:
+            return (
+                f"query {cost.query_id}: one full contribution costs clip² = {cost.cost:g} of "
+                f"analyst {cost.analyst}'s sub-budget {cost.sub_budget:g}, so a user active every "
+                f"day is exhausted for it after {cost.full_days} day(s) (fewer than {min_days}); "
+                "lower the clip or raise the analyst's share"
+            )
+        return None
     if cost.full_days == 0 and str(params.exhaustion) != "clip":
         return (
             f"query {cost.query_id}: clip² = {cost.cost:g} exceeds b_norm = {params.b_norm:g}; "

@@ -28,6 +28,8 @@ from pydantic import (
     model_validator,
 )
 
+from streamfilter.privacy.quotas import ANALYST_NAME_PATTERN
+
 __all__ = [
     "MAX_ABS_VALUE",
     "MAX_EVENT_BYTES",
@@ -321,6 +323,8 @@ class _QueryBase(BaseModel):
     clip: Annotated[float, Field(gt=0, allow_inf_nan=False)]
     from_day: dt.date
     until_day: dt.date | None = None
+    #: whose sub-budget the query draws on (docs/design.md §2.13); None: the default analyst
+    analyst: Annotated[str, Field(pattern=ANALYST_NAME_PATTERN)] | None = None
 
     @model_validator(mode="after")
     def _check_days(self) -> _QueryBase:
@@ -526,6 +530,8 @@ class Release:
     coverage: Coverage | None = None
     #: private estimate of the value over all users counted so far (None: not tracked)
     population: Population | None = None
+    #: the analyst whose query this answers (None: the query named none)
+    analyst: str | None = None
 
     def to_json(self) -> str:
         """The exact bytes that leave the process (key order fixed by the contract)."""
@@ -546,6 +552,8 @@ class Release:
             obj["coverage"] = self.coverage.to_json_dict()
         if self.population is not None:
             obj["population"] = self.population.to_json_dict()
+        if self.analyst is not None:
+            obj["analyst"] = self.analyst
         return json.dumps(obj, allow_nan=False)
 
     @classmethod

@@ -10,19 +10,20 @@ returned :class:`DayOutcome` (state store first, then the in-memory ledger).
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from streamfilter.engine.contract import Release
-from streamfilter.engine.ledger import BudgetLedger, KeyedUsers
+from streamfilter.engine.ledger import BudgetLedger, KeyedUsers, UserKeys
 from streamfilter.engine.params import LINF_FAILURE_PROBABILITY, PrivacyParams
 from streamfilter.engine.queries import AnyQuery
 from streamfilter.engine.records import DayRecords
 from streamfilter.privacy.departed import filter_departures
 from streamfilter.privacy.individual_filter import filter_totals, query_vectors
 from streamfilter.privacy.noise import RandomBits, SeededRandomBits, discrete_gaussian, gaussian
+from streamfilter.privacy.quotas import DEFAULT_ANALYST, AnalystQuotas, analyst_keys
 from streamfilter.telemetry.active_set import ACTIVE_SET_QUERY_ID, ActiveSetTracker
 from streamfilter.telemetry.coverage import (
     COVERAGE_NOISE_ID,
@@ -33,6 +34,7 @@ from streamfilter.telemetry.coverage import (
 from streamfilter.telemetry.population import POPULATION_NOISE_PREFIX, PopulationTracker
 
 __all__ = [
+    "AnalystChanges",
     "DayOutcome",
     "DayPartial",
     "ExactDayStats",
@@ -77,6 +79,16 @@ class ExactDayStats:
 
 
 @dataclass(frozen=True)
+class AnalystChanges:
+    """One named analyst's sub-filter entries changed by a day (its users' new spends)."""
+
+    analyst: str
+    users: np.ndarray
+    spent_units: np.ndarray
+    retired: np.ndarray
+
+
+@dataclass(frozen=True)
 class DayOutcome:
     """Everything one closed day changes; committed atomically by the caller."""
 
@@ -95,6 +107,22 @@ class DayOutcome:
     #: population estimate's departed counters after this day (None when off). Their state
     #: holds exact partial sums: stored with the day, never published.
     population: PopulationTracker | None = None
+    #: the day's changes of the named analysts' sub-filters (docs/design.md §2.13)
+    analyst_changes: tuple[AnalystChanges, ...] = ()
+
+    def budget_rows(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(keys, spent_units, retired)`` the store writes for the day: the users' global
+        entries, then each analyst's under :func:`~streamfilter.privacy.quotas.analyst_key`
+        (one packed budget row holds both)."""
+        if not self.analyst_changes:
+            return self.changed_users, self.spent_units, self.retired
+        users = [np.asarray(self.changed_users, dtype=object)]
+        spent, retired = [self.spent_units], [self.retired]
+        for change in self.analyst_changes:
+            users.append(analyst_keys(change.analyst, change.users))
+            spent.append(change.spent_units)
+            retired.append(change.retired)
+        return np.concatenate(users), np.concatenate(spent), np.concatenate(retired)
 
     @property
     def active_set_state(self) -> bytes | None:
@@ -145,6 +173,7 @@ def noisy_release(
         granularity=gamma,
         linf_bound=params.linf_bound(d),
         linf_failure_probability=LINF_FAILURE_PROBABILITY,
+        analyst=query.analyst,
     )
 
 
@@ -162,6 +191,17 @@ def _query_vectors(dense: np.ndarray, cols: list[int], weights: np.ndarray) -> n
     return query_vectors(sub, weights)
 
 
+@dataclass(frozen=True)
+class AnalystState:
+    """The day's users' sub-filter state per analyst (docs/design.md §2.13), updated in place
+    by the day close: ``spent``/``retired`` per analyst, the default one's ``spent`` derived
+    (global minus the named analysts') and its ``retired`` the global flag."""
+
+    quotas: AnalystQuotas
+    spent: dict[str, np.ndarray]
+    retired: dict[str, np.ndarray]
+
+
 def _filter_day(
     records: DayRecords,
     queries: Sequence[AnyQuery],
@@ -169,12 +209,17 @@ def _filter_day(
     spent: np.ndarray,
     retired: np.ndarray,
     departed: list[np.ndarray] | None = None,
+    analysts: AnalystState | None = None,
 ) -> tuple[list[np.ndarray], list[int], list[int]]:
     """The day's queries over all users, on blocks of users: (sums, admitted, refused) per query.
 
     With ``departed`` (one zero vector per query), users follow the departure rule of
-    ``privacy.departed`` and the departing vectors are summed into it. Every step is row-wise (each user's own queries stay in order) and sums are exact, so blocks
-    change no result; they bound the temporaries. ``spent``/``retired`` are updated in place.
+    ``privacy.departed`` and the departing vectors are summed into it. With ``analysts``, a
+    query's contributions must fit both the user's budget and its analyst's sub-budget
+    (``privacy.quotas``): the filter sees the smaller remainder, and the cost is charged to
+    both. Every step is row-wise (each user's own queries stay in order) and sums are exact, so
+    blocks change no result; they bound the temporaries. ``spent``/``retired`` (and the
+    analysts' state) are updated in place.
     """
     lattice = params.lattice
     budget = params.budget_units
@@ -200,12 +245,25 @@ def _filter_day(
                 admitted_n[j] += int(np.count_nonzero(dep.admitted & nonzero))
                 refused_n[j] += int(np.count_nonzero(~dep.admitted & nonzero))
                 continue
-            step = filter_totals(
-                x, query.clip, lattice, spent_b, retired_b, budget, params.exhaustion
-            )
+            if analysts is not None:
+                owner = analysts.quotas.owner(query.analyst)
+                own_spent = analysts.spent[owner][start:stop]
+                own_retired = analysts.retired[owner][start:stop]
+                # the filter of Algorithm 3 against min(B − spent, B_a − spent_a)
+                remaining = analysts.quotas.remaining_units(owner, spent_b, own_spent)
+                own_budget_spent = budget - remaining
+                step = filter_totals(
+                    x, query.clip, lattice, own_budget_spent, own_retired, budget, params.exhaustion
+                )
+                own_spent += step.cost_units
+                own_retired |= step.newly_retired
+            else:
+                step = filter_totals(
+                    x, query.clip, lattice, spent_b, retired_b, budget, params.exhaustion
+                )
+                retired_b |= step.newly_retired
             totals[j] += step.total_units
             spent_b += step.cost_units
-            retired_b |= step.newly_retired
             admitted_n[j] += step.admitted_nonzero
             refused_n[j] += step.refused_nonzero
     return totals, admitted_n, refused_n
@@ -216,19 +274,27 @@ def with_coverage(
     releases: Sequence[Release],
     queries: Sequence[AnyQuery],
     tracker: CoverageTracker,
-    counts: CoverageCounts,
+    counts: CoverageCounts | tuple[CoverageCounts, ...],
     params: PrivacyParams,
     bits: RandomBits,
 ) -> tuple[list[Release], CoverageTracker]:
     """The day's query releases with their coverage (docs/design.md §2.11): the day's exact
     ``counts`` go into ``tracker`` with noise from the day's own coverage key, so no other
-    released value moves; returns the releases and the tracker after the day."""
-    estimate, after = tracker.step(counts, _bits_for(bits, day, COVERAGE_NOISE_ID))
+    released value moves; returns the releases and the tracker after the day. With analysts,
+    ``counts`` has one entry per analyst (the tracker's groups) and each query's coverage is
+    its analyst's (§2.13)."""
+    groups = counts if isinstance(counts, tuple) else (counts,)
+    estimates, after = tracker.step_groups(groups, _bits_for(bits, day, COVERAGE_NOISE_ID))
+    of_analyst = {n: e for (n, _), e in zip(tracker.groups(), estimates, strict=True)}
     gamma = params.granularity
-    covered = [
-        replace(r, coverage=estimate.for_cost(params.lattice.max_cost_units(q.clip), gamma))
-        for r, q in zip(releases, queries, strict=True)
-    ]
+    covered = []
+    for r, q in zip(releases, queries, strict=True):
+        name = q.analyst or DEFAULT_ANALYST
+        if tracker.ladders and name not in of_analyst:
+            raise ValueError("the coverage tracker has no group for the query's analyst")
+        estimate = of_analyst[name] if tracker.ladders else estimates[0]
+        cost = params.lattice.max_cost_units(q.clip)
+        covered.append(replace(r, coverage=estimate.for_cost(cost, gamma)))
     return covered, after
 
 
@@ -241,8 +307,15 @@ def close_day(
     active_set: ActiveSetTracker | None = None,
     coverage: CoverageTracker | None = None,
     population: PopulationTracker | None = None,
+    quotas: AnalystQuotas | None = None,
+    analyst_ledgers: Mapping[str, BudgetLedger] | None = None,
 ) -> DayOutcome:
     """Algorithm 3 for one day (Theorem 4.5); see ``privacy.individual_filter`` for the argument.
+
+    With ``quotas`` declaring analysts, each query is also held to its analyst's per-user
+    sub-budget (``privacy.quotas``, docs/design.md §2.13); ``analyst_ledgers`` holds every named
+    analyst's spends (those of analysts no longer declared too: the default analyst's spend is
+    what is left of the global one), and the outcome's ``analyst_changes`` the day's changes.
 
     With ``population``, users follow the departure rule (``privacy.departed``) and each query's
     release carries its population estimate (``telemetry.population``; noise from its own key).
@@ -262,7 +335,26 @@ def close_day(
     departed = (
         None if population is None else [np.zeros(q.weights().shape[1], np.int64) for q in queries]
     )
-    totals, admitted_n, refused_n = _filter_day(records, queries, params, spent, retired, departed)
+    state = None
+    if quotas is not None and quotas.active:
+        if population is not None:
+            raise ValueError("the population estimate does not support analysts yet")
+        state = _analyst_state(quotas, analyst_ledgers or {}, users, keys, spent, retired)
+        analyst_before = {
+            a: (state.spent[a].copy(), state.retired[a].copy()) for a in quotas.analysts
+        }
+    totals, admitted_n, refused_n = _filter_day(
+        records, queries, params, spent, retired, departed, state
+    )
+    analyst_changes: list[AnalystChanges] = []
+    if state is not None:
+        for a in quotas.named if quotas is not None else ():
+            s_after, r_after = state.spent[a], state.retired[a]
+            s_before, r_before = analyst_before[a]
+            moved = np.flatnonzero((s_after != s_before) | (r_after != r_before))
+            if len(moved):
+                who = KeyedUsers.wrap(users[moved], keys.take(moved))
+                analyst_changes.append(AnalystChanges(a, who, s_after[moved], r_after[moved]))
     absent = None
     if population is not None and population.pending:
         # yesterday's newly departing users without a record today leave with a zero vector
@@ -298,9 +390,17 @@ def close_day(
         releases.extend([extra] if extra is not None else [])
     covered = None
     if coverage is not None:
-        counts = coverage_counts(
-            spent_before, retired_before, spent, retired, budget, coverage.thresholds_units
-        )
+        counts: CoverageCounts | tuple[CoverageCounts, ...]
+        if bool(coverage.ladders) != (state is not None):
+            raise ValueError("the coverage tracker's analysts are not the run's")
+        if coverage.ladders and state is not None:
+            counts = _analyst_coverage_counts(
+                coverage, state, analyst_before, spent_before, spent, budget
+            )
+        else:
+            counts = coverage_counts(
+                spent_before, retired_before, spent, retired, budget, coverage.thresholds_units
+            )
         releases[: len(queries)], covered = with_coverage(
             records.day, releases[: len(queries)], queries, coverage, counts, params, bits
         )
@@ -327,7 +427,64 @@ def close_day(
         active_set=tracker,
         coverage=covered,
         population=populated,
+        analyst_changes=tuple(analyst_changes),
     )
+
+
+def _analyst_state(
+    quotas: AnalystQuotas,
+    ledgers: Mapping[str, BudgetLedger],
+    users: np.ndarray,
+    keys: UserKeys,
+    spent: np.ndarray,
+    retired: np.ndarray,
+) -> AnalystState:
+    """The day's users' spends per analyst: each named analyst's from its ledger (zeros for
+    users it never charged), the default analyst's the global spend minus every stored
+    analyst's (a state from before analysts: all of it)."""
+    spent_of: dict[str, np.ndarray] = {}
+    retired_of: dict[str, np.ndarray] = {}
+    for name, ledger in ledgers.items():
+        spent_of[name], retired_of[name] = ledger.state(users, keys)
+    for name in quotas.named:
+        if name not in spent_of:
+            spent_of[name] = np.zeros(len(users), np.int64)
+            retired_of[name] = np.zeros(len(users), bool)
+    spent_of[DEFAULT_ANALYST] = quotas.default_spent(spent, list(spent_of.values()))
+    retired_of[DEFAULT_ANALYST] = retired  # the default analyst's retirement is the global flag
+    return AnalystState(quotas, spent_of, retired_of)
+
+
+def _analyst_coverage_counts(
+    tracker: CoverageTracker,
+    state: AnalystState,
+    before: Mapping[str, tuple[np.ndarray, np.ndarray]],
+    spent_before: np.ndarray,
+    spent_after: np.ndarray,
+    budget_units: int,
+) -> tuple[CoverageCounts, ...]:
+    """Each analyst's exact coverage counts of the day (its group of the tracker): counted on
+    its first charge (or retirement), departed from a threshold when ``min(B − spent, B_a −
+    spent_a)`` falls below it — monotone, so one event per user and stream (§2.11, §2.13)."""
+    out = []
+    for name, thresholds in tracker.groups():
+        if name is None or name not in state.spent:
+            raise ValueError("the coverage tracker's analysts are not the run's")
+        own_before, retired_before = before[name]
+        own_after, retired_after = state.spent[name], state.retired[name]
+        out.append(
+            coverage_counts(
+                own_before,
+                retired_before,
+                own_after,
+                retired_after,
+                budget_units,
+                thresholds,
+                state.quotas.remaining_units(name, spent_before, own_before),
+                state.quotas.remaining_units(name, spent_after, own_after),
+            )
+        )
+    return tuple(out)
 
 
 def _departing_next(

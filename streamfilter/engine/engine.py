@@ -26,6 +26,7 @@ from streamfilter.engine.params import PrivacyParams
 from streamfilter.engine.queries import AnyQuery, QueryBook
 from streamfilter.engine.records import DayAccumulator, DaySize
 from streamfilter.privacy.noise import RandomBits
+from streamfilter.privacy.quotas import DEFAULT_ANALYST, AnalystQuotas, split_budgets
 from streamfilter.telemetry.active_set import ActiveSetTracker
 from streamfilter.telemetry.coverage import CoverageTracker
 from streamfilter.telemetry.population import PopulationTracker
@@ -70,12 +71,22 @@ class Engine:
         coverage: CoverageTracker | None = None,
         population: PopulationTracker | None = None,
         event_id_index: Callable[[str], EventIdIndex] | None = None,
+        quotas: AnalystQuotas | None = None,
     ) -> None:
         """``event_id_index(day)``: a new day's repeated-event index (the runtime's spills to
-        disk); None keeps every day's pairs in memory."""
+        disk); None keeps every day's pairs in memory. ``quotas``: the analysts' per-user
+        sub-budgets (None: the default analyst owns the whole budget)."""
         self.params = params
         self.bits = bits
+        self.quotas = quotas if quotas is not None else AnalystQuotas.single(params.budget_units)
+        if self.quotas.budget_units != params.budget_units:
+            raise ValueError("the analysts' quotas are for another budget")
         self.ledger = BudgetLedger()
+        #: each named analyst's sub-filter spends (users keyed by id), those of analysts no
+        #: longer declared included (the default analyst's spend is the rest of the global one)
+        self.analyst_ledgers: dict[str, BudgetLedger] = {
+            name: BudgetLedger() for name in self.quotas.named
+        }
         self.queries = QueryBook()
         self.last_closed_day: str | None = None
         self.history: list[Release] = []
@@ -107,15 +118,43 @@ class Engine:
         """
         if self.last_closed_day is not None or self.history or len(self.ledger):
             raise ValueError("restore() needs a fresh engine")
-        if budgets:
-            users, spent, retired = zip(*budgets, strict=True)
-            self.ledger.apply(
-                np.array(users, dtype=object), np.array(spent, np.int64), np.array(retired, bool)
-            )
+        plain, named = split_budgets(budgets)
+        for ledger, entries in [(self.ledger, plain)] + [
+            (self.analyst_ledgers.setdefault(name, BudgetLedger()), entries)
+            for name, entries in named.items()
+        ]:
+            if entries:
+                users, spent, retired = zip(*entries, strict=True)
+                ledger.apply(
+                    np.array(users, dtype=object),
+                    np.array(spent, np.int64),
+                    np.array(retired, bool),
+                )
         for payload in queries:
             self.queries.register(parse_query(payload), None)
         self.last_closed_day = last_closed_day
+        self._check_owners()
         self.history = [Release.from_json(p) for p in releases]
+
+    def _check_owners(self) -> None:
+        """Every query that still stands belongs to a declared analyst (``ValueError``)."""
+        for query in self.queries:
+            if query.until_day is not None and self.is_closed(query.until_day.isoformat()):
+                continue
+            try:
+                self.quotas.owner(query.analyst)
+            except ValueError as exc:
+                raise ValueError(
+                    f"registered query {query.query_id!r} still stands but {exc}; declare the "
+                    "analyst again (a sub-budget's spend is kept) or end the query"
+                ) from None
+
+    def analyst_spent_units(self, user_id: str) -> dict[str, int]:
+        """``user_id``'s spend per analyst, lattice units (sensitive: their eyes only): each
+        stored analyst's, and the default analyst's, the rest of the global spend."""
+        named = {name: ledger.spent_units(user_id) for name, ledger in self.analyst_ledgers.items()}
+        default = self.ledger.spent_units(user_id) - sum(named.values())
+        return dict(sorted({**named, DEFAULT_ANALYST: default}.items()))
 
     def next_open_day(self) -> dt.date:
         """The first day that has not closed (``date.min`` before any day closed: every day is
@@ -155,6 +194,10 @@ class Engine:
             raise Reject(
                 "invalid_query", "clip is too large for the configured granularity (clip/γ > 2^31)"
             ) from None
+        try:
+            self.quotas.owner(query.analyst)
+        except ValueError as exc:
+            raise Reject("invalid_query", str(exc)) from None
         return self.queries.check(query, self.last_closed_day)
 
     def register_query(self, query: AnyQuery) -> bool:
@@ -236,12 +279,17 @@ class Engine:
             self.active_set,
             self.coverage,
             self.population,
+            self.quotas,
+            self.analyst_ledgers,
         )
 
     def commit_day(self, outcome: DayOutcome) -> None:
         """Apply a prepared (and, in the runtime, durably stored) day."""
         self.check_day(outcome.day)
         self.ledger.apply(outcome.changed_users, outcome.spent_units, outcome.retired)
+        for change in outcome.analyst_changes:
+            ledger = self.analyst_ledgers.setdefault(change.analyst, BudgetLedger())
+            ledger.apply(change.users, change.spent_units, change.retired)
         self.last_closed_day = outcome.day
         self.history.extend(outcome.releases)
         if outcome.active_set is not None:

@@ -45,6 +45,7 @@ from streamfilter.engine.queries import AnyQuery
 from streamfilter.privacy.accuracy import linf_bound_for_variance
 from streamfilter.privacy.discrete_gaussian_moments import discrete_gaussian_variance
 from streamfilter.privacy.noise import RandomBits
+from streamfilter.privacy.quotas import AnalystQuotas
 
 __all__ = [
     "CENTRAL_NOISE",
@@ -218,6 +219,7 @@ def local_noise_release(
             mechanism="discrete_gaussian",
         ),
         linf_failure_probability=LINF_FAILURE_PROBABILITY,
+        analyst=query.analyst,
     )
 
 
@@ -233,8 +235,11 @@ class LocalEngine(Engine):
         bits: RandomBits,
         variant: str,
         sigma2_local_units: int | None = None,
+        quotas: AnalystQuotas | None = None,
     ) -> None:
-        super().__init__(params, bits)
+        """``quotas``: the analysts the queries may name (each device holds them to their
+        sub-budgets: ``client.core.answer_day``)."""
+        super().__init__(params, bits, quotas=quotas)
         if variant not in (CENTRAL_NOISE, LOCAL_NOISE):
             raise ValueError("variant must be central_noise or local_noise")
         if variant == LOCAL_NOISE and not sigma2_local_units:

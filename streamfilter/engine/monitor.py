@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from fractions import Fraction
 from typing import Any
 
@@ -17,6 +17,7 @@ from streamfilter.engine.queries import AnyQuery
 from streamfilter.engine.records import DayAccumulator
 from streamfilter.privacy.accounting import Guarantee, guarantee
 from streamfilter.privacy.noise import RandomBits, SystemRandomBits
+from streamfilter.privacy.quotas import AnalystQuotas
 from streamfilter.privacy.rounding import float_up
 from streamfilter.telemetry.active_set import ActiveSetSpec, ActiveSetTracker
 from streamfilter.telemetry.coverage import CoverageSpec, CoverageTracker
@@ -39,6 +40,8 @@ class Monitor:
     carry its coverage estimate (``telemetry.coverage``, docs/design.md §2.11); its ρ adds too.
     ``population`` (opt-in) makes every query's release carry its population estimate
     (``telemetry.population``, docs/design.md §2.12), paid inside each user's own filter.
+    ``analysts`` maps analyst names to their shares of every user's budget (docs/design.md
+    §2.13); queries name their analyst, those that name none belong to ``default``.
     """
 
     def __init__(
@@ -55,6 +58,7 @@ class Monitor:
         active_set: ActiveSetSpec | None = None,
         coverage: CoverageSpec | None = None,
         population: PopulationSpec | None = None,
+        analysts: Mapping[str, float] | None = None,
     ) -> None:
         self.params = PrivacyParams.create(
             b_norm=b_norm,
@@ -67,7 +71,8 @@ class Monitor:
         )
         self._test_seed = test_seed
         bits: RandomBits = SystemRandomBits() if test_seed is None else SeededPerRelease(test_seed)
-        self._engine = Engine(self.params, bits)
+        quotas = AnalystQuotas.from_shares(analysts or {}, self.params.budget_units)
+        self._engine = Engine(self.params, bits, quotas=quotas)
         #: the ρ each opt-in estimate charges, as the daemon charges its telemetry ledger
         self._charged = {
             name: spec.rho
@@ -77,7 +82,7 @@ class Monitor:
         if active_set is not None:
             self._engine.active_set = ActiveSetTracker.create(active_set, self.params)
         if coverage is not None:
-            self._engine.coverage = CoverageTracker.create(coverage, self.params)
+            self._engine.coverage = CoverageTracker.create(coverage, self.params, quotas)
         if population is not None:
             self._engine.population = PopulationTracker.create(population, self.params)
         self.rejects: list[RejectedRecord] = []
@@ -88,7 +93,8 @@ class Monitor:
         if self._engine.check_query(parsed):
             self._registered(parsed)
         if self._engine.register_query(parsed):
-            warning = affordability_warning(query_cost(parsed, self.params), self.params)
+            cost = query_cost(parsed, self.params, self._engine.quotas)
+            warning = affordability_warning(cost, self.params)
             if warning is not None:
                 log.warning("%s", warning)
         return parsed
@@ -157,6 +163,14 @@ class Monitor:
         Sensitive: show it to that user only (paper §4.4; Yu et al. §3.4).
         """
         return float(self._engine.ledger.spent_units(user_id)) * self.params.granularity**2
+
+    def spent_by_analyst(self, user_id: str) -> dict[str, float]:
+        """``user_id``'s spend on each analyst's sub-budget, data units (sensitive, as
+        :meth:`spent`)."""
+        return {
+            name: float(units) * self.params.granularity**2
+            for name, units in self._engine.analyst_spent_units(user_id).items()
+        }
 
     def rho_parts(self) -> dict[str, float]:
         """Each part of the total ρ: the queries, and what each opt-in estimate is charged (its

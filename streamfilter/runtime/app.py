@@ -114,7 +114,13 @@ def _engine(
     population: PopulationTracker | None = None,
 ) -> Engine:
     if settings.mode.kind == "local":  # no per-user state on the server: no active-set estimate
-        return LocalEngine(params, bits, settings.local.variant, settings.sigma2_local_units())
+        return LocalEngine(
+            params,
+            bits,
+            settings.local.variant,
+            settings.sigma2_local_units(),
+            settings.analyst_quotas(params),
+        )
     return Engine(
         params,
         bits,
@@ -122,6 +128,7 @@ def _engine(
         coverage=coverage,
         population=population,
         event_id_index=_event_id_index(settings),
+        quotas=settings.analyst_quotas(params),
     )
 
 

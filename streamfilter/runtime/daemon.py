@@ -335,7 +335,7 @@ class Daemon:
                 self.engine.register_query(query)
                 new.append(query.canonical_json().encode())
                 self.summary.queries_registered += 1
-                cost = query_cost(query, self.engine.params)
+                cost = query_cost(query, self.engine.params, self.engine.quotas)
                 warning = affordability_warning(cost, self.engine.params, self.min_affordable_days)
                 if warning is not None:
                     log.warning("%s", warning)
@@ -692,13 +692,14 @@ class Daemon:
         self.reject_sink.flush()
         # 2. commit debits + releases + positions in one transaction (raises: fail closed)
         commit_started = time.perf_counter()
+        budget_keys, budget_spent, budget_retired = outcome.budget_rows()
         self.store.commit_day(
             DayCommit(
                 day=day,
                 releases=[(r.query_id, r.to_json().encode()) for r in outcome.releases],
-                changed_users=outcome.changed_users,
-                spent_units=outcome.spent_units,
-                retired=outcome.retired,
+                changed_users=budget_keys,
+                spent_units=budget_spent,
+                retired=budget_retired,
                 positions=positions,
                 active_set_state=outcome.active_set_state,
                 coverage_state=outcome.coverage_state,

@@ -70,13 +70,14 @@ class PersistentMonitor(Monitor):
         self.store.add_query(query.canonical_json().encode())
 
     def _commit(self, outcome: DayOutcome) -> None:
+        budget_keys, budget_spent, budget_retired = outcome.budget_rows()
         self.store.commit_day(
             DayCommit(
                 day=outcome.day,
                 releases=[(r.query_id, r.to_json().encode()) for r in outcome.releases],
-                changed_users=outcome.changed_users,
-                spent_units=outcome.spent_units,
-                retired=outcome.retired,
+                changed_users=budget_keys,
+                spent_units=budget_spent,
+                retired=budget_retired,
                 positions={},
                 active_set_state=outcome.active_set_state,
                 coverage_state=outcome.coverage_state,

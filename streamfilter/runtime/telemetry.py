@@ -13,6 +13,7 @@ from it.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Sequence
 from typing import Any, Literal, Protocol, TypeVar
 
@@ -22,11 +23,14 @@ from streamfilter.config import Settings
 from streamfilter.engine.params import PrivacyParams
 from streamfilter.errors import ConfigError
 from streamfilter.privacy.continual import BinaryTreeCounter
+from streamfilter.privacy.quotas import split_budgets
 from streamfilter.runtime.store import StateStore, TelemetryBudgetError, TelemetryCharge
 from streamfilter.telemetry.active_set import ActiveSetSpec, ActiveSetTracker
-from streamfilter.telemetry.coverage import CoverageSpec, CoverageTracker
+from streamfilter.telemetry.coverage import CoverageSpec, CoverageTracker, analyst_backlog
 
 __all__ = ["coverage_spec", "load_active_set", "load_coverage"]
+
+log = logging.getLogger("streamfilter.telemetry")
 
 
 class _Tracker(Protocol):
@@ -97,18 +101,28 @@ def load_coverage(
     are counted with the next day (``CoverageTracker.with_backlog``)."""
     if not settings.telemetry.coverage:
         return None
+    quotas = settings.analyst_quotas(params)
     try:
-        fresh = CoverageTracker.create(coverage_spec(settings), params)
+        fresh = CoverageTracker.create(coverage_spec(settings), params, quotas)
     except ValueError as exc:
         raise ConfigError(f"telemetry.coverage_rho: {exc}") from None
-    if stored is None and budgets:  # coverage started mid-run: the users the state already holds
-        _, spent, retired = zip(*budgets, strict=True)
-        fresh = fresh.with_backlog(
-            np.array(spent, np.int64), np.array(retired, bool), params.budget_units
-        )
+    resumed = None if stored is None else CoverageTracker.from_json(stored)
+    if resumed is not None and resumed.ladders != fresh.ladders:
+        # the analysts or their shares changed: a new tracker over new streams, charged again
+        # (zCDP composes; the ledger refuses a charge beyond telemetry.rho), the old one ends
+        log.info("coverage restarts for the analysts now declared (charged again)")
+        resumed = None
+    if resumed is None and budgets:  # coverage started mid-run: the users the state already holds
+        if fresh.ladders:
+            fresh = fresh.with_group_backlog(analyst_backlog(fresh, quotas, budgets))
+        else:
+            plain, _ = split_budgets(budgets)
+            spent = np.array([s for _, s, _ in plain], np.int64)
+            retired = np.array([r for _, _, r in plain], bool)
+            fresh = fresh.with_backlog(spent, retired, params.budget_units)
     return _resume_or_charge(
         fresh,
-        None if stored is None else CoverageTracker.from_json(stored),
+        resumed,
         kind="coverage",
         what="coverage",
         settings_named="telemetry.coverage_rho, coverage_levels and coverage_epoch_days",

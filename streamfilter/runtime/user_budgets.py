@@ -17,6 +17,14 @@ import math
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
+from streamfilter.privacy.quotas import (
+    DEFAULT_ANALYST,
+    AnalystQuotas,
+    analyst_key,
+    split_budgets,
+)
 from streamfilter.privacy.rounding import float_down, float_up
 
 if TYPE_CHECKING:
@@ -79,9 +87,11 @@ def user_budget(settings: Settings, user_id: str, step: float | None = None) -> 
         step_data = Fraction(step)
     assert step_data is not None
     step_units = max(1, math.ceil(step_data / gamma2))
+    quotas = settings.analyst_quotas(params)
     with SQLiteStateReader(settings.state.require_sqlite("budget")) as reader:
         _check_fingerprint(reader.config_fingerprint(), params, settings)
-        row = reader.spent_units(user_id)
+        row, *rows = reader.entries([user_id, *(analyst_key(a, user_id) for a in quotas.named)])
+        named = dict(zip(quotas.named, rows, strict=True))
         last_closed_day = reader.last_closed_day()
     spent_units, retired = row if row is not None else (0, False)
     budget_units = params.budget_units
@@ -117,26 +127,93 @@ def user_budget(settings: Settings, user_id: str, step: float | None = None) -> 
         "mechanism": params.mechanism,
         "last_closed_day": last_closed_day,
         "scope": "this user only: do not show to anyone else",
+        **_per_analyst(quotas, spent_units, retired, named, gamma2),
     }
+
+
+def _spent_of(
+    budgets: list[tuple[str, int, bool]], quotas: AnalystQuotas, analyst: str | None
+) -> tuple[np.ndarray, int]:
+    """Every user's spend (one entry per user charged at least once) and the budget it is a
+    fraction of: the global one, or with ``analyst`` that analyst's spend and sub-budget."""
+    plain, named = split_budgets(budgets)
+    spent = np.array([s for _, s, _ in plain], np.int64)
+    if analyst is None:
+        return spent, quotas.budget_units
+    index = {u: i for i, (u, _, _) in enumerate(plain)}
+    of: dict[str, np.ndarray] = {}
+    for name, entries in named.items():
+        own = np.zeros(len(plain), np.int64)
+        for user, units, _retired in entries:
+            own[index[user]] = units
+        of[name] = own
+    own_spent = of.get(analyst) if analyst != DEFAULT_ANALYST else None
+    if own_spent is None:
+        own_spent = (
+            quotas.default_spent(spent, list(of.values()))
+            if analyst == DEFAULT_ANALYST
+            else np.zeros(len(plain), np.int64)
+        )
+    return own_spent, quotas.sub_budget_units[analyst]
+
+
+def _per_analyst(
+    quotas: AnalystQuotas,
+    spent_units: int,
+    retired: bool,
+    named: dict[str, tuple[int, bool] | None],
+    gamma2: Fraction,
+) -> dict[str, Any]:
+    """With analysts declared, the user's spend on each analyst's sub-budget (docs/design.md
+    §2.13): the named analysts' stored entries, the default analyst's the rest."""
+    if not quotas.active:
+        return {}
+    rows: dict[str, tuple[int, bool]] = {a: v or (0, False) for a, v in named.items()}
+    rows[DEFAULT_ANALYST] = (spent_units - sum(v for v, _ in rows.values()), retired)
+    out = {}
+    for name in quotas.analysts:
+        units, gone = rows[name]
+        own = quotas.sub_budget_units[name]
+        left = int(quotas.remaining_units(name, np.array(spent_units), np.array(units)))
+        out[name] = {
+            "share": float(quotas.shares[name]),
+            "sub_budget": _float_down(own * gamma2),
+            "spent": float_up(units * gamma2),
+            "spent_units": units,
+            "remaining": _float_down(left * gamma2),
+            "remaining_units": left,
+            "retired": gone,
+        }
+    return {"analysts": out}
 
 
 def budget_stats(
     settings: Settings,
     bits: RandomBits | None = None,
     quantiles: tuple[float, ...] = (0.1, 0.5, 0.9),
+    analyst: str | None = None,
 ) -> dict[str, Any]:
-    """Release noisy mean and quantiles of the spent fractions, charged to ``[telemetry]``.
+    """Release noisy mean and quantiles of the spent fractions, charged to ``[telemetry]``;
+    with ``analyst``, of that analyst's sub-budget, ``spent_a/B_a`` over the same users
+    (docs/design.md §2.13; one call, one release, one charge).
 
     Order: 1. open the state (exclusive lock), 2. dry-run the telemetry charge (refuse before
     drawing noise), 3. draw the release, 4. charge the ledger with the release as its record
     (re-checked in the transaction), 5. return it. ``bits``: noise source (default: OS CSPRNG).
     """
+    from streamfilter.errors import ConfigError
     from streamfilter.privacy.budget_stats import BudgetStatsMechanism
     from streamfilter.privacy.noise import SystemRandomBits
     from streamfilter.runtime.store import TelemetryBudgetError, TelemetryCharge
     from streamfilter.runtime.store.open import open_store
 
     params = settings.privacy_params()
+    quotas = settings.analyst_quotas(params)
+    if analyst is not None:
+        if not quotas.active or analyst not in quotas.sub_budget_units:
+            raise ConfigError(f"--analyst: {analyst!r} is not declared in [analysts]")
+        if quotas.sub_budget_units[analyst] < 1:
+            raise ConfigError(f"--analyst: {analyst!r} has no sub-budget (its share is 0)")
     t = settings.telemetry
     mechanism = BudgetStatsMechanism(rho=t.stats_rho)
     store = open_store(settings.state)
@@ -158,13 +235,16 @@ def budget_stats(
             _shown(left, t.rho),
             t.rho,
         )
+        spent_units, budget_units = _spent_of(state.budgets, quotas, analyst)
         stats = mechanism.release(  # 3. the noisy release
-            [s for _, s, _ in state.budgets],
-            params.budget_units,
+            spent_units,
+            budget_units,
             bits if bits is not None else SystemRandomBits(),
             quantiles,
         )
         out = stats.to_json_dict()
+        if analyst is not None:
+            out["analyst"] = analyst
         out["rho_charged"] = t.stats_rho
         out["last_closed_day"] = state.last_closed_day
         balance = store.charge_telemetry(  # 4. check again and commit, then release

@@ -324,3 +324,59 @@ def test_local_noise_enrolment_rho_uses_the_devices_own_sigma(n, sigma_local):
         b_norm=float(n), granularity=GAMMA, variant="local_noise", sigma_local=sigma_local
     )
     assert cfg.rho <= n / (2 * sigma_local**2) * (1 + 1e-12)
+
+
+def test_devices_keep_per_analyst_sub_filters_exactly_as_the_central_engine(tmp_path):
+    """Enrolled with the server's analysts, each device holds a query to its analyst's
+    sub-budget as well as to its own budget; its spend per analyst, and what it sends, equal
+    the central engine's; the state survives a restart; a query of an analyst the enrolment
+    does not know is refused."""
+    shares = {"growth": 0.4, "ops": 0.35}  # of B = 3·2^20 units: 1.2 and 1.05 full sums
+    stream = _stream(12, 9, seed=4)
+    qs = [
+        q({**SUM, "analyst": "growth"}),
+        q(HIST, "2026-01-03"),
+        q({**LIN, "analyst": "ops"}, "2026-01-02"),
+        q({**SUM, "query_id": "active2", "analyst": "ops"}),
+    ]
+    monitor = Monitor(b_norm=3.0, rho=0.5, granularity=GAMMA, test_seed=1, analysts=shares)
+    for query in qs:
+        monitor.add_query(query)
+    cfg = DeviceConfig.create(b_norm=3.0, granularity=GAMMA, rho=0.5, analysts=shares)
+    devices = {f"u{u}": LocalFilter(tmp_path / f"u{u}.json", cfg) for u in range(12)}
+    fleet = DeviceFleet(cfg)
+    announcements = [Announcement.parse(parse_query(x).canonical_json()) for x in qs]
+    for dev in devices.values():
+        for query in qs:
+            dev.announce(parse_query(query).canonical_json())
+    for day, events in stream.items():
+        monitor.close_day(day, events)
+        acc = DayAccumulator(day)
+        for e in events:
+            acc.add(parse_event(json.dumps(e)))
+        records = acc.finish()
+        todays = [a for a in announcements if a.applies_to(day)]
+        fleet.answer(
+            day, todays, records.users, [records.matrix(list(a.coordinates)) for a in todays]
+        )
+        for user, dev in devices.items():
+            mine = [e for e in events if e["user_id"] == user]
+            if mine:
+                dev.answer_day(day, mine)
+    engine = monitor.engine
+    for user, dev in devices.items():
+        restarted = LocalFilter(tmp_path / f"{user}.json", cfg)
+        assert dev.spent_by_analyst() == restarted.spent_by_analyst()
+        assert dev.spent_by_analyst() == engine.analyst_spent_units(user)
+        row = fleet.rows([user])[0]
+        assert {a: int(v[row]) for a, v in fleet.analyst_spent.items()} == {
+            a: u for a, u in dev.spent_by_analyst().items() if a != "default"
+        }
+    spends = [dev.spent_by_analyst() for dev in devices.values()]
+    quotas = cfg.quotas
+    assert max(s["growth"] for s in spends) == 2**20  # one full contribution, never two
+    assert all(s[a] <= quotas.sub_budget_units[a] for s in spends for a in s)
+    with pytest.raises(AnnouncementError, match="'sales' is not declared"):
+        devices["u0"].announce(
+            json.dumps(q({**SUM, "query_id": "s", "analyst": "sales"}, "2026-02-01"))
+        )

@@ -328,6 +328,7 @@ def metrics_endpoint(
         allowed_lateness_s=settings.window.allowed_lateness,
         telemetry_rho=settings.telemetry.rho,
         wall_clock=wall_clock,
+        quotas=settings.analyst_quotas(params),
     )
     server = MetricsServer(reg, m.host, m.port, observer.readiness)
     endpoint = MetricsEndpoint(observer, server, reg)

@@ -58,6 +58,9 @@ metric                                                 type     meaning
 ``streamfilter_release_coverage_ci95{query_id}``       gauge    its 95% half-width
 ``streamfilter_release_population{query_id,coord.}``   gauge    noisy population estimate (public)
 ``streamfilter_release_population_ci95{query_id,c.}``  gauge    its 95% half-width
+``streamfilter_analyst_share{analyst}``                gauge    configured share of every budget
+``streamfilter_analyst_sub_budget{analyst}``           gauge    floor(share·B)·γ², data units
+``streamfilter_analyst_releases_total{analyst}``       counter  its releases published (public)
 =====================================================  =======  ===================================
 
 *Exact* metrics are data-dependent counts of users (``ExactDayStats``). They are statistics of
@@ -98,7 +101,8 @@ from streamfilter import __version__
 from streamfilter.engine.contract import RejectReason, Release
 from streamfilter.engine.day import ExactDayStats
 from streamfilter.engine.params import PrivacyParams
-from streamfilter.privacy.rounding import float_up
+from streamfilter.privacy.quotas import DEFAULT_ANALYST, AnalystQuotas
+from streamfilter.privacy.rounding import float_down, float_up
 from streamfilter.runtime.observe.observer import DaemonObserver
 
 if TYPE_CHECKING:
@@ -167,6 +171,7 @@ class PrometheusObserver(DaemonObserver):
         allowed_lateness_s: float | None = None,
         telemetry_rho: float | None = None,
         wall_clock: Callable[[], float] = time.time,
+        quotas: AnalystQuotas | None = None,
     ) -> None:
         self.registry = registry
         self.trusted_operator_metrics = trusted_operator_metrics
@@ -321,6 +326,34 @@ class PrometheusObserver(DaemonObserver):
             "is paid inside each user's filter and adds nothing.",
             registry=r,
         ).set(float_up(Fraction(params.rho) + Fraction(telemetry_rho or 0.0)))
+        # -- analysts' quotas (configuration) and their published releases -----------------
+        self.analyst_releases: Counter | None = None
+        if quotas is not None and quotas.active:
+            share = Gauge(
+                "streamfilter_analyst_share",
+                "An analyst's configured share of every user's budget (the default analyst: "
+                "the rest).",
+                ["analyst"],
+                registry=r,
+            )
+            sub_budget = Gauge(
+                "streamfilter_analyst_sub_budget",
+                "An analyst's per-user sub-budget floor(share·B)·γ², data units².",
+                ["analyst"],
+                registry=r,
+            )
+            self.analyst_releases = Counter(
+                "streamfilter_analyst_releases_total",
+                "Releases of an analyst's queries acknowledged by the sink.",
+                ["analyst"],
+                registry=r,
+            )
+            for name in quotas.analysts:
+                share.labels(name).set(float(quotas.shares[name]))
+                sub_budget.labels(name).set(
+                    float_down(quotas.sub_budget_units[name] * Fraction(params.granularity) ** 2)
+                )
+                self.analyst_releases.labels(name)
         # -- published (noisy) releases: public by construction ---------------------------
         self.release_value = Gauge(
             "streamfilter_release_value",
@@ -526,6 +559,8 @@ class PrometheusObserver(DaemonObserver):
         fresh: set[tuple[str, str]] = set()
         for rel in releases:
             qid = _label(rel.query_id)
+            if self.analyst_releases is not None and not rel.query_id.startswith("_"):
+                self.analyst_releases.labels(_label(rel.analyst or DEFAULT_ANALYST)).inc()
             coords = list(zip(rel.labels, rel.value, rel.ci95, strict=False))
             for j, (coordinate, value, ci95) in enumerate(coords[:MAX_RELEASE_COORDINATES]):
                 key = (qid, _label(coordinate))

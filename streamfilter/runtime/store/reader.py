@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sqlite3
+from collections.abc import Sequence
 from pathlib import Path
 
 from streamfilter.errors import StoreError
@@ -95,13 +96,18 @@ class SQLiteStateReader:
             raise StoreError(f"cannot read state store {self.path}: {exc}") from exc
 
     def spent_units(self, user_id: str) -> tuple[int, bool] | None:
-        """``(spent_units, retired)`` of one user, or ``None`` if never charged. Sensitive.
+        """``(spent_units, retired)`` of one user, or ``None`` if never charged. Sensitive."""
+        return self.entries([user_id])[0]
 
-        The log and the table are read in one transaction: a snapshot of one committed day."""
+    def entries(self, keys: Sequence[str]) -> list[tuple[int, bool] | None]:
+        """``(spent_units, retired)`` of each budget entry (a user's, or an analyst's
+        sub-budget entry of a user: ``privacy.quotas.analyst_key``), ``None`` if never charged.
+        Sensitive. The log and the table are read in one transaction: a snapshot of one
+        committed day, for every key."""
         try:
             self._db.execute("BEGIN")
             try:
-                return lookup_budget(self._db, self.path, user_id)
+                return [lookup_budget(self._db, self.path, key) for key in keys]
             finally:
                 self._db.execute("COMMIT")
         except sqlite3.Error as exc:

@@ -127,12 +127,31 @@ def _record_row_format(db: sqlite3.Connection) -> None:
     )
 
 
+def _analyst_sub_budgets(db: sqlite3.Connection) -> None:
+    """Version 3 → 4: budget rows may hold analysts' sub-budget entries (docs/design.md §2.13),
+    keyed ``analyst`` U+001F ``user id`` (``privacy.quotas.analyst_key``) beside the users' own.
+    Nothing is rewritten: a state from before analysts holds only users' entries, and all their
+    spend is the default analyst's (its spend is the global one minus the named analysts').
+    The new version keeps an older streamfilter, which would read such entries as users, from
+    opening the state. A stored id holding U+001F (never written: the contract refuses control
+    characters in user ids) would be misread as an analyst's entry, so it is refused."""
+    path = Path(str(db.execute("PRAGMA database_list").fetchone()[2]))
+    in_table = db.execute("SELECT 1 FROM budgets WHERE instr(user_id, char(31)) > 0 LIMIT 1")
+    in_log = db.execute("SELECT 1 FROM budget_log WHERE instr(ids, X'1f') > 0 LIMIT 1")
+    if in_table.fetchone() is not None or in_log.fetchone() is not None:
+        raise StoreError(
+            f"state store {path} holds a user id with the control character U+001F, which "
+            "analysts' entries use as their separator; refusing to upgrade it"
+        )
+
+
 #: the state's migration steps in order: ``MIGRATIONS[i]`` turns schema version ``i + 1`` into
 #: ``i + 2`` inside the opening transaction (versions.py); version 1 is any state written before
 #: versions were recorded
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
     _add_row_checksums,
     _pack_row_checksums,
+    _analyst_sub_budgets,
 ]
 
 

@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry
 from streamfilter.engine.engine import Engine
 from streamfilter.engine.params import PrivacyParams
 from streamfilter.privacy.noise import SeededRandomBits
+from streamfilter.privacy.quotas import AnalystQuotas
 from streamfilter.runtime.daemon import Daemon
 from streamfilter.runtime.io.base import QueryFeed
 from streamfilter.runtime.observe.http import MetricsServer
@@ -74,12 +75,12 @@ def stream():
     return {"p0": p0, "p1": p1}
 
 
-def run_daemon(tmp_path, observer, *, store=None, wall="2026-01-05"):
+def run_daemon(tmp_path, observer, *, store=None, wall="2026-01-05", engine=None, queries=None):
     clock = FakeClock(wall=utc(wall))
     store = store or SQLiteStateStore(tmp_path / "state.db")
-    queries = [{**q, "from_day": "2026-01-01"} for q in (ACTIVE, PLANS)]
+    queries = queries or [{**q, "from_day": "2026-01-01"} for q in (ACTIVE, PLANS)]
     daemon = Daemon(
-        Engine(PARAMS, SeededRandomBits(7)),
+        engine or Engine(PARAMS, SeededRandomBits(7)),
         store,
         MemorySource(stream()),
         ListFeed(queries),
@@ -360,3 +361,25 @@ def test_exact_operational_counts_are_labelled_operator_data_in_help_and_design(
         assert helps[name].startswith("OPERATOR DATA (exact, not differentially private"), name
         assert f"{name}_total" in section
     assert "trusted-operator data" in section
+
+
+def test_per_analyst_metrics_carry_the_configuration_and_public_release_counts(tmp_path):
+    """Each analyst's share and sub-budget (configuration) and how many of its releases were
+    published: nothing about any user; the exact per-query counts stay opt-in."""
+    quotas = AnalystQuotas.from_shares({"growth": 0.25}, PARAMS.budget_units)
+    reg = CollectorRegistry()
+    obs = PrometheusObserver(reg, PARAMS, wall_clock=lambda: utc("2026-01-05"), quotas=quotas)
+    queries = [{**ACTIVE, "from_day": "2026-01-01", "analyst": "growth"}]
+    queries.append({**PLANS, "from_day": "2026-01-01"})
+    run_daemon(
+        tmp_path, obs, engine=Engine(PARAMS, SeededRandomBits(7), quotas=quotas), queries=queries
+    )
+    get = reg.get_sample_value
+    assert get("streamfilter_analyst_share", {"analyst": "growth"}) == 0.25
+    assert get("streamfilter_analyst_share", {"analyst": "default"}) == 0.75
+    assert get("streamfilter_analyst_sub_budget", {"analyst": "growth"}) == 0.5  # 2.0 · 0.25
+    assert get("streamfilter_analyst_releases_total", {"analyst": "growth"}) == 3
+    assert get("streamfilter_analyst_releases_total", {"analyst": "default"}) == 3
+    text = "".join(f"{name}{labels}" for name, labels in label_values(reg))
+    assert not any(user in text for user in SECRET_USERS)
+    assert not any(name in text for name in EXACT_METRICS)
