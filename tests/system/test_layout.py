@@ -5,7 +5,8 @@ are ``tests/x/test_y_<aspect>.py``; the test of a C extension ``streamfilter/x/_
 ``tests/x/test_y.py``. Two folders do not mirror anything: ``tests/system/`` holds the tests of
 properties no single module owns (chaos, golden releases, side channels, operability, the
 repository's documents and architecture), and ``tests/support/`` holds what tests share (the
-real Kafka broker and PostgreSQL server fixtures, helpers). Every other folder is a package of
+real Kafka broker and PostgreSQL server fixtures, helpers). ``tests/benchmarks/`` mirrors the
+top-level ``benchmarks/`` package the same way. Every other folder is a package of
 ``streamfilter/`` and holds only tests.
 """
 
@@ -49,8 +50,13 @@ def _module_names(package: Path) -> set[str]:
     return names
 
 
+def _source(rel: Path) -> Path:
+    """The package a folder of ``tests/`` mirrors (``tests/benchmarks/`` → ``benchmarks/``)."""
+    return PKG.parent / rel if rel.parts[:1] == ("benchmarks",) else PKG / rel
+
+
 def _names_a_module(test_file: Path) -> bool:
-    package = PKG / test_file.parent.relative_to(TESTS)
+    package = _source(test_file.parent.relative_to(TESTS))
     stem = test_file.stem.removeprefix("test_")
     return any(stem == n or stem.startswith(n + "_") for n in _module_names(package))
 
@@ -59,7 +65,7 @@ def _violations() -> list[str]:
     found = []
     for folder in _mirrored_folders():
         rel = folder.relative_to(TESTS)
-        if not (PKG / rel / "__init__.py").exists():
+        if not (_source(rel) / "__init__.py").exists():
             found.append(f"tests/{rel}/ mirrors no package streamfilter/{rel}/")
             continue
         for f in sorted(folder.glob("*.py")):
@@ -69,7 +75,9 @@ def _violations() -> list[str]:
             if not f.name.startswith("test_"):
                 found.append(f"tests/{name}: not a test; shared code goes to tests/support/")
             elif not _names_a_module(f) and name not in CONTRACT_SUITES | NOT_YET_MIRRORED:
-                found.append(f"tests/{name} names no module of streamfilter/{rel}/")
+                found.append(
+                    f"tests/{name} names no module of {_source(rel).relative_to(PKG.parent)}/"
+                )
     return found
 
 
