@@ -516,6 +516,33 @@ class BudgetLedger:
             new = self._last_occurrences(users, keys.hashes, new)
             self._insert(keys.take(new), spent_units[new], retired[new], slots[new])
 
+    def merge_monotone(
+        self, users: np.ndarray | list[str], spent_units: np.ndarray, retired: np.ndarray
+    ) -> None:
+        """Raise each listed user's state to at least the one given: spent units the larger,
+        retired if either is. The join of the order on states (spent never lower, retired
+        never revived), so merging records in any order, each any number of times, gives the
+        same ledger, and no record can lower a state another record holds (docs/design.md
+        §7.4). A user listed twice counts with the larger of their entries."""
+        users = np.asarray(users, dtype=object).reshape(-1)
+        spent_units = np.asarray(spent_units, dtype=np.int64).reshape(-1)
+        retired = np.asarray(retired, dtype=bool).reshape(-1)
+        if not len(users) == len(spent_units) == len(retired):
+            raise ValueError("users, spent_units and retired must have the same length")
+        if len(users) == 0:
+            return
+        if len(set(users.tolist())) != len(users):  # only a damaged or hostile record
+            joined: dict[str, tuple[int, bool]] = {}
+            for u, s, r in zip(users.tolist(), spent_units.tolist(), retired.tolist(), strict=True):
+                s0, r0 = joined.get(u, (0, False))
+                joined[u] = (max(s0, s), r0 or r)
+            users = np.array(list(joined), dtype=object)
+            spent_units = np.array([s for s, _ in joined.values()], np.int64)
+            retired = np.array([r for _, r in joined.values()], bool)
+        keys = UserKeys.of(users, self.hasher)
+        spent, was_retired = self.state(users, keys)
+        self.apply(users, np.maximum(spent, spent_units), was_retired | retired, keys)
+
     def _last_occurrences(self, users: np.ndarray, h: np.ndarray, new: np.ndarray) -> np.ndarray:
         """Drop repeated ids among new users (keep the last); only equal-hash runs can repeat."""
         hn = h[new]

@@ -60,7 +60,7 @@ def key_partition(key: bytes, partitions: int) -> int:
     return (murmur2(key) & 0x7FFFFFFF) % partitions
 
 
-def partitions_of(user_ids: Sequence[str], partitions: int) -> np.ndarray:
+def partitions_of(user_ids: Sequence[str] | np.ndarray, partitions: int) -> np.ndarray:
     """The partition of each user id (as a record key, UTF-8) among ``partitions`` (int32)."""
     ids = user_ids.tolist() if isinstance(user_ids, np.ndarray) else list(user_ids)
     if _packed_ids is not None:

@@ -122,6 +122,9 @@ class ClusterDaemon(Daemon):
         self._first_day: str | None = None
         self._released_seen: str | None = None
         self._claimed: dict[str, Position] = {}
+        #: per owned partition, its users' budgets and the partition count they are keyed by
+        #: (rebuilt from the ledger's records on assignment; advanced by each own commit)
+        self._budgets: dict[int, tuple[int, BudgetLedger]] = {}
         super().__init__(engine, ledger, source, feed, NoSink(), reject_sink, **kwargs)
         self._screen = self._screen_records
         source.on_assign = self._on_assign
@@ -182,6 +185,7 @@ class ClusterDaemon(Daemon):
             return
         self._reset_pending = False
         self._drop_buffers()
+        self._budgets.clear()
         claimed = self._claimed
         self._read_offset = {label: pos.resume_offset for label, pos in claimed.items()}
         self._high = {label: pos.high_offset for label, pos in claimed.items()}
@@ -189,6 +193,27 @@ class ClusterDaemon(Daemon):
         self._last_seen = dict.fromkeys(claimed, now)
         self.observer.partitions(self.source.partition_count(), [])
         self.observer.partitions_owned(len(claimed))
+        count = self.source.partition_count()
+        for p in sorted(self._epochs):  # the day's pinned count may differ: then again at close
+            self._ledger_of(p, count)
+
+    def _ledger_of(self, partition: int, partitions: int) -> BudgetLedger:
+        """The budgets of ``partition``'s users under ``partitions``: kept in memory while this
+        worker owns the partition, rebuilt from the ledger's records when it was just assigned
+        or the day's pinned partition count differs (docs/design.md §7.4)."""
+        held = self._budgets.get(partition)
+        if held is not None and held[0] == partitions:
+            return held[1]
+        started = time.perf_counter()
+        ledger = self.store.partition_budgets(partition, partitions)
+        self._budgets[partition] = (partitions, ledger)
+        log.info(
+            "rebuilt the budgets of partition %d (of %d) from the ledger in %.3fs",
+            partition,
+            partitions,
+            time.perf_counter() - started,
+        )
+        return ledger
 
     def _drop_buffers(self) -> None:
         self._open.clear()
@@ -367,35 +392,31 @@ class ClusterDaemon(Daemon):
         coverage = self.engine.coverage  # public thresholds only; the releaser keeps the counts
         thresholds = None if coverage is None else coverage.thresholds_units
         started = time.perf_counter()
+        count = self._pinned_count(day)
         parts = {}
         for p in todo:
             acc = self._parts.pop((day, p), None) or self.engine.new_accumulator(day)
             records = acc.finish()
-            ledger = BudgetLedger()
-            known = self.store.budgets_of([str(u) for u in records.users])
-            if known:
-                users, spent, retired = zip(*known, strict=True)
-                ledger.apply(
-                    np.array(users, dtype=object),
-                    np.array(spent, np.int64),
-                    np.array(retired, bool),
-                )
+            ledger = self._ledger_of(p, count)
             parts[p] = partial_day(records, queries, ledger, params, thresholds)
         positions = self._positions_for(day, todo)
         self.reject_sink.flush()
         crash_point("before_partition_commit")
         commit_started = time.perf_counter()
         try:
-            self.store.commit_partitions(day, self.worker, self._epochs, parts, positions)
+            self.store.commit_partitions(day, self.worker, self._epochs, parts, positions, count)
         except PartitionFencedError as exc:
             log.warning("%s; dropping this worker's open days until its next assignment", exc)
             self._fenced = True
             self._drop_buffers()
+            self._budgets.clear()
             return False
         self.observer.committed(time.perf_counter() - commit_started, None)
         crash_point("after_partition_commit")
         for p in todo:
             self._committed[p] = day
+            part = parts[p]
+            self._budgets[p][1].apply(part.changed_users, part.spent_units, part.retired)
         if not any(d == day for d, _ in self._parts):
             self._open.pop(day, None)
             self._min_offset.pop(day, None)

@@ -206,17 +206,30 @@ def assert_same_as_reference(got, expected) -> None:
         assert values == {expected[key]}, f"{key}: {len(values)} distinct values"
 
 
+def ledger_budgets(cluster: Cluster) -> dict[str, tuple[int, bool]]:
+    """Every user's budget in the ledger: the merge of the partitions' budget records (per
+    user the largest spend, retired if any record says so). No worker writes a budget row."""
+    from streamfilter.runtime.store.schema import PackedBudgets
+
+    assert cluster.sql("SELECT count(*) FROM {s}.budgets") == [(0,)]
+    got: dict[str, tuple[int, bool]] = {}
+    for n, *blobs in cluster.sql(
+        "SELECT n_users, id_lengths, ids, spent_units, retired FROM {s}.cluster_budget_records"
+    ):
+        users, spent, retired = PackedBudgets(n, *map(bytes, blobs)).unpack("ledger")
+        for u, sp, r in zip(users, spent, retired, strict=True):
+            s0, r0 = got.get(u, (0, False))
+            got[u] = (max(s0, sp), r0 or r)
+    return got
+
+
 def assert_debits_as_reference(cluster: Cluster, reference_dir: Path) -> None:
     """Every user's spent budget in the ledger is the single process's, and within B."""
     from tests.support.cli import stored_budgets
 
     want = {u: (s, r) for u, s, r in stored_budgets(reference_dir / "state.db")}
-    got = {
-        str(u): (int(s), bool(r))
-        for u, s, r in cluster.sql("SELECT user_id, spent_units, retired FROM {s}.budgets")
-    }
-    assert got == want
-    assert max(s for s, _ in got.values()) <= int(B_NORM / GAMMA**2)
+    assert ledger_budgets(cluster) == want
+    assert max(s for s, _ in want.values()) <= int(B_NORM / GAMMA**2)
 
 
 @pytest.mark.timeout(420)

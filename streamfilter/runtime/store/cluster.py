@@ -42,9 +42,12 @@ import numpy as np
 
 from streamfilter.engine.contract import Reject, RejectReason
 from streamfilter.engine.day import DayPartial
+from streamfilter.engine.ledger import BudgetLedger, Hasher, python_hash
+from streamfilter.engine.partitions import partitions_of
 from streamfilter.errors import StoreError
 from streamfilter.runtime.store.base import Position
-from streamfilter.runtime.store.postgres import PostgresStateStore, _first_line
+from streamfilter.runtime.store.postgres import _BUDGET_RECORDS, PostgresStateStore, _first_line
+from streamfilter.runtime.store.schema import PackedBudgets
 
 __all__ = [
     "Claim",
@@ -160,10 +163,14 @@ class ClusterLedger(PostgresStateStore):
 
     def _create_more(self, cur: Any) -> None:
         cur.execute(_CLUSTER_TABLES.format(s=self.schema))
+        cur.execute(_BUDGET_RECORDS.format(s=self.schema))
 
     def _complete(self, cur: Any) -> bool:
-        cur.execute("SELECT to_regclass(%s)", (f"{self.schema}.cluster_releaser",))
-        return cur.fetchone()[0] is not None
+        for table in ("cluster_releaser", "cluster_budget_records"):
+            cur.execute("SELECT to_regclass(%s)", (f"{self.schema}.{table}",))
+            if cur.fetchone()[0] is None:
+                return False
+        return True
 
     def _serial(self, body: Callable[[Any], Any]) -> Any:
         """``body(cursor)`` in one serializable transaction, run again (after a short random
@@ -339,13 +346,59 @@ class ClusterLedger(PostgresStateStore):
             bytes(p) for (p,) in self._read("SELECT payload FROM {s}.releases ORDER BY day, ord")
         ]
 
-    # -- budgets ---------------------------------------------------------------------------
-    def budgets_of(self, users: Sequence[str]) -> list[tuple[str, int, bool]]:
+    # -- budgets (docs/design.md §7.4) -------------------------------------------------------
+    def budget_records(
+        self, partition: int, partitions: int
+    ) -> list[tuple[int, int, PackedBudgets]]:
+        """The budget records a rebuild of ``partition`` (of ``partitions``) merges, as
+        ``(partitions, partition, record)``: the partition's own, and every record written under
+        another partition count (the caller keeps only the users that map to ``partition``)."""
         rows = self._read(
-            "SELECT user_id, spent_units, retired FROM {s}.budgets WHERE user_id = ANY(%s)",
-            (list(users),),
+            "SELECT partitions, partition, n_users, id_lengths, ids, spent_units, retired "
+            "FROM {s}.cluster_budget_records WHERE (partitions = %s AND partition = %s) "
+            "OR partitions <> %s ORDER BY seq",
+            (partitions, partition, partitions),
         )
-        return [(str(u), int(sp), bool(r)) for u, sp, r in rows]
+        return [
+            (int(n), int(p), PackedBudgets(int(k), *(bytes(b) for b in blobs)))
+            for n, p, k, *blobs in rows
+        ]
+
+    def partition_budgets(
+        self, partition: int, partitions: int, hasher: Hasher = python_hash
+    ) -> BudgetLedger:
+        """The budgets of the users of ``partition`` (Kafka's partitioner over ``partitions``),
+        rebuilt from the ledger's records by the monotone merge (``merge_monotone``: per user the
+        largest spend, retired if any record says so): no record — a hostile one included — can
+        lower a spend another record holds. The records of another partition count (the topic
+        grew) give the users among them that map to ``partition`` now."""
+        ledger = BudgetLedger(hasher)
+        for n, _p, packed in self.budget_records(partition, partitions):
+            users, spent, retired = packed.unpack(self.where)
+            ids = np.array(users, dtype=object)
+            spent_units, flags = np.array(spent, np.int64), np.array(retired, bool)
+            if n != partitions:
+                mine = partitions_of(ids, partitions) == partition
+                ids, spent_units, flags = ids[mine], spent_units[mine], flags[mine]
+            ledger.merge_monotone(ids, spent_units, flags)
+        return ledger
+
+    def spent_units(self, user_id: str) -> tuple[int, bool] | None:
+        """One user's budget: the monotone merge of every record that lists them."""
+        found: tuple[int, bool] | None = None
+        rows = self._read(
+            "SELECT n_users, id_lengths, ids, spent_units, retired "
+            "FROM {s}.cluster_budget_records ORDER BY seq"
+        )
+        for k, *blobs in rows:
+            packed = PackedBudgets(int(k), *(bytes(b) for b in blobs))
+            i = packed.find(user_id, self.where)
+            if i is not None:
+                spent = int(np.frombuffer(packed.spent_units, "<i8")[i])
+                retired = bool(packed.retired[i])
+                s0, r0 = found or (0, False)
+                found = (max(s0, spent), r0 or retired)
+        return found
 
     # -- a worker's day close --------------------------------------------------------------
     def commit_partitions(
@@ -355,8 +408,11 @@ class ClusterLedger(PostgresStateStore):
         epochs: dict[int, int],
         parts: dict[int, DayPartial],
         positions: dict[int, Position],
+        partitions: int,
     ) -> None:
-        """One transaction: epochs checked, barrier checked, budgets, partials, positions."""
+        """One transaction: epochs checked, barrier checked, each partition's budget record
+        (its users whose budget changed, under the day's pinned count ``partitions``), partials,
+        positions."""
         s = self.schema
 
         def body(cur: Any) -> Any:
@@ -388,15 +444,13 @@ class ClusterLedger(PostgresStateStore):
                     f"day barrier: {day} cannot commit in {self.where} (the day before is not "
                     "released, or its queries are not frozen)"
                 )
-            users: list[str] = []
-            spent: list[int] = []
-            retired: list[bool] = []
-            for part in parts.values():
-                users.extend(str(u) for u in part.changed_users)
-                spent.extend(int(x) for x in part.spent_units)
-                retired.extend(bool(x) for x in part.retired)
-            if users:
-                self._raise_budgets(cur, users, spent, retired)
+            for p, part in parts.items():
+                if len(part.changed_users):
+                    packed = PackedBudgets.of(part.changed_users, part.spent_units, part.retired)
+                    cur.execute(
+                        f"SELECT {s}.sf_append_budgets(%s, %s, %s, %s, %s, %s, %s, %s)",
+                        (day, partitions, p, *packed.values()),
+                    )
             cur.executemany(
                 f"INSERT INTO {s}.cluster_partials(day, query_id, partition, sums) "
                 "VALUES (%s, %s, %s, %s)",
