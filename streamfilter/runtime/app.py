@@ -567,6 +567,7 @@ def _build_worker(settings: Settings, params: PrivacyParams, bits: RandomBits) -
                 session_timeout_s=c.session_timeout,
                 heartbeat_interval_s=c.heartbeat_interval,
                 max_poll_interval_s=c.max_poll_interval,
+                assignment_settle_s=c.assignment_settle,
             )
         parts.append(source)
         feed = _feed(settings)

@@ -9,7 +9,7 @@ What differs from the single process (``runtime.daemon``):
   whatever it buffered, and resumes each partition at its stored position.
 * **One filter per user and day.** Each day's partition count is pinned in the ledger when the
   day is first seen; an event whose ``user_id`` does not map to the partition it was read from
-  (Kafka's murmur2 partitioner over that count) is rejected as ``wrong_partition`` before it
+  (Kafka's murmur2 partitioner over that count, ``engine.partitions``) is rejected as ``wrong_partition`` before it
   reaches any buffer. A worker keeps one buffer per (day, partition).
 * **Queries.** Registered only in the ledger, in one serialised order; the first worker to close
   a day reads its feed to the end, runs the policy on the published history and freezes the
@@ -48,13 +48,15 @@ from streamfilter.engine.day import (
     release_partials,
 )
 from streamfilter.engine.engine import DayInput, Engine
+from streamfilter.engine.ingest import EventColumns
 from streamfilter.engine.ledger import BudgetLedger
+from streamfilter.engine.partitions import key_partition, partitions_of
 from streamfilter.engine.records import DayAccumulator
 from streamfilter.errors import PublisherFencedError, StoreError
 from streamfilter.runtime.daemon import Daemon
 from streamfilter.runtime.faults import crash_point
 from streamfilter.runtime.io.base import QueryFeed, RecordBatch, Sink
-from streamfilter.runtime.io.kafka import KafkaGroupSource, key_partition
+from streamfilter.runtime.io.kafka import KafkaGroupSource
 from streamfilter.runtime.process import RunSummary, collector_for_run, is_transient
 from streamfilter.runtime.query_admission import admit_query
 from streamfilter.runtime.store import Position, StoredState, check_sink_not_ahead
@@ -127,6 +129,7 @@ class ClusterDaemon(Daemon):
         self._budgets: dict[int, tuple[int, BudgetLedger]] = {}
         super().__init__(engine, ledger, source, feed, NoSink(), reject_sink, **kwargs)
         self._screen = self._screen_records
+        self._screen_columns = self._columns_pass
         source.on_assign = self._on_assign
 
     # ------------------------------------------------------------------ start-up
@@ -230,6 +233,26 @@ class ClusterDaemon(Daemon):
         if n is None:
             n = self._pinned[day] = self.store.pin_day(day, self.source.partition_count())
         return n
+
+    def _columns_pass(self, partition: str, columns: EventColumns) -> bool:
+        """Whether :meth:`_screen_records` refuses none of a batch's events, from its columns
+        whole: each distinct day open and within the horizon, and every user id's partition
+        (``partitions_of``: one native call, no Python step per event) the one read from."""
+        p = _partition_number(partition)
+        committed = self._committed.get(p)
+        horizon = self._horizon()
+        days = set(columns.days)
+        for day in days:
+            if (
+                (committed is not None and day <= committed)
+                or (self._first_day is not None and day < self._first_day)
+                or (horizon is not None and day > horizon)
+            ):
+                return False
+        counts = {self._pinned_count(day) for day in days}
+        if len(counts) != 1:  # a day's boundary where the topic grew: record by record
+            return False
+        return bool((partitions_of(columns.user_ids, counts.pop()) == p).all())
 
     def _screen_records(self, partition: str, parsed: Sequence[Any]) -> Sequence[Any]:
         """Refuse events read from a partition their user does not map to (``wrong_partition``)

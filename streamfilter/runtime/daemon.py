@@ -174,6 +174,11 @@ class Daemon:
         #: a subclass's check of each parsed batch (partition, parsed) → parsed, a ``Reject`` in
         #: place of each record it refuses (cluster mode: ``wrong_partition``); None: no check
         self._screen: Callable[[str, Any], Any] | None = None
+        #: the same check of a batch decoded as columns, whole (no step per event): True when
+        #: ``_screen`` would refuse none of its events (the columns are taken as they are), else
+        #: False (the batch takes the per-record path and ``_screen``); None: every batch with a
+        #: ``_screen`` takes the per-record path
+        self._screen_columns: Callable[[str, EventColumns], bool] | None = None
         self._restore(state if state is not None else store.load())
 
     # ------------------------------------------------------------------ start-up
@@ -440,9 +445,14 @@ class Daemon:
         limit = self.limits.max_event_bytes
         within_limit = limit >= MAX_EVENT_BYTES or _longest(values) <= limit
         # the usual batch: valid events of one schema, decoded as columns (no object per event)
-        columns = (
-            self.engine.parse_columns(values) if within_limit and self._screen is None else None
-        )
+        screened = self._screen is None or self._screen_columns is not None
+        columns = self.engine.parse_columns(values) if within_limit and screened else None
+        if (
+            columns is not None
+            and self._screen_columns is not None
+            and not self._screen_columns(partition, columns)
+        ):
+            columns = None
         parsed: Sequence[Any] = []
         if columns is None:
             parsed = self.engine.parse_records(values)

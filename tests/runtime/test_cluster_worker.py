@@ -398,6 +398,30 @@ def test_workers_joining_and_leaving_mid_run_change_nothing(
     assert len(writers) == 3  # every worker did a share
 
 
+@pytest.mark.timeout(300)
+def test_workers_starting_together_read_each_record_once(kafka_bootstrap, postgres_url, tmp_path):
+    """Two workers started at once over input already produced: the group assigns each its
+    partitions once they have both joined (a worker reads nothing until its assignment has held
+    for ``[cluster] assignment_settle``), so no record is read twice — the records read,
+    summed over the workers, are the records produced — and the releases are the single
+    process's."""
+    events = make_events(days=3, users=240, seed=19)
+    expected = reference(tmp_path, events)
+    cluster = Cluster(tmp_path, kafka_bootstrap, postgres_url)
+    cluster.produce(events)
+    procs = [cluster.worker("w0"), cluster.worker("w1")]
+    try:
+        got = cluster.wait_for(set(expected), procs, timeout=200)
+        time.sleep(2)
+        got = cluster.releases()
+        read = [metric(p, "streamfilter_records_consumed_total") for p in procs]
+    finally:
+        stop_all(procs)
+    assert_same_as_reference(got, expected)
+    assert all(n > 0 for n in read), read  # both did a share
+    assert sum(read) == len(events), f"read {read} of {len(events)} produced"
+
+
 def restricted_role(cluster: Cluster) -> None:
     """Make the workers connect as a new role with no superuser (nor role-, database- or
     schema-creation) rights that owns nothing: the admin creates the ledger and grants the
