@@ -16,9 +16,13 @@ What differs from the single process (``runtime.daemon``):
   day's queries. Every worker evaluates the ledger's queries in the ledger's order.
 * **Day close.** A worker closes day ``t`` for its partitions once the watermark rule holds
   for them (as in one process) and day ``t − 1`` is released (the day barrier): per partition the
-  filter against the users' budgets read from the ledger, exact integer partial sums, all in one
-  transaction that checks the partitions' epochs (``ClusterLedger.commit_partitions``). A fenced
-  commit writes nothing; the worker drops its buffers and waits for its next assignment.
+  filter against its users' budgets held in memory, exact integer partial sums and one packed
+  budget record, all in one transaction that checks the partitions' epochs
+  (``ClusterLedger.commit_partitions``). A fenced commit writes nothing; the worker drops its
+  buffers and budgets and waits for its next assignment.
+* **Budgets** (docs/design.md §7.4). Each owned partition's users' budgets live in memory,
+  rebuilt from the partition's records on assignment (a monotone merge) and advanced by each of
+  the worker's own commits; no per-user row is read or written in PostgreSQL.
 * **Release.** The worker holding the releaser lease (a row in the ledger, renewed every loop,
   taken over when it expires) sums the partials of a day every
   partition committed, draws the noise once with ``engine.day.release_partials`` (the single

@@ -1,8 +1,8 @@
 """The cluster ledger: the state that every worker of a cluster shares, in PostgreSQL
 (docs/design.md §7).
 
-It extends the PostgreSQL state store (same schema: budgets, the query book, releases with their
-outbox flag, meta) without its single-writer lock, and adds:
+It extends the PostgreSQL state store (same schema: the query book, releases with their outbox
+flag, meta) without its single-writer lock, and adds:
 
 * ``cluster_partitions``: per input partition its **epoch** (incremented by every worker that is
   assigned the partition), its input positions and the last day it committed;
@@ -12,13 +12,18 @@ outbox flag, meta) without its single-writer lock, and adds:
 * ``cluster_commits`` and ``cluster_partials``: per (day, partition) who committed it and its
   exact named counters, and per (day, query, partition) the **exact integer partial sum**. They
   are as sensitive as the events: they never leave the database.
+* ``cluster_budget_records``: per (partition, day) one packed record of the users whose budget
+  changed (``schema.PackedBudgets``), appended only; a partition's budgets are the monotone
+  merge of its records (:meth:`ClusterLedger.partition_budgets`, docs/design.md §7.4). No
+  cluster worker writes the ``budgets`` table.
 
 Transactions (all ``SERIALIZABLE``):
 
 * :meth:`ClusterLedger.commit_partitions` — a worker's day close for its partitions: the epochs
   checked (``SELECT … FOR UPDATE``; a worker that lost a partition is refused with
   :class:`PartitionFencedError` and writes nothing), the day barrier checked (the day before is
-  released, §7.2), the budgets debited, the partials written, the positions advanced.
+  released, §7.2), each partition's budget record appended, the partials written, the
+  positions advanced.
 * :meth:`ClusterLedger.release_day` — the releaser's: once every pinned partition committed the
   day, the partials summed exactly, the noise drawn (by the caller, inside the transaction), the
   releases stored under their primary key ``(day, query_id)`` and the day marked released. Killed
@@ -382,6 +387,57 @@ class ClusterLedger(PostgresStateStore):
                 ids, spent_units, flags = ids[mine], spent_units[mine], flags[mine]
             ledger.merge_monotone(ids, spent_units, flags)
         return ledger
+
+    def fold_budgets(self) -> int:
+        """The administrator's compaction of the budget records (docs/design.md §7.4): in one
+        transaction, under a lock that holds appends back, every record is merged into one
+        snapshot record per partition of the latest pinned count (the monotone merge, the
+        rebuild's), and the folded records are deleted (the erase guard lifted for this
+        transaction only: the table's owner alone may). A rebuild gives the same budgets
+        before and after. Returns the number of records folded (0: nothing to fold)."""
+        s = self.schema
+        table = f"{s}.cluster_budget_records"
+        with self._transaction() as cur:
+            cur.execute(f"LOCK TABLE {table} IN EXCLUSIVE MODE")  # before the snapshot
+            pinned = cur.execute(
+                f"SELECT partitions FROM {s}.cluster_days ORDER BY day DESC LIMIT 1"
+            ).fetchone()
+            rows = cur.execute(
+                f"SELECT seq, partitions, partition, n_users, id_lengths, ids, spent_units, "
+                f"retired FROM {table} ORDER BY seq"
+            ).fetchall()
+            if pinned is None or not rows:
+                return 0
+            n = int(pinned[0])
+            ledgers = [BudgetLedger() for _ in range(n)]
+            for _seq, count, partition, k, *blobs in rows:
+                users, spent, retired = PackedBudgets(int(k), *map(bytes, blobs)).unpack(self.where)
+                ids = np.array(users, dtype=object)
+                spent_units, flags = np.array(spent, np.int64), np.array(retired, bool)
+                where = (
+                    np.full(len(ids), int(partition)) if int(count) == n else partitions_of(ids, n)
+                )
+                for p in np.unique(where).tolist():
+                    mine = where == p
+                    ledgers[p].merge_monotone(ids[mine], spent_units[mine], flags[mine])
+            released = self._meta("released_through") or ""
+            cur.execute(f"ALTER TABLE {table} DISABLE TRIGGER never_erased")
+            cur.execute(f"DELETE FROM {table} WHERE seq <= %s", (int(rows[-1][0]),))
+            cur.execute(f"ALTER TABLE {table} ENABLE TRIGGER never_erased")
+            for p, ledger in enumerate(ledgers):
+                if len(ledger):
+                    entries = list(ledger.items())
+                    packed = PackedBudgets.of(
+                        np.array([u for u, _, _ in entries], dtype=object),
+                        np.array([x for _, x, _ in entries], np.int64),
+                        np.array([r for _, _, r in entries], bool),
+                    )
+                    cur.execute(
+                        f"INSERT INTO {table}(day, partitions, partition, n_users, id_lengths, "
+                        "ids, spent_units, retired) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
+                        (released, n, p, *packed.values()),
+                    )
+            return len(rows)
 
     def spent_units(self, user_id: str) -> tuple[int, bool] | None:
         """One user's budget: the monotone merge of every record that lists them."""

@@ -22,6 +22,7 @@ from streamfilter.runtime.store.cluster import (
     PartitionFencedError,
     ReleaserFencedError,
 )
+from streamfilter.runtime.store.schema import PackedBudgets
 
 DAY1, DAY2 = "2026-01-01", "2026-01-02"
 
@@ -288,3 +289,37 @@ def open_at_once(url: str, password: str, schema: str, n: int):
     for ledger in opened:
         ledger.close()
     return opened, failed
+
+
+def test_the_fold_keeps_every_partitions_budgets_and_lowers_none(ledgers):
+    """The administrator's fold merges every record into one per partition of the latest
+    count: rebuilds give the same budgets before and after, and a lower record appended before
+    the fold lowers nothing."""
+    a, _ = ledgers
+    epochs = {p: c.epoch for p, c in a.claim([0, 1], "a").items()}
+    u0, u1 = _users_of(0, 2, 4), _users_of(1, 2, 3)
+    _close(a, DAY1, epochs, {0: part(DAY1, dict.fromkeys(u0, 5), [0]), 1: part(DAY1, {}, [0])}, 2)
+    _close(
+        a,
+        DAY2,
+        epochs,
+        {0: part(DAY2, {u0[0]: 9}, [0]), 1: part(DAY2, dict.fromkeys(u1, 2), [0])},
+        2,
+    )
+    lower = PackedBudgets.of(np.array(u0, dtype=object), np.zeros(4), np.zeros(4, bool))
+    with a._transaction() as cur:  # a record of lower spends, as a hostile worker appends it
+        cur.execute(
+            f"SELECT {a.schema}.sf_append_budgets(%s, %s, %s, %s, %s, %s, %s, %s)",
+            (DAY2, 2, 0, *lower.values()),
+        )
+    before = [sorted(a.partition_budgets(p, 2).items()) for p in (0, 1)]
+    assert before[0] == sorted([(u0[0], 9, False)] + [(u, 5, False) for u in u0[1:]])
+    assert a.fold_budgets() == 4
+    rows = a._read("SELECT partitions, partition, n_users FROM {s}.cluster_budget_records")
+    assert sorted(rows) == [(2, 0, 4), (2, 1, 3)]
+    assert [sorted(a.partition_budgets(p, 2).items()) for p in (0, 1)] == before
+    assert a.fold_budgets() == 2  # folding again changes nothing
+    assert [sorted(a.partition_budgets(p, 2).items()) for p in (0, 1)] == before
+    # the erase guard is back once the fold committed
+    with pytest.raises(StoreError), a._transaction() as cur:
+        cur.execute(f"DELETE FROM {a.schema}.cluster_budget_records")

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from streamfilter.cli import main
+from streamfilter.errors import StoreError
 from streamfilter.runtime.store.schema import PackedBudgets
 from tests.system.test_golden_releases import GOLDEN
 
@@ -179,6 +180,8 @@ def test_the_worker_role_cannot_rewrite_the_ledger(postgres_url):
         assert ledger.spent_units("u-1") == (5, False)
         with pytest.raises(psycopg.errors.CheckViolation):  # columns that do not fit together
             worker.execute(append, ("2026-01-02", 1, 0, 3, *honest.values()[1:]))
+        with pytest.raises(StoreError, match="permission denied"):  # the administrator's fold
+            ledger.fold_budgets()
         ledger.close()
         # what a worker legitimately writes: new budgets, a higher spend, a release, a partial
         worker.execute(
