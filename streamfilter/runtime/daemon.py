@@ -174,10 +174,8 @@ class Daemon:
         #: a subclass's check of each parsed batch (partition, parsed) → parsed, a ``Reject`` in
         #: place of each record it refuses (cluster mode: ``wrong_partition``); None: no check
         self._screen: Callable[[str, Any], Any] | None = None
-        #: the same check of a batch decoded as columns, whole (no step per event): True when
-        #: ``_screen`` would refuse none of its events (the columns are taken as they are), else
-        #: False (the batch takes the per-record path and ``_screen``); None: every batch with a
-        #: ``_screen`` takes the per-record path
+        #: the same check of a batch decoded as columns, whole: True if ``_screen`` refuses
+        #: none of its events; False, or None, sends the batch to the per-record path
         self._screen_columns: Callable[[str, EventColumns], bool] | None = None
         self._restore(state if state is not None else store.load())
 

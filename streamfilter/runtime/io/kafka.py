@@ -306,11 +306,8 @@ class KafkaGroupSource(Source, BrokerSource):
     partition, then assigns the new set) ``on_assign`` is called inside the poll with the new
     partitions' labels (an empty list on revocation) and returns where each must resume (the ledger's stored positions); the
     consumer seeks there before it fetches. The group's committed offsets only mirror the
-    ledger's, as in single-process mode. With ``assignment_settle_s`` the new partitions are
-    paused until the assignment has held that long: workers that start together join one
-    group before any reads, so no record is read by one worker and again by the next owner.
-    (Static membership, ``group.instance.id``, would spare a restarted worker's rebalance but
-    keeps a stopped worker's partitions unread until its session times out.)"""
+    ledger's, as in single-process mode. With ``assignment_settle_s`` new partitions are paused
+    until the assignment has held that long (docs/design.md §7.1: no record read twice)."""
 
     def __init__(
         self,
@@ -329,8 +326,7 @@ class KafkaGroupSource(Source, BrokerSource):
         self._tps: list[TopicPartition] = []
         self._poll_timeout_ms = poll_timeout_ms
         self._settle_s = assignment_settle_s
-        #: while an assignment settles: when its partitions are resumed (monotonic seconds)
-        self._settle_until: float | None = None
+        self._settle_until: float | None = None  # when a settling assignment is resumed
         self.consumer = KafkaConsumer(
             **client,
             group_id=group_id,
@@ -377,8 +373,7 @@ class KafkaGroupSource(Source, BrokerSource):
         ]
 
     def poll_batches(self, max_records: int) -> list[RecordBatch]:
-        """The next records; none while a new assignment settles (its partitions paused: the
-        poll still takes part in the group's rebalances)."""
+        """The next records; none while an assignment settles (the poll still joins rebalances)."""
         if self._settle_until is not None and time.monotonic() >= self._settle_until:
             self._settle_until = None
             self.consumer.resume(*self._tps)

@@ -51,7 +51,8 @@ from streamfilter.engine.ledger import BudgetLedger, Hasher, python_hash
 from streamfilter.engine.partitions import partitions_of
 from streamfilter.errors import StoreError
 from streamfilter.runtime.store.base import Position
-from streamfilter.runtime.store.postgres import _BUDGET_RECORDS, PostgresStateStore, _first_line
+from streamfilter.runtime.store.budget_records import RECORDS_TABLE
+from streamfilter.runtime.store.postgres import PostgresStateStore, _first_line
 from streamfilter.runtime.store.schema import PackedBudgets
 
 __all__ = [
@@ -168,7 +169,7 @@ class ClusterLedger(PostgresStateStore):
 
     def _create_more(self, cur: Any) -> None:
         cur.execute(_CLUSTER_TABLES.format(s=self.schema))
-        cur.execute(_BUDGET_RECORDS.format(s=self.schema))
+        cur.execute(RECORDS_TABLE.format(s=self.schema))
 
     def _complete(self, cur: Any) -> bool:
         for table in ("cluster_releaser", "cluster_budget_records"):

@@ -40,9 +40,6 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from typing import Any
 
-import numpy as np
-
-from streamfilter.engine.partitions import partitions_of
 from streamfilter.errors import StoreError, StoreLockedError
 from streamfilter.runtime.store.base import (
     DayCommit,
@@ -55,7 +52,12 @@ from streamfilter.runtime.store.base import (
     check_telemetry_charge,
     telemetry_balance,
 )
-from streamfilter.runtime.store.schema import PackedBudgets
+from streamfilter.runtime.store.budget_records import (
+    APPEND_FUNCTION,
+    APPEND_SIGNATURE,
+    RECORDS_TABLE,
+    budgets_to_records,
+)
 from streamfilter.runtime.store.versions import (
     SCHEMA_VERSION_KEY,
     current_version,
@@ -218,38 +220,6 @@ $$;
 REVOKE ALL ON FUNCTION {s}.sf_day_sums(TEXT) FROM PUBLIC;
 """
 
-#: a cluster worker's only write of budgets: one packed record of a partition's users whose
-#: budget changed on a day (the columns of ``schema.PackedBudgets``: the SQLite budget log's),
-#: appended, never updated or erased (``_WRITTEN_ONCE``). The table's checks refuse columns that
-#: do not fit together; what the record says is only ever merged upwards (docs/design.md §7.4).
-_BUDGET_RECORDS = """
-CREATE TABLE IF NOT EXISTS {s}.cluster_budget_records (
-    seq BIGSERIAL PRIMARY KEY, day TEXT NOT NULL, partitions INTEGER NOT NULL,
-    partition INTEGER NOT NULL, n_users INTEGER NOT NULL, id_lengths BYTEA NOT NULL,
-    ids BYTEA NOT NULL, spent_units BYTEA NOT NULL, retired BYTEA NOT NULL,
-    CHECK (partitions > 0 AND partition >= 0 AND partition < partitions AND n_users >= 0
-           AND octet_length(id_lengths) = 4 * n_users
-           AND octet_length(spent_units) = 8 * n_users AND octet_length(retired) = n_users)
-);
-CREATE INDEX IF NOT EXISTS cluster_budget_records_of
-    ON {s}.cluster_budget_records (partitions, partition);
-"""
-_APPEND_BUDGETS = """
-CREATE OR REPLACE FUNCTION {s}.sf_append_budgets(
-    d TEXT, n INTEGER, p INTEGER, n_users INTEGER, id_lengths BYTEA, ids BYTEA, spent BYTEA,
-    retired BYTEA)
-RETURNS void LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-    INSERT INTO {s}.cluster_budget_records(
-        day, partitions, partition, n_users, id_lengths, ids, spent_units, retired)
-    VALUES (d, n, p, n_users, id_lengths, ids, spent, retired)
-$$;
-REVOKE ALL ON FUNCTION {s}.sf_append_budgets(TEXT, INTEGER, INTEGER, INTEGER, BYTEA, BYTEA,
-    BYTEA, BYTEA) FROM PUBLIC;
-"""
-_APPEND_BUDGETS_SIGNATURE = (
-    "sf_append_budgets(TEXT, INTEGER, INTEGER, INTEGER, BYTEA, BYTEA, BYTEA, BYTEA)"
-)
-
 #: the ``meta`` keys the runtime writes (``sf_set_meta``)
 _WORKER_META_KEYS = (
     "config_fingerprint",
@@ -283,7 +253,7 @@ def _add_guards(cur: Any, s: str) -> None:
     cur.execute(_WRITE_FUNCTIONS.format(s=s, keys=keys))
     cur.execute("SELECT to_regclass(%s)", (f"{s}.cluster_budget_records",))
     if cur.fetchone()[0] is not None:
-        cur.execute(_APPEND_BUDGETS.format(s=s))
+        cur.execute(APPEND_FUNCTION.format(s=s))
     for table in (*_NEVER_ERASED, *_WRITTEN_ONCE):
         cur.execute("SELECT to_regclass(%s)", (f"{s}.{table}",))
         if cur.fetchone()[0] is None:
@@ -366,9 +336,9 @@ def grant_worker(cur: Any, s: str, role: str) -> None:
     cur.execute("SELECT to_regprocedure(%s)", (f"{s}.sf_day_sums(text)",))
     if cur.fetchone()[0] is not None:
         cur.execute(f"GRANT EXECUTE ON FUNCTION {s}.sf_day_sums(TEXT) TO {role}")
-    cur.execute("SELECT to_regprocedure(%s)", (f"{s}.{_APPEND_BUDGETS_SIGNATURE}",))
+    cur.execute("SELECT to_regprocedure(%s)", (f"{s}.{APPEND_SIGNATURE}",))
     if cur.fetchone()[0] is not None:
-        cur.execute(f"GRANT EXECUTE ON FUNCTION {s}.{_APPEND_BUDGETS_SIGNATURE} TO {role}")
+        cur.execute(f"GRANT EXECUTE ON FUNCTION {s}.{APPEND_SIGNATURE} TO {role}")
 
 
 def _version_2_guards(cur: Any, s: str) -> None:
@@ -385,34 +355,9 @@ def _version_3_partition_budgets(cur: Any, s: str) -> None:
     read by no worker from now on. A state without cluster tables only gets the guards."""
     cur.execute("SELECT to_regclass(%s)", (f"{s}.cluster_days",))
     if cur.fetchone()[0] is not None:
-        cur.execute(_BUDGET_RECORDS.format(s=s))
-        _budgets_to_records(cur, s)
+        cur.execute(RECORDS_TABLE.format(s=s))
+        budgets_to_records(cur, s)
     _add_guards(cur, s)
-
-
-def _budgets_to_records(cur: Any, s: str) -> None:
-    rows = cur.execute(f"SELECT user_id, spent_units, retired FROM {s}.budgets").fetchall()
-    pinned = cur.execute(
-        f"SELECT partitions FROM {s}.cluster_days ORDER BY day DESC LIMIT 1"
-    ).fetchone()
-    if not rows:
-        return
-    # without a pinned day, one record under one partition: a rebuild under any count takes
-    # from it the users that map to its partition (ClusterLedger.partition_budgets)
-    n = 1 if pinned is None else int(pinned[0])
-    day = cur.execute(f"SELECT value FROM {s}.meta WHERE key = 'released_through'").fetchone()
-    users = np.array([str(u) for u, _, _ in rows], dtype=object)
-    spent = np.array([int(x) for _, x, _ in rows], np.int64)
-    retired = np.array([bool(r) for _, _, r in rows], bool)
-    where = partitions_of(users, n)
-    for p in np.unique(where).tolist():
-        sel = where == p
-        packed = PackedBudgets.of(users[sel], spent[sel], retired[sel])
-        cur.execute(
-            f"INSERT INTO {s}.cluster_budget_records(day, partitions, partition, n_users, "
-            "id_lengths, ids, spent_units, retired) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
-            ("" if day is None else str(day[0]), n, p, *packed.values()),
-        )
 
 
 #: the schema's migration steps in order: ``MIGRATIONS[i]`` turns version ``i + 1`` into
