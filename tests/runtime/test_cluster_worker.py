@@ -404,12 +404,15 @@ def test_workers_starting_together_read_each_record_once(kafka_bootstrap, postgr
     partitions once they have both joined (a worker reads nothing until its assignment has held
     for ``[cluster] assignment_settle``), so no record is read twice — the records read,
     summed over the workers, are the records produced — and the releases are the single
-    process's."""
+    process's. Without the wait (``assignment_settle = "0s"``) the second worker's join moved
+    partitions the first had read: 402 records read of 295 produced."""
     events = make_events(days=3, users=240, seed=19)
     expected = reference(tmp_path, events)
     cluster = Cluster(tmp_path, kafka_bootstrap, postgres_url)
     cluster.produce(events)
-    procs = [cluster.worker("w0"), cluster.worker("w1")]
+    # longer than the default 5 s: two interpreters starting on a loaded test machine
+    settle = {"STREAMFILTER_CLUSTER__ASSIGNMENT_SETTLE": "10s"}
+    procs = [cluster.worker("w0", env=settle), cluster.worker("w1", env=settle)]
     try:
         got = cluster.wait_for(set(expected), procs, timeout=200)
         time.sleep(2)
