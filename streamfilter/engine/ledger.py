@@ -329,6 +329,36 @@ class KeyedUsers(np.ndarray):
         self.located = None
 
 
+def _join_entries(
+    users: np.ndarray, spent: np.ndarray, retired: np.ndarray, hasher: Hasher
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One entry per user: the largest spend, retired if any entry is. Entries sorted by (id
+    hash, spend): each run of one hash ends with its largest spend, when the run is one id
+    (checked exactly); a run of two ids (a hash collision) takes the dict path."""
+    h = np.asarray(hasher(users), dtype=np.int64)
+    order = np.lexsort((spent, h))
+    hs, us = h[order], users[order]
+    continues = np.r_[False, hs[1:] == hs[:-1]]
+    if not continues.any():
+        return users, spent, retired
+    later = np.flatnonzero(continues)
+    if bool((us[later] == us[later - 1]).all()):
+        starts = np.flatnonzero(~continues)
+        ends = np.r_[starts[1:], len(us)] - 1
+        return us[ends], spent[order][ends], np.logical_or.reduceat(retired[order], starts)
+    joined: dict[str, tuple[int, bool]] = {}
+    for u, s, r in zip(users.tolist(), spent.tolist(), retired.tolist(), strict=True):
+        s0, r0 = joined.get(u, (0, False))
+        joined[u] = (max(s0, s), r0 or r)
+    out = np.empty(len(joined), dtype=object)
+    out[:] = list(joined)
+    return (
+        out,
+        np.array([s for s, _ in joined.values()], np.int64),
+        np.array([r for _, r in joined.values()], bool),
+    )
+
+
 class BudgetLedger:
     """Known users' ``(spent_units, retired)``, sorted by id hash, ids kept to compare exactly."""
 
@@ -531,14 +561,7 @@ class BudgetLedger:
             raise ValueError("users, spent_units and retired must have the same length")
         if len(users) == 0:
             return
-        if len(set(users.tolist())) != len(users):  # only a damaged or hostile record
-            joined: dict[str, tuple[int, bool]] = {}
-            for u, s, r in zip(users.tolist(), spent_units.tolist(), retired.tolist(), strict=True):
-                s0, r0 = joined.get(u, (0, False))
-                joined[u] = (max(s0, s), r0 or r)
-            users = np.array(list(joined), dtype=object)
-            spent_units = np.array([s for s, _ in joined.values()], np.int64)
-            retired = np.array([r for _, r in joined.values()], bool)
+        users, spent_units, retired = _join_entries(users, spent_units, retired, self.hasher)
         keys = UserKeys.of(users, self.hasher)
         spent, was_retired = self.state(users, keys)
         self.apply(users, np.maximum(spent, spent_units), was_retired | retired, keys)

@@ -18,7 +18,8 @@ __all__ = ["APPEND_FUNCTION", "APPEND_SIGNATURE", "RECORDS_TABLE", "budgets_to_r
 #: a cluster worker's only write of budgets: one packed record of a partition's users whose
 #: budget changed on a day, appended, never updated or erased (``postgres._WRITTEN_ONCE``).
 #: The table's checks refuse columns that do not fit together; what a record says is only ever
-#: merged upwards (docs/design.md §7.4).
+#: merged upwards (docs/design.md §7.4). Stored uncompressed (``EXTERNAL``): compressing a
+#: day's ids cost the server ten times the insert itself (218 ms against 22 ms for 20,000 users).
 RECORDS_TABLE = """
 CREATE TABLE IF NOT EXISTS {s}.cluster_budget_records (
     seq BIGSERIAL PRIMARY KEY, day TEXT NOT NULL, partitions INTEGER NOT NULL,
@@ -30,6 +31,9 @@ CREATE TABLE IF NOT EXISTS {s}.cluster_budget_records (
 );
 CREATE INDEX IF NOT EXISTS cluster_budget_records_of
     ON {s}.cluster_budget_records (partitions, partition);
+ALTER TABLE {s}.cluster_budget_records ALTER COLUMN id_lengths SET STORAGE EXTERNAL,
+    ALTER COLUMN ids SET STORAGE EXTERNAL, ALTER COLUMN spent_units SET STORAGE EXTERNAL,
+    ALTER COLUMN retired SET STORAGE EXTERNAL;
 """
 APPEND_FUNCTION = """
 CREATE OR REPLACE FUNCTION {s}.sf_append_budgets(

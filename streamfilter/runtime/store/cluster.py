@@ -364,6 +364,7 @@ class ClusterLedger(PostgresStateStore):
             "FROM {s}.cluster_budget_records WHERE (partitions = %s AND partition = %s) "
             "OR partitions <> %s ORDER BY seq",
             (partitions, partition, partitions),
+            binary=True,  # the packed columns as they are stored, not hex text
         )
         return [
             (int(n), int(p), PackedBudgets(int(k), *(bytes(b) for b in blobs)))
@@ -378,7 +379,7 @@ class ClusterLedger(PostgresStateStore):
         largest spend, retired if any record says so): no record — a hostile one included — can
         lower a spend another record holds. The records of another partition count (the topic
         grew) give the users among them that map to ``partition`` now."""
-        ledger = BudgetLedger(hasher)
+        parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         for n, _p, packed in self.budget_records(partition, partitions):
             users, spent, retired = packed.unpack(self.where)
             ids = np.array(users, dtype=object)
@@ -386,7 +387,10 @@ class ClusterLedger(PostgresStateStore):
             if n != partitions:
                 mine = partitions_of(ids, partitions) == partition
                 ids, spent_units, flags = ids[mine], spent_units[mine], flags[mine]
-            ledger.merge_monotone(ids, spent_units, flags)
+            parts.append((ids, spent_units, flags))
+        ledger = BudgetLedger(hasher)
+        if parts:  # one merge of all the records: one insertion into the ledger
+            ledger.merge_monotone(*(np.concatenate(column) for column in zip(*parts, strict=True)))
         return ledger
 
     def fold_budgets(self) -> int:
@@ -504,8 +508,8 @@ class ClusterLedger(PostgresStateStore):
             for p, part in parts.items():
                 if len(part.changed_users):
                     packed = PackedBudgets.of(part.changed_users, part.spent_units, part.retired)
-                    cur.execute(
-                        f"SELECT {s}.sf_append_budgets(%s, %s, %s, %s, %s, %s, %s, %s)",
+                    cur.execute(  # %b: the packed columns sent as they are, not hex text
+                        f"SELECT {s}.sf_append_budgets(%s, %s, %s, %s, %b, %b, %b, %b)",
                         (day, partitions, p, *packed.values()),
                     )
             cur.executemany(

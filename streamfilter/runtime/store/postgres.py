@@ -518,9 +518,12 @@ class PostgresStateStore(StateStore):
                 f"{_first_line(exc)}"
             ) from None
 
-    def _read(self, sql: str, args: tuple[object, ...] = ()) -> list[tuple[Any, ...]]:
+    def _read(
+        self, sql: str, args: tuple[object, ...] = (), *, binary: bool = False
+    ) -> list[tuple[Any, ...]]:
         try:
-            return list(self._db.execute(sql.format(s=self.schema), args).fetchall())
+            rows = self._db.execute(sql.format(s=self.schema), args, binary=binary).fetchall()
+            return list(rows)
         except self._psycopg.Error as exc:
             raise StoreError(
                 f"cannot read state store {self.where}: {type(exc).__name__}: {_first_line(exc)}"
