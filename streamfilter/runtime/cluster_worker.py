@@ -9,8 +9,9 @@ What differs from the single process (``runtime.daemon``):
   whatever it buffered, and resumes each partition at its stored position.
 * **One filter per user and day.** Each day's partition count is pinned in the ledger when the
   day is first seen; an event whose ``user_id`` does not map to the partition it was read from
-  (Kafka's murmur2 partitioner over that count, ``engine.partitions``) is rejected as ``wrong_partition`` before it
-  reaches any buffer. A worker keeps one buffer per (day, partition).
+  (Kafka's murmur2 partitioner over that count, ``engine.partitions``) is rejected as
+  ``wrong_partition`` before it reaches any buffer; a batch decoded as columns is checked whole
+  (one native call). A worker keeps one buffer per (day, partition).
 * **Queries.** Registered only in the ledger, in one serialised order; the first worker to close
   a day reads its feed to the end, runs the policy on the published history and freezes the
   day's queries. Every worker evaluates the ledger's queries in the ledger's order.
