@@ -68,7 +68,8 @@ SANITIZE_ENV := PYTHONPATH=$(SANITIZE_DIR)/lib STREAMFILTER_IMPL=native PYTHONMA
 	UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 NATIVE_TESTS := tests/_native tests/engine/test_native_scanner.py tests/engine/test_ingest.py \
 	tests/engine/test_lines.py tests/engine/test_packed_ids.py tests/engine/test_user_codes.py \
-	tests/engine/test_pair_set.py tests/engine/test_cell_table.py tests/privacy/test_filter.py
+	tests/engine/test_pair_set.py tests/engine/test_cell_table.py tests/engine/test_partitions.py \
+	tests/privacy/test_filter.py
 
 sanitize: $(STAMP)
 	rm -rf $(SANITIZE_DIR) && mkdir -p $(SANITIZE_DIR)/lib

@@ -45,7 +45,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             stop=stop_requested,
         )
         logging.getLogger("streamfilter.run").info("%s", startup_summary(settings, parts))
-        parts.daemon.return_free_heap = return_free_heap()
+        parts.daemon.intake.return_free_heap = return_free_heap()
         if kept:
             logging.getLogger("streamfilter.run").info(
                 "memory: freed memory is kept for reuse while records flow (allocations below "

@@ -33,6 +33,7 @@ from streamfilter.engine.records import DayAccumulator
 from streamfilter.errors import ConfigError
 from streamfilter.privacy.noise import RandomBits, SeededRandomBits, SystemRandomBits
 from streamfilter.runtime.app import build_daemon, event_source
+from streamfilter.runtime.daemon import Daemon
 from streamfilter.runtime.io.base import BrokerSource
 
 __all__ = ["SimulationSummary", "device_config", "simulate_local"]
@@ -168,6 +169,7 @@ def simulate_local(settings: Settings, *, allow_test_seed: bool = False) -> Simu
         raise
     try:
         daemon = parts.daemon
+        assert isinstance(daemon, Daemon)  # local mode: never a cluster worker
         if daemon.engine.last_closed_day is not None:
             raise ConfigError(
                 f"state {settings.state.path} already has closed days; the simulated devices "

@@ -425,7 +425,10 @@ class ClusterSection(_Section):
     group's (a worker silent for ``session_timeout`` loses its partitions);
     ``max_poll_interval`` bounds the time between two polls (a worker stuck longer leaves the
     group). ``releaser_lease``: how long the releaser's lease lasts without renewal (it is
-    renewed at every turn of its loop); a releaser silent for longer is replaced."""
+    renewed at every turn of its loop); a releaser silent for longer is replaced.
+    ``assignment_settle``: a worker reads nothing of a new assignment until it has held this
+    long (another rebalance starts the wait again), so workers that start together read each
+    record once, not once per rebalance (0: read at once)."""
 
     #: strict: a TOML boolean only (a switch this consequential is never coerced from text)
     enabled: StrictBool = False
@@ -433,12 +436,14 @@ class ClusterSection(_Section):
     heartbeat_interval: Seconds = 3.0
     max_poll_interval: Seconds = 300.0
     releaser_lease: Seconds = Field(30.0, gt=0)
+    assignment_settle: Seconds = Field(5.0, ge=0)
 
     @field_validator(
         "session_timeout",
         "heartbeat_interval",
         "max_poll_interval",
         "releaser_lease",
+        "assignment_settle",
         mode="before",
     )
     @classmethod

@@ -59,6 +59,14 @@
  *
  * ``hash(id)`` of each id of a list (ledger.python_hash: the ledger's canonical order), without
  * a Python call per id: a str caches its hash, so each is one read.
+ *
+ * key_partitions(ids, partitions) -> bytearray of int32 | None
+ *
+ * The partition Kafka's default partitioner gives each id of a list as a record key
+ * (engine/partitions.py ``key_partition``: ``(murmur2(utf8(id)) & 0x7fffffff) % partitions``,
+ * the Java client's murmur2 with seed 0x9747b28c), without a Python step per id. None — the
+ * caller then takes the Python path, which gives the answer or the reason — for an id that is
+ * not a str or has no UTF-8 form (a lone surrogate). ``partitions`` < 1 is a ValueError.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -592,8 +600,72 @@ done:
     return result;
 }
 
+/* Kafka's murmur2 (org.apache.kafka.common.utils.Utils.murmur2) of ``len`` bytes. */
+static uint32_t murmur2(const unsigned char *data, Py_ssize_t len)
+{
+    const uint32_t m = 0x5bd1e995u;
+    uint32_t h = 0x9747b28cu ^ (uint32_t)len;
+    Py_ssize_t whole = len & ~(Py_ssize_t)3;
+    for (Py_ssize_t i = 0; i < whole; i += 4) {
+        uint32_t k = (uint32_t)data[i] | ((uint32_t)data[i + 1] << 8) |
+                     ((uint32_t)data[i + 2] << 16) | ((uint32_t)data[i + 3] << 24);
+        k *= m;
+        k ^= k >> 24;
+        k *= m;
+        h *= m;
+        h ^= k;
+    }
+    switch (len & 3) {
+    case 3:
+        h ^= (uint32_t)data[whole + 2] << 16;
+        /* fall through */
+    case 2:
+        h ^= (uint32_t)data[whole + 1] << 8;
+        /* fall through */
+    case 1:
+        h ^= (uint32_t)data[whole];
+        h *= m;
+    }
+    h ^= h >> 13;
+    h *= m;
+    h ^= h >> 15;
+    return h;
+}
+
+static PyObject *key_partitions(PyObject *Py_UNUSED(module), PyObject *args)
+{
+    PyObject *ids;
+    long partitions;
+    if (!PyArg_ParseTuple(args, "O!l:key_partitions", &PyList_Type, &ids, &partitions))
+        return NULL;
+    if (partitions < 1 || partitions > INT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "key_partitions: partitions must be in 1..2**31-1");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(ids);
+    PyObject *out = PyByteArray_FromStringAndSize(NULL, n * 4);
+    if (out == NULL) return NULL;
+    int32_t *at = (int32_t *)PyByteArray_AS_STRING(out);
+    /* utf8_of runs no Python code (str ids only), so the list cannot change under the loop */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const char *data;
+        Py_ssize_t len;
+        PyObject *tmp;
+        if (!utf8_of(PyList_GET_ITEM(ids, i), &data, &len, &tmp)) {
+            Py_DECREF(out);
+            Py_RETURN_NONE;
+        }
+        uint32_t h = murmur2((const unsigned char *)data, len);
+        Py_XDECREF(tmp);
+        at[i] = (int32_t)((h & 0x7fffffffu) % (uint32_t)partitions);
+    }
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"hashes", hashes, METH_O, "hashes(ids) -> bytearray of int64: hash(id) of each id"},
+    {"key_partitions", key_partitions, METH_VARARGS,
+     "key_partitions(ids, partitions) -> bytearray of int32 or None: see engine/partitions.py"},
     {"pack_words", pack_words, METH_VARARGS,
      "pack_words(ids, canonical, max_bytes) -> (words, woff, lengths) or None: see "
      "engine/records.py"},

@@ -329,6 +329,36 @@ class KeyedUsers(np.ndarray):
         self.located = None
 
 
+def _join_entries(
+    users: np.ndarray, spent: np.ndarray, retired: np.ndarray, hasher: Hasher
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One entry per user: the largest spend, retired if any entry is. Entries sorted by (id
+    hash, spend): each run of one hash ends with its largest spend, when the run is one id
+    (checked exactly); a run of two ids (a hash collision) takes the dict path."""
+    h = np.asarray(hasher(users), dtype=np.int64)
+    order = np.lexsort((spent, h))
+    hs, us = h[order], users[order]
+    continues = np.r_[False, hs[1:] == hs[:-1]]
+    if not continues.any():
+        return users, spent, retired
+    later = np.flatnonzero(continues)
+    if bool((us[later] == us[later - 1]).all()):
+        starts = np.flatnonzero(~continues)
+        ends = np.r_[starts[1:], len(us)] - 1
+        return us[ends], spent[order][ends], np.logical_or.reduceat(retired[order], starts)
+    joined: dict[str, tuple[int, bool]] = {}
+    for u, s, r in zip(users.tolist(), spent.tolist(), retired.tolist(), strict=True):
+        s0, r0 = joined.get(u, (0, False))
+        joined[u] = (max(s0, s), r0 or r)
+    out = np.empty(len(joined), dtype=object)
+    out[:] = list(joined)
+    return (
+        out,
+        np.array([s for s, _ in joined.values()], np.int64),
+        np.array([r for _, r in joined.values()], bool),
+    )
+
+
 class BudgetLedger:
     """Known users' ``(spent_units, retired)``, sorted by id hash, ids kept to compare exactly."""
 
@@ -515,6 +545,26 @@ class BudgetLedger:
         if len(new):
             new = self._last_occurrences(users, keys.hashes, new)
             self._insert(keys.take(new), spent_units[new], retired[new], slots[new])
+
+    def merge_monotone(
+        self, users: np.ndarray | list[str], spent_units: np.ndarray, retired: np.ndarray
+    ) -> None:
+        """Raise each listed user's state to at least the one given: spent units the larger,
+        retired if either is. The join of the order on states (spent never lower, retired
+        never revived), so merging records in any order, each any number of times, gives the
+        same ledger, and no record can lower a state another record holds (docs/design.md
+        §7.4). A user listed twice counts with the larger of their entries."""
+        users = np.asarray(users, dtype=object).reshape(-1)
+        spent_units = np.asarray(spent_units, dtype=np.int64).reshape(-1)
+        retired = np.asarray(retired, dtype=bool).reshape(-1)
+        if not len(users) == len(spent_units) == len(retired):
+            raise ValueError("users, spent_units and retired must have the same length")
+        if len(users) == 0:
+            return
+        users, spent_units, retired = _join_entries(users, spent_units, retired, self.hasher)
+        keys = UserKeys.of(users, self.hasher)
+        spent, was_retired = self.state(users, keys)
+        self.apply(users, np.maximum(spent, spent_units), was_retired | retired, keys)
 
     def _last_occurrences(self, users: np.ndarray, h: np.ndarray, new: np.ndarray) -> np.ndarray:
         """Drop repeated ids among new users (keep the last); only equal-hash runs can repeat."""

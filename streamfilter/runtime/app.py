@@ -27,7 +27,7 @@ from streamfilter.runtime.io.base import NoQueryFeed, QueryFeed, Sink, Source
 from streamfilter.runtime.io.files import FileQueryFeed, FileSink, FileSource, StdoutSink
 from streamfilter.runtime.io.policy import PolicyFeed
 from streamfilter.runtime.io.synthetic import SyntheticSource
-from streamfilter.runtime.store import StateStore, StoredState
+from streamfilter.runtime.store import StateStore
 from streamfilter.runtime.store.open import open_store
 from streamfilter.runtime.telemetry import load_active_set, load_coverage
 from streamfilter.telemetry.active_set import ActiveSetTracker
@@ -37,6 +37,7 @@ from streamfilter.telemetry.population import PopulationSpec, PopulationTracker
 log = logging.getLogger("streamfilter.app")
 
 if TYPE_CHECKING:
+    from streamfilter.runtime.cluster_worker import ClusterWorker
     from streamfilter.runtime.io.kafka import TopicSpec
     from streamfilter.runtime.observe.http import MetricsEndpoint
 
@@ -56,7 +57,7 @@ __all__ = [
 
 @dataclass
 class Components:
-    daemon: Daemon
+    daemon: Daemon | ClusterWorker
     store: StateStore
     source: Source
     sink: Sink
@@ -542,7 +543,7 @@ def _build_worker(settings: Settings, params: PrivacyParams, bits: RandomBits) -
             "telemetry.population is not available in cluster mode yet (the partial days "
             "carry no departed sums); run a single process or set population = false"
         )
-    from streamfilter.runtime.cluster_worker import ClusterDaemon
+    from streamfilter.runtime.cluster_worker import ClusterWorker
     from streamfilter.runtime.io.kafka import KafkaGroupSource
     from streamfilter.runtime.io.kafka_errors import check_group_access, kafka_access
     from streamfilter.runtime.store.cluster import ClusterLedger
@@ -574,6 +575,7 @@ def _build_worker(settings: Settings, params: PrivacyParams, bits: RandomBits) -
                 session_timeout_s=c.session_timeout,
                 heartbeat_interval_s=c.heartbeat_interval,
                 max_poll_interval_s=c.max_poll_interval,
+                assignment_settle_s=c.assignment_settle,
             )
         parts.append(source)
         feed = _feed(settings)
@@ -609,7 +611,7 @@ def _build_worker(settings: Settings, params: PrivacyParams, bits: RandomBits) -
                 "[metrics] enabled = false)"
             ) from None
     w = settings.window
-    daemon = ClusterDaemon(
+    daemon = ClusterWorker(
         Engine(params, bits, coverage=coverage, event_id_index=_event_id_index(settings)),
         ledger,
         source,
@@ -623,7 +625,6 @@ def _build_worker(settings: Settings, params: PrivacyParams, bits: RandomBits) -
         future_slack_s=w.future_slack,
         limits=input_limits(settings),
         observer=metrics.observer if metrics is not None else None,
-        state=StoredState(None, None, 0),
     )
     return _WorkerComponents(daemon, ledger, source, daemon.sink, reject_sink, metrics)
 

@@ -2,23 +2,30 @@
 shared ledger in PostgreSQL (docs/design.md §7).
 
 Every worker runs the same ``streamfilter run --config cluster.toml`` (``[cluster] enabled``).
-What differs from the single process (``runtime.daemon``):
+It is assembled from the single process's parts — the reading (``runtime.intake``), the closing
+schedule and the outbox relay (``runtime.outbox``) — not derived from its daemon. What differs
+from the single process (``runtime.daemon``):
 
 * **Input.** The consumer group assigns the partitions (``KafkaGroupSource``). On every
   assignment the worker claims them in the ledger (each partition's epoch incremented), drops
   whatever it buffered, and resumes each partition at its stored position.
 * **One filter per user and day.** Each day's partition count is pinned in the ledger when the
   day is first seen; an event whose ``user_id`` does not map to the partition it was read from
-  (Kafka's murmur2 partitioner over that count) is rejected as ``wrong_partition`` before it
-  reaches any buffer. A worker keeps one buffer per (day, partition).
+  (Kafka's murmur2 partitioner over that count, ``engine.partitions``) is rejected as
+  ``wrong_partition`` before it reaches any buffer; a batch decoded as columns is checked whole
+  (one native call). A worker keeps one buffer per (day, partition).
 * **Queries.** Registered only in the ledger, in one serialised order; the first worker to close
   a day reads its feed to the end, runs the policy on the published history and freezes the
   day's queries. Every worker evaluates the ledger's queries in the ledger's order.
 * **Day close.** A worker closes day ``t`` for its partitions once the watermark rule holds
   for them (as in one process) and day ``t − 1`` is released (the day barrier): per partition the
-  filter against the users' budgets read from the ledger, exact integer partial sums, all in one
-  transaction that checks the partitions' epochs (``ClusterLedger.commit_partitions``). A fenced
-  commit writes nothing; the worker drops its buffers and waits for its next assignment.
+  filter against its users' budgets held in memory, exact integer partial sums and one packed
+  budget record, all in one transaction that checks the partitions' epochs
+  (``ClusterLedger.commit_partitions``). A fenced commit writes nothing; the worker drops its
+  buffers and budgets and waits for its next assignment.
+* **Budgets** (docs/design.md §7.4). Each owned partition's users' budgets live in memory,
+  rebuilt from the partition's records on assignment (a monotone merge) and advanced by each of
+  the worker's own commits; no per-user row is read or written in PostgreSQL.
 * **Release.** The worker holding the releaser lease (a row in the ledger, renewed every loop,
   taken over when it expires) sums the partials of a day every
   partition committed, draws the noise once with ``engine.day.release_partials`` (the single
@@ -32,9 +39,10 @@ import contextlib
 import logging
 import os
 import socket
+import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -48,16 +56,20 @@ from streamfilter.engine.day import (
     release_partials,
 )
 from streamfilter.engine.engine import DayInput, Engine
+from streamfilter.engine.ingest import EventColumns
 from streamfilter.engine.ledger import BudgetLedger
+from streamfilter.engine.partitions import key_partition, partitions_of
 from streamfilter.engine.records import DayAccumulator
 from streamfilter.errors import PublisherFencedError, StoreError
-from streamfilter.runtime.daemon import Daemon
 from streamfilter.runtime.faults import crash_point
+from streamfilter.runtime.intake import InputLimits, Intake, last_closable_day
 from streamfilter.runtime.io.base import QueryFeed, RecordBatch, Sink
-from streamfilter.runtime.io.kafka import KafkaGroupSource, key_partition
+from streamfilter.runtime.io.kafka import KafkaGroupSource
+from streamfilter.runtime.observe.observer import DaemonObserver
+from streamfilter.runtime.outbox import Outbox
 from streamfilter.runtime.process import RunSummary, collector_for_run, is_transient
 from streamfilter.runtime.query_admission import admit_query
-from streamfilter.runtime.store import Position, StoredState, check_sink_not_ahead
+from streamfilter.runtime.store import Position, check_sink_not_ahead
 from streamfilter.runtime.store.cluster import (
     ClusterLedger,
     PartitionFencedError,
@@ -65,7 +77,7 @@ from streamfilter.runtime.store.cluster import (
 )
 from streamfilter.telemetry.coverage import CoverageTracker
 
-__all__ = ["ClusterDaemon", "NoSink", "worker_name"]
+__all__ = ["ClusterWorker", "NoSink", "worker_name"]
 
 log = logging.getLogger("streamfilter.cluster")
 
@@ -89,11 +101,11 @@ def _partition_number(label: str) -> int:
     return int(label.rsplit(":", 1)[1])
 
 
-class ClusterDaemon(Daemon):
-    """One worker of a cluster (see the module doc)."""
-
-    store: ClusterLedger
-    source: KafkaGroupSource
+class ClusterWorker:
+    """One worker of a cluster (see the module doc), assembled from the single process's parts:
+    the same reading (``runtime.intake.Intake``, with one buffer per (day, partition) and the
+    partition check), the same closing schedule (``intake.last_closable_day``), the same outbox
+    relay (``runtime.outbox.Outbox``, the releaser's), and its own ledger steps."""
 
     def __init__(
         self,
@@ -105,8 +117,33 @@ class ClusterDaemon(Daemon):
         reject_sink: Sink,
         *,
         lease_s: float = 30.0,
-        **kwargs: Any,
+        allowed_lateness_s: float = 7200.0,
+        idle_timeout_s: float = 600.0,
+        poll_interval_s: float = 0.5,
+        batch_size: int = 50_000,
+        future_slack_s: float | None = None,
+        limits: InputLimits | None = None,
+        wall_clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+        on_day_closed: Callable[[str, list[Release]], None] | None = None,
+        observer: DaemonObserver | None = None,
     ) -> None:
+        self.engine = engine
+        self.store = ledger
+        self.source = source
+        self.feed = feed
+        self.sink: Sink = NoSink()
+        self.reject_sink = reject_sink
+        self.allowed_lateness_s = allowed_lateness_s
+        self.idle_timeout_s = idle_timeout_s
+        self.poll_interval_s = poll_interval_s
+        self.batch_size = batch_size
+        self.limits = limits or InputLimits()
+        self.monotonic = monotonic
+        self.on_day_closed = on_day_closed
+        self.observer = observer or DaemonObserver()
+        self.stop_event = threading.Event()
+        self.summary = RunSummary()
         self.worker = worker_name()
         self._sink_factory = sink_factory
         self._lease_token: int | None = None
@@ -122,13 +159,33 @@ class ClusterDaemon(Daemon):
         self._first_day: str | None = None
         self._released_seen: str | None = None
         self._claimed: dict[str, Position] = {}
-        super().__init__(engine, ledger, source, feed, NoSink(), reject_sink, **kwargs)
-        self._screen = self._screen_records
+        #: per owned partition, its users' budgets and the partition count they are keyed by
+        #: (rebuilt from the ledger's records on assignment; advanced by each own commit)
+        self._budgets: dict[int, tuple[int, BudgetLedger]] = {}
+        self.outbox = Outbox(ledger, self.sink, self.observer, self.summary, self.stop_event)
+        self.intake = Intake(
+            engine,
+            reject_sink,
+            self.summary,
+            self.observer,
+            limits=self.limits,
+            wall_clock=wall_clock,
+            monotonic=monotonic,
+            future_slack_s=future_slack_s,
+            day_input=self._day_input,
+            screen=self._screen_records,
+            screen_columns=self._columns_pass,
+        )
+        self._restore()
         source.on_assign = self._on_assign
 
+    def stop(self) -> None:
+        self.stop_event.set()
+
     # ------------------------------------------------------------------ start-up
-    def _restore(self, state: StoredState) -> None:
-        """Nothing per user is loaded: budgets are read per day close, for that day's users."""
+    def _restore(self) -> None:
+        """Nothing per user is loaded: each partition's budgets are rebuilt when it is
+        assigned."""
         view = self.store.view()
         self.engine.last_closed_day = view.released_through
         self._refresh_queries()
@@ -182,22 +239,41 @@ class ClusterDaemon(Daemon):
             return
         self._reset_pending = False
         self._drop_buffers()
+        self._budgets.clear()
         claimed = self._claimed
-        self._read_offset = {label: pos.resume_offset for label, pos in claimed.items()}
-        self._high = {label: pos.high_offset for label, pos in claimed.items()}
+        self.intake.read_offset = {label: pos.resume_offset for label, pos in claimed.items()}
+        self.intake.high = {label: pos.high_offset for label, pos in claimed.items()}
         now = self.monotonic()
-        self._last_seen = dict.fromkeys(claimed, now)
+        self.intake.last_seen = dict.fromkeys(claimed, now)
         self.observer.partitions(self.source.partition_count(), [])
         self.observer.partitions_owned(len(claimed))
+        count = self.source.partition_count()
+        for p in sorted(self._epochs):  # the day's pinned count may differ: then again at close
+            self._ledger_of(p, count)
+
+    def _ledger_of(self, partition: int, partitions: int) -> BudgetLedger:
+        """The budgets of ``partition``'s users under ``partitions``: kept in memory while this
+        worker owns the partition, rebuilt from the ledger's records when it was just assigned
+        or the day's pinned partition count differs (docs/design.md §7.4)."""
+        held = self._budgets.get(partition)
+        if held is not None and held[0] == partitions:
+            return held[1]
+        started = time.perf_counter()
+        ledger = self.store.partition_budgets(partition, partitions)
+        self._budgets[partition] = (partitions, ledger)
+        log.info(
+            "rebuilt the budgets of partition %d (of %d) from the ledger in %.3fs",
+            partition,
+            partitions,
+            time.perf_counter() - started,
+        )
+        return ledger
 
     def _drop_buffers(self) -> None:
-        self._open.clear()
+        self.intake.open.clear()
         self._parts.clear()
-        self._min_offset.clear()
-        self._max_day.clear()
-
-    def _partitions_unchanged(self) -> bool:
-        return True  # the group follows the topic's partitions
+        self.intake.min_offset.clear()
+        self.intake.max_day.clear()
 
     # ------------------------------------------------------------------ input
     def _pinned_count(self, day: str) -> int:
@@ -206,12 +282,32 @@ class ClusterDaemon(Daemon):
             n = self._pinned[day] = self.store.pin_day(day, self.source.partition_count())
         return n
 
+    def _columns_pass(self, partition: str, columns: EventColumns) -> bool:
+        """Whether :meth:`_screen_records` refuses none of a batch's events, from its columns
+        whole: each distinct day open and within the horizon, and every user id's partition
+        (``partitions_of``: one native call, no Python step per event) the one read from."""
+        p = _partition_number(partition)
+        committed = self._committed.get(p)
+        horizon = self.intake.horizon()
+        days = set(columns.days)
+        for day in days:
+            if (
+                (committed is not None and day <= committed)
+                or (self._first_day is not None and day < self._first_day)
+                or (horizon is not None and day > horizon)
+            ):
+                return False
+        counts = {self._pinned_count(day) for day in days}
+        if len(counts) != 1:  # a day's boundary where the topic grew: record by record
+            return False
+        return bool((partitions_of(columns.user_ids, counts.pop()) == p).all())
+
     def _screen_records(self, partition: str, parsed: Sequence[Any]) -> Sequence[Any]:
         """Refuse events read from a partition their user does not map to (``wrong_partition``)
         and events of a day this partition already committed (``late``)."""
         p = _partition_number(partition)
         committed = self._committed.get(p)
-        horizon = self._horizon()
+        horizon = self.intake.horizon()
         out = list(parsed)
         for i, item in enumerate(parsed):
             if isinstance(item, Reject):
@@ -232,14 +328,14 @@ class ClusterDaemon(Daemon):
         return out
 
     def _day_input(self, day: str, partition: str, offset: int) -> DayInput:
-        if day > self._max_day.get(partition, ""):
-            self._max_day[partition] = day
+        if day > self.intake.max_day.get(partition, ""):
+            self.intake.max_day[partition] = day
         key = (day, _partition_number(partition))
         acc = self._parts.get(key)
         if acc is None:
             acc = self._parts[key] = self.engine.new_accumulator(day)
-            self._open.setdefault(day, acc)
-        self._min_offset.setdefault(day, {}).setdefault(partition, offset)
+            self.intake.open.setdefault(day, acc)
+        self.intake.min_offset.setdefault(day, {}).setdefault(partition, offset)
         return acc
 
     # ------------------------------------------------------------------ main loop
@@ -253,7 +349,7 @@ class ClusterDaemon(Daemon):
                 while not self.stop_event.is_set():
                     records = self._poll()
                     self._note_new_partitions()
-                    self._ingest_batches(records, quiet=not records)
+                    self.intake.ingest_batches(records, quiet=not records)
                     self._release_and_relay()
                     self._close_ready()
                     if not records:
@@ -278,11 +374,30 @@ class ClusterDaemon(Daemon):
         except Exception as exc:
             if not is_transient(exc):
                 raise
-            self._input_unavailable("could not poll the events topic's consumer group", exc)
+            self.intake.unavailable("could not poll the events topic's consumer group", exc)
             return []
-        if self._input_down_probe_at is not None:
-            self._input_available()
+        if self.intake.input_down_probe_at is not None:
+            self.intake.available()
         return records
+
+    def _close_ready(self) -> None:
+        """Close what the watermark rule allows (the single process's schedule,
+        ``intake.last_closable_day``, over this worker's partitions)."""
+        target = last_closable_day(
+            self._first_open_day(),
+            self._last_open_day(),
+            lambda day: self.intake.closable(
+                day,
+                self.source.partitions(),
+                self.allowed_lateness_s,
+                self.idle_timeout_s,
+                self.source.caught_up,
+            ),
+            self.intake.quiet_since(),
+            self.allowed_lateness_s,
+        )
+        if target is not None:
+            self._close_through(target)
 
     def _first_open_day(self) -> str | None:
         """The day the cluster closes next; before the first freeze, the earliest day seen."""
@@ -292,12 +407,12 @@ class ClusterDaemon(Daemon):
             self._released_seen = view.released_through  # last closed day (alerts, §7.3)
             self.observer.restore(view.released_through)
         return view.next_day() or min(
-            filter(None, (view.first_seen, min(self._open, default=None))), default=None
+            filter(None, (view.first_seen, min(self.intake.open, default=None))), default=None
         )
 
     def _last_open_day(self) -> str | None:
         view = self.store.view()
-        return max(filter(None, (view.last_day, max(self._open, default=None))), default=None)
+        return max(filter(None, (view.last_day, max(self.intake.open, default=None))), default=None)
 
     def _close_through(self, last: str | None) -> bool:
         """Commit, day after day through ``last``, this worker's partitions that have not
@@ -329,8 +444,8 @@ class ClusterDaemon(Daemon):
         for d in early:
             for key in [k for k in self._parts if k[0] == d]:
                 del self._parts[key]
-            self._open.pop(d, None)
-            self._min_offset.pop(d, None)
+            self.intake.open.pop(d, None)
+            self.intake.min_offset.pop(d, None)
             log.warning("events of %s arrived after the cluster closed that day; dropped", d)
 
     def _freeze(self, day: str, frozen_through: str | None) -> bool:
@@ -348,17 +463,18 @@ class ClusterDaemon(Daemon):
         self._refresh_queries()
         return True
 
-    def _register_query(self, where: str, raw: bytes, new: list[bytes]) -> None:
-        """Validate a query and add it to the ledger at once, in its own transaction (never to
-        this worker's book directly: every worker's book is the ledger's, in the ledger's
-        order); ``new`` stays empty, so the single process's batched store write is a no-op."""
-        try:
-            query = admit_query(self.engine, self.limits, raw)
-            if query is not None:
-                self.store.add_query(query.canonical_json().encode())
-                self.summary.queries_registered += 1
-        except Reject as rej:
-            self._refuse_query(rej, raw, where)
+    def _register_queries(self, items: Iterable[tuple[str, bytes]]) -> None:
+        """Validate each query and add it to the ledger at once, in its own transaction (never
+        to this worker's book directly: every worker's book is the ledger's, in the ledger's
+        order)."""
+        for where, raw in items:
+            try:
+                query = admit_query(self.engine, self.limits, raw)
+                if query is not None:
+                    self.store.add_query(query.canonical_json().encode())
+                    self.summary.queries_registered += 1
+            except Reject as rej:
+                self.intake.refuse_query(rej, raw, where)
 
     def _commit_partitions(self, day: str, todo: list[int]) -> bool:
         """Partials of ``todo`` for ``day`` in one ledger transaction; False if fenced."""
@@ -367,40 +483,39 @@ class ClusterDaemon(Daemon):
         coverage = self.engine.coverage  # public thresholds only; the releaser keeps the counts
         thresholds = None if coverage is None else coverage.thresholds_units
         started = time.perf_counter()
+        count = self._pinned_count(day)
         parts = {}
         for p in todo:
             acc = self._parts.pop((day, p), None) or self.engine.new_accumulator(day)
             records = acc.finish()
-            ledger = BudgetLedger()
-            known = self.store.budgets_of([str(u) for u in records.users])
-            if known:
-                users, spent, retired = zip(*known, strict=True)
-                ledger.apply(
-                    np.array(users, dtype=object),
-                    np.array(spent, np.int64),
-                    np.array(retired, bool),
-                )
+            ledger = self._ledger_of(p, count)
             parts[p] = partial_day(records, queries, ledger, params, thresholds)
         positions = self._positions_for(day, todo)
         self.reject_sink.flush()
         crash_point("before_partition_commit")
         commit_started = time.perf_counter()
         try:
-            self.store.commit_partitions(day, self.worker, self._epochs, parts, positions)
+            self.store.commit_partitions(day, self.worker, self._epochs, parts, positions, count)
         except PartitionFencedError as exc:
             log.warning("%s; dropping this worker's open days until its next assignment", exc)
             self._fenced = True
             self._drop_buffers()
+            self._budgets.clear()
             return False
         self.observer.committed(time.perf_counter() - commit_started, None)
         crash_point("after_partition_commit")
         for p in todo:
             self._committed[p] = day
+            part = parts[p]
+            self._budgets[p][1].apply(part.changed_users, part.spent_units, part.retired)
         if not any(d == day for d, _ in self._parts):
-            self._open.pop(day, None)
-            self._min_offset.pop(day, None)
-        self._high.update(
-            {label: max(self._high.get(label, 0), off) for label, off in self._read_offset.items()}
+            self.intake.open.pop(day, None)
+            self.intake.min_offset.pop(day, None)
+        self.intake.high.update(
+            {
+                label: max(self.intake.high.get(label, 0), off)
+                for label, off in self.intake.read_offset.items()
+            }
         )
         self.summary.days_closed += 1
         log.info(
@@ -421,10 +536,12 @@ class ClusterDaemon(Daemon):
         topic = self.source.topic
         for p in todo:
             label = f"{topic}:{p}"
-            read = self._read_offset.get(label, 0)
-            pending = [m[label] for d, m in self._min_offset.items() if d > day and label in m]
+            read = self.intake.read_offset.get(label, 0)
+            pending = [
+                m[label] for d, m in self.intake.min_offset.items() if d > day and label in m
+            ]
             resume = min(pending) if pending else read
-            out[p] = Position(resume, max(read, self._high.get(label, 0)))
+            out[p] = Position(resume, max(read, self.intake.high.get(label, 0)))
         return out
 
     # ------------------------------------------------------------------ release
@@ -455,15 +572,15 @@ class ClusterDaemon(Daemon):
                 log.warning("cannot open the release sink (%s); the lease is retried", exc)
                 return
             self._lease_token = token
-            self.sink = sink
+            self.sink = self.outbox.sink = sink
             log.info("this worker is the releaser")
-            self._publish_lost(held)
+            self.outbox.publish_lost(held)
         try:
             while not self.stop_event.is_set():
                 day = self.store.view().next_day()
                 if day is None or not self._release(day):
                     break
-            self._relay_outbox()
+            self.outbox.relay()
         except (ReleaserFencedError, PublisherFencedError) as exc:
             self._step_down(str(exc))
 
@@ -473,6 +590,7 @@ class ClusterDaemon(Daemon):
         log.warning("%s; stepping down as the releaser", reason)
         self._lease_token = None
         sink, self.sink = self.sink, NoSink()
+        self.outbox.sink = self.sink
         with contextlib.suppress(Exception):  # a fenced producer's flush fails: nothing is lost
             sink.close()
 

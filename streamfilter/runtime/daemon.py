@@ -17,6 +17,10 @@ exhausted. In follow mode day ``t`` closes when (a) the UTC wall clock has passe
 plus ``allowed_lateness`` and (b) every partition has delivered an event of a later day or has been
 idle for ``idle_timeout``. Days between the first open day and the last closable one close even
 when they had no events, so releases leave on a data-independent schedule.
+
+The daemon assembles the loop's shared parts — the reading (``runtime.intake.Intake``), the
+closing schedule (``intake.last_closable_day``) and the outbox relay (``runtime.outbox``) — as
+the cluster worker (``runtime.cluster_worker``) does, and adds the single process's day close.
 """
 
 from __future__ import annotations
@@ -25,32 +29,25 @@ import datetime as dt
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
-from itertools import compress
-from operator import attrgetter, ne, not_
-from typing import Any
+from collections.abc import Callable, Iterable
+from operator import attrgetter
 
 from streamfilter.engine.affordability import DEFAULT_MIN_DAYS, affordability_warning, query_cost
-from streamfilter.engine.contract import MAX_EVENT_BYTES, Reject, RejectReason, Release
-from streamfilter.engine.engine import DayInput, Engine
-from streamfilter.engine.ingest import EventColumns
-from streamfilter.engine.lines import BlockLines
-from streamfilter.engine.records import DayAccumulator
+from streamfilter.engine.contract import Reject, Release
+from streamfilter.engine.engine import Engine
 from streamfilter.errors import RetentionGapError
 from streamfilter.runtime.faults import crash_point
-from streamfilter.runtime.io.base import (
-    DEFAULT_REJECT_RAW_BYTES,
-    BrokerSource,
-    QueryFeed,
-    RecordBatch,
-    Sink,
-    Source,
-    reject_payload,
+from streamfilter.runtime.intake import (
+    InputLimits,
+    Intake,
+    last_closable_day,
+    next_day,
 )
+from streamfilter.runtime.io.base import BrokerSource, QueryFeed, Sink, Source
 from streamfilter.runtime.observe.observer import DaemonObserver
-from streamfilter.runtime.process import RunSummary, collector_for_run, is_transient
-from streamfilter.runtime.query_admission import admit_query, query_id_of
+from streamfilter.runtime.outbox import Outbox
+from streamfilter.runtime.process import RunSummary, collector_for_run
+from streamfilter.runtime.query_admission import admit_query
 from streamfilter.runtime.store import (
     DayCommit,
     Position,
@@ -67,48 +64,12 @@ DAY = dt.timedelta(days=1)
 _DAY = attrgetter("day")
 
 
-@dataclass(frozen=True)
-class InputLimits:
-    """What one input record may make the daemon hold (``[limits]``, ``[rejects]``); over a
-    limit the record is rejected with its reason before anything is built for it."""
-
-    max_event_bytes: int = MAX_EVENT_BYTES
-    max_query_bytes: int = 1 << 20
-    max_query_memory_bytes: int = 2 << 30
-    expected_users: int = 100_000
-    max_live_queries: int = 1000
-    max_reject_raw_bytes: int = DEFAULT_REJECT_RAW_BYTES
-
-
-#: first and longest wait between two attempts to relay the outbox (seconds)
-RELAY_BACKOFF_S = (1.0, 30.0)
-
 #: the fewest budget log entries the store's upkeep folds after a batch, or when idle (a
 #: fraction of a second; ``Daemon._compact_state``)
 COMPACT_MIN_ENTRIES = 20_000
 #: the most the upkeep folds between two days closing back to back (a backfill's releases do
 #: not wait on a long fold; the input batches that follow catch up)
 COMPACT_BETWEEN_CLOSES_ENTRIES = 100_000
-
-
-#: seconds between probes of an input whose broker did not answer (see ``_probe_input``)
-INPUT_PROBE_S = 2.0
-
-
-def _next_day(day: str) -> str:
-    return (dt.date.fromisoformat(day) + DAY).isoformat()
-
-
-def _day_end_utc(day: str) -> float:
-    d = dt.date.fromisoformat(day) + DAY
-    return dt.datetime(d.year, d.month, d.day, tzinfo=dt.UTC).timestamp()
-
-
-def _longest(values: Sequence[bytes]) -> int:
-    """The longest record's length in bytes (lines held in place are not made into bytes)."""
-    if isinstance(values, BlockLines):
-        return int(values.lengths().max())
-    return max(map(len, values))
 
 
 class Daemon:
@@ -155,25 +116,22 @@ class Daemon:
         self.wall_clock = wall_clock
         self.monotonic = monotonic
         self.on_day_closed = on_day_closed
-        #: the process's call handing freed heap pages back (``runtime.memory.return_free_heap``,
-        #: set by ``streamfilter run``), made when the input goes quiet (``_ingest_batches``)
-        self.return_free_heap: Callable[[], object] | None = None
-        self._records_since_trim = 0
         self.min_affordable_days = min_affordable_days
         self.observer = observer or DaemonObserver()
         self.stop_event = threading.Event()
         self.summary = RunSummary()
-        self._open: dict[str, DayInput] = {}
-        self._min_offset: dict[str, dict[str, int]] = {}  # day -> partition -> first offset
-        self._read_offset: dict[str, int] = {}
-        self._high: dict[str, int] = {}
-        self._max_day: dict[str, str] = {}
-        self._last_seen: dict[str, float] = {}
-        self._started = monotonic()
-        self._input_down_probe_at: float | None = None  # set while the input's broker is down
-        #: a subclass's check of each parsed batch (partition, parsed) → parsed, a ``Reject`` in
-        #: place of each record it refuses (cluster mode: ``wrong_partition``); None: no check
-        self._screen: Callable[[str, Any], Any] | None = None
+        self.outbox = Outbox(store, sink, self.observer, self.summary, self.stop_event)
+        #: reading: batches validated, rejected or buffered per open day (``runtime.intake``)
+        self.intake = Intake(
+            engine,
+            reject_sink,
+            self.summary,
+            self.observer,
+            limits=self.limits,
+            wall_clock=wall_clock,
+            monotonic=monotonic,
+            future_slack_s=future_slack_s,
+        )
         self._restore(state if state is not None else store.load())
 
     # ------------------------------------------------------------------ start-up
@@ -187,12 +145,12 @@ class Daemon:
         self._positions = state.positions
         self.feed.seek({p: pos.resume_offset for p, pos in state.positions.items()})
         offsets = {p: pos.resume_offset for p, pos in state.positions.items()}
-        self._high = {p: pos.high_offset for p, pos in state.positions.items()}
+        self.intake.high = {p: pos.high_offset for p, pos in state.positions.items()}
         self.source.seek(offsets)
         self._check_retention_gaps(self._broker.retention_gaps() if self._broker else {})
         for p in self.source.partitions():
-            self._read_offset[p] = offsets.get(p, 0)
-        self.observer.partitions(len(self._read_offset), [])
+            self.intake.read_offset[p] = offsets.get(p, 0)
+        self.observer.partitions(len(self.intake.read_offset), [])
 
     def _check_retention_gaps(self, gaps: dict[str, int]) -> None:
         """Records deleted before they were read are never skipped silently: fail (exit 4)
@@ -213,18 +171,18 @@ class Daemon:
     def _note_new_partitions(self) -> None:
         """Partitions the source added while running (read from their beginning): each holds
         every open day until it has passed it or been idle for ``idle_timeout`` from now."""
-        new = [p for p in self.source.partitions() if p not in self._read_offset]
+        new = [p for p in self.source.partitions() if p not in self.intake.read_offset]
         if not new:
             return
         for p in new:
-            self._read_offset[p] = 0
-            self._last_seen[p] = self.monotonic()
+            self.intake.read_offset[p] = 0
+            self.intake.last_seen[p] = self.monotonic()
         log.warning(
             "input grew to %d partitions (%s added): open days wait for them",
-            len(self._read_offset),
+            len(self.intake.read_offset),
             ", ".join(new),
         )
-        self.observer.partitions(len(self._read_offset), new)
+        self.observer.partitions(len(self.intake.read_offset), new)
 
     # ------------------------------------------------------------------ main loop
     def run(self, until_end: bool = False, through_day: str | None = None) -> RunSummary:
@@ -254,8 +212,8 @@ class Daemon:
             self.engine.last_closed_day,
             self.sink,
         )
-        self._publish_lost(held)
-        self._relay_outbox()
+        self.outbox.publish_lost(held)
+        self.outbox.relay()
         self.observer.started()
         while not self.stop_event.is_set():
             self._poll_queries()
@@ -264,12 +222,12 @@ class Daemon:
             records = [] if at_end else self.source.poll_batches(self.batch_size)
             self._note_new_partitions()
             self._probe_input()
-            self._ingest_batches(records, quiet=not records and not until_end)
+            self.intake.ingest_batches(records, quiet=not records and not until_end)
             self._compact_state(sum(len(b.offsets) for b in records))
             if until_end and not records and (at_end or self.source.at_end()):
                 last_open = self._last_open_day()
                 if last_open is not None and self.future_slack_s is not None:
-                    last_open = min(last_open, self._today())  # never close a day to come
+                    last_open = min(last_open, self.intake.today())  # never close a day to come
                 last = max(filter(None, (last_open, through_day)), default=None)
                 if self._close_through(last):
                     break
@@ -286,35 +244,6 @@ class Daemon:
         self.stop_event.set()
 
     # ------------------------------------------------------------------ input
-    def _today(self) -> str:
-        return dt.datetime.fromtimestamp(self.wall_clock(), dt.UTC).date().isoformat()
-
-    def _horizon(self) -> str | None:
-        """The latest event day accepted now (``None``: no horizon): today (UTC) + the slack."""
-        if self.future_slack_s is None:
-            return None
-        moment = dt.datetime.fromtimestamp(self.wall_clock() + self.future_slack_s, dt.UTC)
-        return moment.date().isoformat()
-
-    def _reject(self, reason: RejectReason, detail: str, raw: bytes, where: str) -> None:
-        """Count the reject and hand it (bounded: ``max_reject_raw_bytes``) to the reject sink.
-        A reject the sink still refuses is counted, logged once and skipped: the run goes on."""
-        self.summary.rejects[reason] += 1
-        self.observer.rejected(reason)
-        payload = reject_payload(reason, detail, raw, where, self.limits.max_reject_raw_bytes)
-        try:
-            self.reject_sink.publish(where, payload)
-        except Exception as exc:  # the reject is lost, the record was refused all the same
-            self.summary.rejects_dropped += 1
-            self.observer.reject_dropped()
-            if self.summary.rejects_dropped == 1:
-                log.error(
-                    "the reject sink refused a reject record (%s at %s); skipped, and later ones "
-                    "are counted in streamfilter_rejects_dropped_total",
-                    type(exc).__name__,
-                    where,
-                )
-
     def _poll_queries(self) -> None:
         self._register_queries(self.feed.poll())
 
@@ -340,16 +269,7 @@ class Daemon:
                 if warning is not None:
                     log.warning("%s", warning)
         except Reject as rej:
-            self._refuse_query(rej, raw, where)
-
-    def _refuse_query(self, rej: Reject, raw: bytes, where: str) -> None:
-        """A refused query is loud: one WARNING (its id, the reason) besides the reject record
-        and ``streamfilter_rejects_total{reason}``; queries the operator meant never vanish."""
-        log.warning("query %s refused (%s): %s", query_id_of(raw), rej.reason, rej.detail)
-        self._reject(rej.reason, rej.detail, raw, where)
-
-    def _ingest(self, partition: str, offset: int, next_offset: int, raw: bytes) -> None:
-        self._ingest_batches([RecordBatch(partition, [offset], [raw], next_offset)])
+            self.intake.refuse_query(rej, raw, where)
 
     def _compact_state(self, n_records: int) -> None:
         """The store's upkeep (the budget log's fold, docs/design.md §5.1), paced by the work it
@@ -360,233 +280,30 @@ class Daemon:
         last commits is left to the next run."""
         self.store.compact(max(n_records, COMPACT_MIN_ENTRIES))
 
-    def _ingest_batches(self, batches: list[RecordBatch], quiet: bool = False) -> None:
-        """Ingest a poll's batches; on the first quiet poll (no records, following the input)
-        after some, hand the freed heap back (runtime/memory.py: while records flow, freed
-        memory is kept for the next batches and days to reuse)."""
-        for batch in batches:
-            self._ingest_batch(batch)
-            self._records_since_trim += len(batch.values)
-        if quiet and self.return_free_heap is not None and self._records_since_trim:
-            self._records_since_trim = 0
-            self.return_free_heap()
-
-    @staticmethod
-    def _add_run(
-        acc: DayInput,
-        columns: EventColumns | None,
-        parsed: Sequence[Any],
-        a: int,
-        b: int,
-        part: bool,
-    ) -> int:
-        """Add events ``a..b`` of a batch to one day's input, as columns when the batch was
-        decoded as columns, else as a batch of records (``part``: the run is not the whole
-        batch)."""
-        if columns is not None:
-            # only an engine that parses events decodes columns, and its days are accumulators
-            assert isinstance(acc, DayAccumulator)
-            return acc.add_columns(columns.slice(a, b) if part else columns)
-        return acc.add_many(parsed[a:b] if part else parsed)
-
-    def _open_runs(self, days: list[str], horizon: str | None) -> list[tuple[int, int]] | None:
-        """The runs of consecutive events of one day (one run but at a day's boundary), when
-        every run's day is open and within the horizon; else None (then record by record)."""
-        if days.count(days[0]) == len(days):
-            cuts = [0]
-        else:
-            cuts = [0, *compress(range(1, len(days)), map(ne, days, days[1:]))]
-        runs = list(zip(cuts, [*cuts[1:], len(days)], strict=True))
-        if all(
-            not self.engine.is_closed(days[a]) and (horizon is None or days[a] <= horizon)
-            for a, _ in runs
-        ):
-            return runs
-        return None
-
-    def _add_runs(
-        self,
-        partition: str,
-        offsets: Sequence[int],
-        days: list[str],
-        runs: list[tuple[int, int]],
-        columns: EventColumns | None,
-        parsed: Sequence[Any],
-    ) -> None:
-        """Add each run of valid events (``_open_runs``) to its open day's input at once."""
-        for a, b in runs:
-            acc = self._day_input(days[a], partition, offsets[a])
-            accepted = self._add_run(acc, columns, parsed, a, b, len(runs) > 1)
-            self.summary.events_accepted += accepted
-            self.summary.events_duplicate += b - a - accepted
-
-    def _ingest_batch(self, batch: RecordBatch) -> None:
-        """Validate one partition's batch at once (``engine.parse_records``), then add it to its
-        open day in one pass per run of one day's records when every valid record is of an open
-        day (the usual batch: one run; two at a day's boundary), each invalid one rejected on
-        its own (with its reason; silently when replayed); otherwise per record: reject it (with
-        its reason, or ``late``) or add it to its open day (looked up when the day changes from
-        one record to the next).
-        An event dated after the horizon (today + ``future_slack_s``) is rejected as ``future``
-        before it touches any day: it moves no watermark and no resume position.
-        """
-        values = batch.values
-        if not values:
-            return
-        partition, offsets = batch.partition, batch.offsets
-        if batch.undecodable:
-            self._reject_undecodable(batch)
-            return
-        limit = self.limits.max_event_bytes
-        within_limit = limit >= MAX_EVENT_BYTES or _longest(values) <= limit
-        # the usual batch: valid events of one schema, decoded as columns (no object per event)
-        columns = (
-            self.engine.parse_columns(values) if within_limit and self._screen is None else None
-        )
-        parsed: Sequence[Any] = []
-        if columns is None:
-            parsed = self.engine.parse_records(values)
-            if not within_limit:
-                too_big = Reject(RejectReason.OVERSIZED, f"event exceeds {limit} bytes")
-                parsed = [
-                    too_big if len(v) > limit else p for p, v in zip(parsed, values, strict=True)
-                ]
-            if self._screen is not None:
-                parsed = self._screen(partition, parsed)
-        self.summary.records_read += len(values)
-        self._last_seen[partition] = self.monotonic()
-        self.observer.records_read(partition, len(values))
-        self._read_offset[partition] = batch.next_offset
-        horizon = self._horizon()
-        if columns is not None or not any(issubclass(t, Reject) for t in set(map(type, parsed))):
-            days = columns.days if columns is not None else list(map(_DAY, parsed))
-            runs = self._open_runs(days, horizon)
-            if runs is not None:
-                self._add_runs(partition, offsets, days, runs, columns, parsed)
-                return
-        else:  # the valid events in runs as above, each reject on its own (they touch no day)
-            keep = [not isinstance(item, Reject) for item in parsed]
-            valid = list(compress(parsed, keep))
-            days = list(map(_DAY, valid))
-            runs = self._open_runs(days, horizon) if valid else None
-            if runs is not None:
-                for i in compress(range(len(parsed)), map(not_, keep)):
-                    rej = parsed[i]
-                    self._reject_record(partition, offsets[i], values[i], rej.reason, rej.detail)
-                self._add_runs(partition, list(compress(offsets, keep)), days, runs, None, valid)
-                return
-        if columns is not None:  # an event of a closed or future day: record by record
-            parsed = columns.events()
-        accepted = duplicates = 0
-        current: str | None = None  # the day of the previous added record
-        add = None
-        for i, item in enumerate(parsed):
-            if isinstance(item, Reject):
-                self._reject_record(partition, offsets[i], values[i], item.reason, item.detail)
-                continue
-            day = item.day
-            if day != current:
-                if self.engine.is_closed(day):
-                    self._reject_record(
-                        partition,
-                        offsets[i],
-                        values[i],
-                        RejectReason.LATE,
-                        "event day is already closed",
-                    )
-                    continue
-                if horizon is not None and day > horizon:
-                    self._reject_record(
-                        partition,
-                        offsets[i],
-                        values[i],
-                        RejectReason.FUTURE,
-                        "event day is after today (UTC) plus the future slack",
-                    )
-                    continue
-                current = day
-                add = self._day_input(day, partition, offsets[i]).add
-            assert add is not None
-            if add(item):
-                accepted += 1
-            else:
-                duplicates += 1
-        self.summary.events_accepted += accepted
-        self.summary.events_duplicate += duplicates
-
-    def _reject_undecodable(self, batch: RecordBatch) -> None:
-        """Records the source could not decode: each is a reject, and the run goes on."""
-        self.summary.records_read += len(batch.offsets)
-        self._read_offset[batch.partition] = batch.next_offset
-        for offset in batch.offsets:
-            self._reject_record(
-                batch.partition, offset, b"", RejectReason.UNDECODABLE_BATCH, batch.undecodable
-            )
-
-    def _day_input(self, day: str, partition: str, offset: int) -> DayInput:
-        """The open ``day``'s buffer, about to receive records of ``partition`` from ``offset``
-        on (the day's first offset there is where a restart must resume while it is open)."""
-        if day > self._max_day.get(partition, ""):
-            self._max_day[partition] = day
-        acc = self._open.get(day)
-        if acc is None:
-            acc = self._open[day] = self.engine.new_day(day)
-        self._min_offset.setdefault(day, {}).setdefault(partition, offset)
-        return acc
-
-    def _reject_record(
-        self, partition: str, offset: int, raw: bytes, reason: RejectReason, detail: str
-    ) -> None:
-        if offset < self._high.get(partition, 0):  # replayed: rejected the first time
-            self.summary.replayed_skipped += 1
-        else:
-            self._reject(reason, detail, raw, f"{partition}:{offset}")
-
     # ------------------------------------------------------------------ closing days
     def _first_open_day(self) -> str | None:
         last = self.engine.last_closed_day
         if last is not None:
-            return _next_day(last)
-        return min(self._open) if self._open else None
+            return next_day(last)
+        return min(self.intake.open) if self.intake.open else None
 
     def _last_open_day(self) -> str | None:
-        return max(self._open) if self._open else None
-
-    def _closable(self, day: str) -> bool:
-        if self.wall_clock() < _day_end_utc(day) + self.allowed_lateness_s:
-            return False
-        now = self.monotonic()
-        for p in self.source.partitions():
-            if self._max_day.get(p, "") > day:
-                continue
-            idle_s = now - self._last_seen.get(p, self._started)
-            if idle_s >= self.idle_timeout_s and (
-                self._broker is None or self._broker.caught_up(p)
-            ):
-                continue
-            return False
-        return True
+        return max(self.intake.open) if self.intake.open else None
 
     def _close_ready(self) -> None:
-        last_open = self._last_open_day()
-        quiet_since = self._input_quiet_since()
-        day = self._first_open_day()
-        target = None
-        # the latest day that may close; every earlier day then closes too (in order). A day
-        # after the last day with events closes on the same schedule when the input was already
-        # quiet at its deadline (end + allowed_lateness): when releases leave must not depend on
-        # whether anyone sent data that day (docs/design.md §6 item 7). A backfill that pauses never
-        # closes days it has not reached: their deadlines passed before the input went quiet.
-        while (
-            day is not None
-            and self._closable(day)
-            and (
-                (last_open is not None and day <= last_open)
-                or _day_end_utc(day) + self.allowed_lateness_s > quiet_since
-            )
-        ):
-            target = day
-            day = _next_day(day)
+        target = last_closable_day(
+            self._first_open_day(),
+            self._last_open_day(),
+            lambda day: self.intake.closable(
+                day,
+                self.source.partitions(),
+                self.allowed_lateness_s,
+                self.idle_timeout_s,
+                self._broker.caught_up if self._broker is not None else None,
+            ),
+            self.intake.quiet_since(),
+            self.allowed_lateness_s,
+        )
         if target is not None:
             self._close_through(target)
 
@@ -594,33 +311,18 @@ class Daemon:
         try:
             lags = self._broker.lag() if self._broker is not None else {}
         except Exception as exc:
-            self._input_unavailable("could not read the input's lag", exc)
+            self.intake.unavailable("could not read the input's lag", exc)
             return
         for partition, lag in lags.items():
             self.observer.partition_lag(partition, lag)
-        self._input_available()
-
-    def _input_unavailable(self, what: str, exc: BaseException) -> None:
-        """A broker call of the input failed: /readyz says so until one succeeds again (the
-        loop probes every ``INPUT_PROBE_S``); nothing else changes (days wait, no exit)."""
-        log.warning("%s: %s", what, type(exc).__name__)
-        self.observer.source_unavailable(type(exc).__name__)
-        self._input_down_probe_at = self.monotonic() + INPUT_PROBE_S
-
-    def _input_available(self) -> None:
-        if self._input_down_probe_at is not None:
-            log.info("the input's broker answers again")
-            self._input_down_probe_at = None
-        self.observer.source_available()
+        self.intake.available()
 
     def _probe_input(self) -> None:
-        if self._input_down_probe_at is not None and self.monotonic() >= self._input_down_probe_at:
+        if (
+            self.intake.input_down_probe_at is not None
+            and self.monotonic() >= self.intake.input_down_probe_at
+        ):
             self._read_lag()
-
-    def _input_quiet_since(self) -> float:
-        """Wall-clock time of the last input record (of the start when none was read yet)."""
-        last = max(self._last_seen.values(), default=self._started)
-        return self.wall_clock() - (self.monotonic() - last)
 
     def _partitions_unchanged(self) -> bool:
         """Ask the source for fresh partition metadata before days close: False (close
@@ -629,9 +331,9 @@ class Daemon:
         try:
             added = self._broker.refresh_partitions(fresh=True) if self._broker else []
         except Exception as exc:
-            self._input_unavailable("could not refresh the input's partitions; days wait", exc)
+            self.intake.unavailable("could not refresh the input's partitions; days wait", exc)
             return False
-        self._input_available()
+        self.intake.available()
         self._note_new_partitions()
         return not added
 
@@ -645,7 +347,7 @@ class Daemon:
         try:
             queries = self.feed.poll_all()
         except Exception as exc:  # the days wait: a query not read now would be refused later
-            self._input_unavailable("could not read the query feed to its end; days wait", exc)
+            self.intake.unavailable("could not read the query feed to its end; days wait", exc)
             return False
         self._register_queries(queries)
         day = self._first_open_day()
@@ -654,7 +356,7 @@ class Daemon:
             if appended:  # days closing back to back: the upkeep between them
                 self._compact_state(min(appended, COMPACT_BETWEEN_CLOSES_ENTRIES))
             appended = self._close_day(day)
-            day = _next_day(day)
+            day = next_day(day)
         return True
 
     def announce(self, day: str) -> list[str]:
@@ -670,10 +372,10 @@ class Daemon:
 
     def _positions_after(self, day: str) -> dict[str, Position]:
         positions: dict[str, Position] = {}
-        for p, read in self._read_offset.items():
-            pending = [m[p] for d, m in self._min_offset.items() if d > day and p in m]
+        for p, read in self.intake.read_offset.items():
+            pending = [m[p] for d, m in self.intake.min_offset.items() if d > day and p in m]
             resume = min(pending) if pending else read
-            positions[p] = Position(resume, max(read, self._high.get(p, 0)))
+            positions[p] = Position(resume, max(read, self.intake.high.get(p, 0)))
         for label, offset in self.feed.positions().items():
             positions[label] = Position(offset, offset)
         for label, mark in self.source.marks().items():  # the input's identity (file source)
@@ -684,7 +386,7 @@ class Daemon:
         """The checkpoint: prepare → commit (one transaction) → apply → relay (see module doc).
         Returns the number of budget entries the commit appended."""
         self._register_queries(self.feed.on_day(self.engine.history, day))
-        acc = self._open.pop(day, None) or self.engine.new_day(day)
+        acc = self.intake.open.pop(day, None) or self.engine.new_day(day)
         started = time.perf_counter()
         # 1. prepare: releases with noise drawn, debits computed; nothing mutated yet
         outcome = self.engine.prepare_day(acc)
@@ -715,79 +417,19 @@ class Daemon:
             if self._broker is not None:
                 self._broker.committed({p: pos.resume_offset for p, pos in positions.items()})
         except Exception as exc:  # the store holds the real positions
-            self._input_unavailable("could not mirror input offsets to the source", exc)
+            self.intake.unavailable("could not mirror input offsets to the source", exc)
         # a metric: a broker outage here must not end the run (the day is committed)
         self._read_lag()
         # 3. apply the committed day in memory
         self.engine.commit_day(outcome)
-        self._min_offset.pop(day, None)
-        self._high.update({p: pos.high_offset for p, pos in positions.items()})
+        self.intake.min_offset.pop(day, None)
+        self.intake.high.update({p: pos.high_offset for p, pos in positions.items()})
         self.summary.days_closed += 1
         close_seconds = time.perf_counter() - started
         log.info("closed day %s: %d releases in %.3fs", day, len(outcome.releases), close_seconds)
         self.observer.day_closed(day, close_seconds, outcome.releases, outcome.exact_stats)
         # 4. relay the outbox
-        self._relay_outbox()
+        self.outbox.relay()
         if self.on_day_closed is not None:
             self.on_day_closed(day, outcome.releases)
         return len(outcome.changed_users)
-
-    def _relay_outbox(self) -> None:
-        """Relay until the sink acknowledged every unsent release. A transient sink error (one
-        that says it is ``retriable``: a broker outage, a timeout) is retried with exponential
-        backoff (``RELAY_BACKOFF_S``) while ``/readyz`` reports the outage; the store stays the
-        source of truth (nothing is marked sent before it was acknowledged, nothing is drawn
-        again). Any other error ends the run."""
-        delay = RELAY_BACKOFF_S[0]
-        while True:
-            try:
-                self._relay_once()
-            except Exception as exc:
-                if not is_transient(exc) or self.stop_event.is_set():
-                    raise
-                self.observer.sink_unavailable(type(exc).__name__)
-                log.warning(
-                    "publishing releases failed (%s: %s); retrying in %.0f s",
-                    type(exc).__name__,
-                    exc,
-                    delay,
-                )
-                self.stop_event.wait(delay)
-                delay = min(delay * 2, RELAY_BACKOFF_S[1])
-                continue
-            self.observer.sink_available()
-            return
-
-    def _publish_lost(self, held_through: str | None) -> None:
-        """Publish again, with their stored noise, the releases the state recorded as sent of
-        days after the latest one the sink holds (``held_through``): the sink lost them (a
-        releases topic deleted and created again, a release file cut short). Never new noise."""
-        lost = self.store.sent_releases_after(held_through)
-        if not lost:
-            return
-        log.warning(
-            "the release sink holds no release after %s, but the state recorded %d releases "
-            "through %s as published (was the releases topic deleted or recreated?): "
-            "publishing them again with their stored noise",
-            held_through or "(none)",
-            len(lost),
-            lost[-1][0],
-        )
-        for day, query_id, payload in lost:
-            self.sink.publish(f"{day}/{query_id}", payload)
-        self.sink.flush()
-
-    def _relay_once(self) -> None:
-        unsent = self.store.unsent_releases()
-        self.observer.outbox(len(unsent))
-        if not unsent:
-            return
-        for day, query_id, payload in unsent:
-            self.sink.publish(f"{day}/{query_id}", payload)
-        crash_point("after_publish")
-        self.sink.flush()
-        crash_point("before_mark_sent")
-        self.store.mark_sent([(day, query_id) for day, query_id, _ in unsent])
-        self.summary.releases_published += len(unsent)
-        self.observer.outbox(0)
-        self.observer.published(len(unsent))

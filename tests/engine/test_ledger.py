@@ -434,3 +434,27 @@ def test_the_native_ledger_refuses_columns_that_do_not_fit():
         helpers.merge_entries(
             *ledger_columns, *unsorted, one.repeat(2), np.zeros(2, np.int64), words
         )
+
+
+@settings(max_examples=150, deadline=None)
+@given(batches=BATCHES, hasher=st.sampled_from(HASHERS))
+def test_the_monotone_merge_is_the_join_of_the_records(batches, hasher):
+    """``merge_monotone`` of records, in any order and with any repeats, gives per user the
+    largest spend and retired if any record says so (a dict's join); merging a record of lower
+    spends or revived users afterwards changes nothing."""
+    want: dict[str, tuple[int, bool]] = {}
+    for batch in batches:
+        for u, s, r in batch:
+            s0, r0 = want.get(u, (0, False))
+            want[u] = (max(s0, s), r0 or r)
+    for records in (batches, batches[::-1], [[e for b in batches for e in b]]):
+        ledger = BudgetLedger(hasher)
+        for batch in records:
+            if batch:
+                users, spent, retired = zip(*batch, strict=True)
+                ledger.merge_monotone(arr(list(users)), np.array(spent), np.array(retired))
+        assert {u: (s, r) for u, s, r in ledger.items()} == want
+        if want:
+            lower = list(want)
+            ledger.merge_monotone(arr(lower), np.zeros(len(lower)), np.zeros(len(lower), bool))
+            assert {u: (s, r) for u, s, r in ledger.items()} == want

@@ -206,17 +206,30 @@ def assert_same_as_reference(got, expected) -> None:
         assert values == {expected[key]}, f"{key}: {len(values)} distinct values"
 
 
+def ledger_budgets(cluster: Cluster) -> dict[str, tuple[int, bool]]:
+    """Every user's budget in the ledger: the merge of the partitions' budget records (per
+    user the largest spend, retired if any record says so). No worker writes a budget row."""
+    from streamfilter.runtime.store.schema import PackedBudgets
+
+    assert cluster.sql("SELECT count(*) FROM {s}.budgets") == [(0,)]
+    got: dict[str, tuple[int, bool]] = {}
+    for n, *blobs in cluster.sql(
+        "SELECT n_users, id_lengths, ids, spent_units, retired FROM {s}.cluster_budget_records"
+    ):
+        users, spent, retired = PackedBudgets(n, *map(bytes, blobs)).unpack("ledger")
+        for u, sp, r in zip(users, spent, retired, strict=True):
+            s0, r0 = got.get(u, (0, False))
+            got[u] = (max(s0, sp), r0 or r)
+    return got
+
+
 def assert_debits_as_reference(cluster: Cluster, reference_dir: Path) -> None:
     """Every user's spent budget in the ledger is the single process's, and within B."""
     from tests.support.cli import stored_budgets
 
     want = {u: (s, r) for u, s, r in stored_budgets(reference_dir / "state.db")}
-    got = {
-        str(u): (int(s), bool(r))
-        for u, s, r in cluster.sql("SELECT user_id, spent_units, retired FROM {s}.budgets")
-    }
-    assert got == want
-    assert max(s for s, _ in got.values()) <= int(B_NORM / GAMMA**2)
+    assert ledger_budgets(cluster) == want
+    assert max(s for s, _ in want.values()) <= int(B_NORM / GAMMA**2)
 
 
 @pytest.mark.timeout(420)
@@ -383,6 +396,33 @@ def test_workers_joining_and_leaving_mid_run_change_nothing(
     assert_debits_as_reference(cluster, tmp_path / "reference")
     writers = {w for (w,) in cluster.sql("SELECT DISTINCT worker FROM {s}.cluster_commits")}
     assert len(writers) == 3  # every worker did a share
+
+
+@pytest.mark.timeout(300)
+def test_workers_starting_together_read_each_record_once(kafka_bootstrap, postgres_url, tmp_path):
+    """Two workers started at once over input already produced: the group assigns each its
+    partitions once they have both joined (a worker reads nothing until its assignment has held
+    for ``[cluster] assignment_settle``), so no record is read twice — the records read,
+    summed over the workers, are the records produced — and the releases are the single
+    process's. Without the wait (``assignment_settle = "0s"``) the second worker's join moved
+    partitions the first had read: 402 records read of 295 produced."""
+    events = make_events(days=3, users=240, seed=19)
+    expected = reference(tmp_path, events)
+    cluster = Cluster(tmp_path, kafka_bootstrap, postgres_url)
+    cluster.produce(events)
+    # longer than the default 5 s: two interpreters starting on a loaded test machine
+    settle = {"STREAMFILTER_CLUSTER__ASSIGNMENT_SETTLE": "10s"}
+    procs = [cluster.worker("w0", env=settle), cluster.worker("w1", env=settle)]
+    try:
+        got = cluster.wait_for(set(expected), procs, timeout=200)
+        time.sleep(2)
+        got = cluster.releases()
+        read = [metric(p, "streamfilter_records_consumed_total") for p in procs]
+    finally:
+        stop_all(procs)
+    assert_same_as_reference(got, expected)
+    assert all(n > 0 for n in read), read  # both did a share
+    assert sum(read) == len(events), f"read {read} of {len(events)} produced"
 
 
 def restricted_role(cluster: Cluster) -> None:

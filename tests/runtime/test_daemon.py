@@ -78,7 +78,7 @@ def step(daemon):
     """One loop iteration without waiting."""
     daemon._poll_queries()
     for rec in daemon.source.poll(1000):
-        daemon._ingest(rec.partition, rec.offset, rec.next_offset, rec.value)
+        daemon.intake.ingest(rec.partition, rec.offset, rec.next_offset, rec.value)
     daemon._close_ready()
 
 
@@ -231,7 +231,7 @@ def test_batched_ingest_rejects_exactly_what_record_ingest_rejects(world):
     parts["store"].mirror_path.unlink()
     d2 = make(source=MemorySource({"p0": values}))
     for i, raw in enumerate(values):
-        d2._ingest("p0", i, i + 1, raw)
+        d2.intake.ingest("p0", i, i + 1, raw)
     assert [json.loads(p) for p in parts["rejects"].payloads] == one_batch
     assert d2.summary.events_accepted == 3
 
@@ -273,7 +273,7 @@ def test_a_batch_of_one_open_day_counts_like_record_by_record(world):
     for one_by_one in (False, True):
         d = make(source=MemorySource({"p0": [] if one_by_one else values}))
         for i, raw in enumerate(values if one_by_one else []):
-            d._ingest("p0", i, i + 1, raw)
+            d.intake.ingest("p0", i, i + 1, raw)
         d.run(until_end=True)
         results.append(
             (d.summary.events_accepted, d.summary.events_duplicate, parts["sink"].payloads)
@@ -310,8 +310,8 @@ def test_a_batch_across_a_day_boundary_is_added_per_day_run_like_record_by_recor
     ]
     make, _clock, _parts = world
     daemon = make()
-    daemon._ingest_batch(RecordBatch("p0", list(range(10, 16)), values, 16))
-    for day, acc in daemon._open.items():
+    daemon.intake.ingest_batch(RecordBatch("p0", list(range(10, 16)), values, 16))
+    for day, acc in daemon.intake.open.items():
         one_by_one = daemon.engine.new_day(day)
         for raw in values:
             parsed = daemon.engine.parse_records([raw])[0]
@@ -322,8 +322,8 @@ def test_a_batch_across_a_day_boundary_is_added_per_day_run_like_record_by_recor
         assert (
             got.value.tolist() == want.value.tolist() and got.coord.tolist() == want.coord.tolist()
         )
-    assert sorted(daemon._open) == ["2026-01-01", "2026-01-02"]
-    assert daemon._min_offset == {"2026-01-01": {"p0": 10}, "2026-01-02": {"p0": 13}}
+    assert sorted(daemon.intake.open) == ["2026-01-01", "2026-01-02"]
+    assert daemon.intake.min_offset == {"2026-01-01": {"p0": 10}, "2026-01-02": {"p0": 13}}
     assert (daemon.summary.events_accepted, daemon.summary.events_duplicate) == (5, 1)
 
 
@@ -441,7 +441,7 @@ def test_freed_heap_is_handed_back_once_the_input_goes_quiet(tmp_path):
     calls: list[int] = []
     store = SQLiteStateStore(tmp_path / "follow.db")
     daemon = daemon_over(store, records, MemorySink(), batch_size=10)
-    daemon.return_free_heap = partial(_note_records_read, calls, daemon)
+    daemon.intake.return_free_heap = partial(_note_records_read, calls, daemon)
     stopper = threading.Timer(0.5, daemon.stop)  # ~thousands of quiet polls (interval 0)
     stopper.start()
     try:
@@ -456,7 +456,7 @@ def test_freed_heap_is_handed_back_once_the_input_goes_quiet(tmp_path):
         sink, calls = MemorySink(), []
         daemon = daemon_over(store, records, sink, batch_size=10)
         if trim:
-            daemon.return_free_heap = partial(_note_records_read, calls, daemon)
+            daemon.intake.return_free_heap = partial(_note_records_read, calls, daemon)
         daemon.run(until_end=True)
         store.close()
         payloads.append(sink.payloads)

@@ -70,11 +70,13 @@ RUNTIME_LAYERS: dict[str, int] = {
     "process": 1,  # the run's process settings, shared by the daemon and the cluster worker
     "telemetry": 2,  # the telemetry trackers' charge-once-and-resume wiring
     "query_admission": 1,  # the one rule run and check admit queries by
-    "daemon": 2,
-    "cluster_worker": 2,  # the cluster worker: the daemon loop over a consumer group
-    "user_budgets": 2,
-    "notebook": 2,  # PersistentMonitor: Monitor + the state store
-    "app": 3,
+    "intake": 2,  # the loops' reading: validate, reject, buffer open days, watermarks
+    "outbox": 2,  # the loops' relay of stored releases
+    "daemon": 3,
+    "cluster_worker": 3,  # the cluster worker: the same parts over a consumer group
+    "user_budgets": 3,
+    "notebook": 3,  # PersistentMonitor: Monitor + the state store
+    "app": 4,
 }
 
 

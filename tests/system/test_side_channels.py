@@ -500,7 +500,7 @@ def stepped_schedule(tmp: Path, kind: str) -> list[tuple[float, int, list[str]]]
             clock.advance(3600)
             daemon._poll_queries()
             for rec in source.poll(1000):
-                daemon._ingest(rec.partition, rec.offset, rec.next_offset, rec.value)
+                daemon.intake.ingest(rec.partition, rec.offset, rec.next_offset, rec.value)
             daemon._close_ready()
             released = sorted({json.loads(p)["day"] for p in sink.payloads})
             trace.append((clock.wall, len(sink.payloads), released))
@@ -578,7 +578,7 @@ def test_a_pausing_backfill_never_closes_days_it_has_not_read(tmp_path):
         def step() -> None:
             daemon._poll_queries()
             for rec in source.poll(1000):
-                daemon._ingest(rec.partition, rec.offset, rec.next_offset, rec.value)
+                daemon.intake.ingest(rec.partition, rec.offset, rec.next_offset, rec.value)
             daemon._close_ready()
 
         step()

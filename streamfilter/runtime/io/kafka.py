@@ -44,7 +44,6 @@ from kafka.errors import (
     TopicAlreadyExistsError,
     TopicAuthorizationFailedError,
 )
-from kafka.partitioner.default import murmur2
 from kafka.structs import OffsetAndMetadata
 
 from streamfilter.errors import ConfigError, KafkaAccessError, PublisherFencedError, PublishError
@@ -66,7 +65,6 @@ __all__ = [
     "KafkaSource",
     "TopicSpec",
     "create_topics",
-    "key_partition",
     "missing_topics",
     "release_transactional_id",
 ]
@@ -270,12 +268,6 @@ class KafkaSource(Source, BrokerSource):
         self._c.close()
 
 
-def key_partition(key: bytes, partitions: int) -> int:
-    """The partition Kafka's default partitioner (the Java client's and kafka-python's) gives a
-    record with ``key``: ``(murmur2(key) & 0x7fffffff) % partitions``."""
-    return (murmur2(key) & 0x7FFFFFFF) % partitions
-
-
 def _batches(
     polled: dict[TopicPartition, list[Any]], undecodable: list[Undecodable]
 ) -> list[RecordBatch]:
@@ -314,7 +306,8 @@ class KafkaGroupSource(Source, BrokerSource):
     partition, then assigns the new set) ``on_assign`` is called inside the poll with the new
     partitions' labels (an empty list on revocation) and returns where each must resume (the ledger's stored positions); the
     consumer seeks there before it fetches. The group's committed offsets only mirror the
-    ledger's, as in single-process mode."""
+    ledger's, as in single-process mode. With ``assignment_settle_s`` new partitions are paused
+    until the assignment has held that long (docs/design.md §7.1: no record read twice)."""
 
     def __init__(
         self,
@@ -326,11 +319,14 @@ class KafkaGroupSource(Source, BrokerSource):
         heartbeat_interval_s: float = 3.0,
         max_poll_interval_s: float = 300.0,
         poll_timeout_ms: int = 500,
+        assignment_settle_s: float = 0.0,
     ) -> None:
         self.topic = topic
         self.on_assign: Any = lambda labels: {}
         self._tps: list[TopicPartition] = []
         self._poll_timeout_ms = poll_timeout_ms
+        self._settle_s = assignment_settle_s
+        self._settle_until: float | None = None  # when a settling assignment is resumed
         self.consumer = KafkaConsumer(
             **client,
             group_id=group_id,
@@ -354,6 +350,10 @@ class KafkaGroupSource(Source, BrokerSource):
         for tp in tps:
             self.consumer.seek(tp, offsets.get(_label(tp), 0))
         self._ends_at = 0.0
+        self._settle_until = None
+        if tps and self._settle_s > 0:  # read nothing until no other member joins for a while
+            self.consumer.pause(*tps)
+            self._settle_until = time.monotonic() + self._settle_s
 
     def partition_count(self) -> int:
         """The topic's partition count in the client's metadata."""
@@ -373,6 +373,10 @@ class KafkaGroupSource(Source, BrokerSource):
         ]
 
     def poll_batches(self, max_records: int) -> list[RecordBatch]:
+        """The next records; none while an assignment settles (the poll still joins rebalances)."""
+        if self._settle_until is not None and time.monotonic() >= self._settle_until:
+            self._settle_until = None
+            self.consumer.resume(*self._tps)
         polled, undecodable = poll_decodable(self.consumer, max_records, self._poll_timeout_ms)
         return _batches(polled, undecodable)
 

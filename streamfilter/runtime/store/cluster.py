@@ -1,8 +1,8 @@
 """The cluster ledger: the state that every worker of a cluster shares, in PostgreSQL
 (docs/design.md §7).
 
-It extends the PostgreSQL state store (same schema: budgets, the query book, releases with their
-outbox flag, meta) without its single-writer lock, and adds:
+It extends the PostgreSQL state store (same schema: the query book, releases with their outbox
+flag, meta) without its single-writer lock, and adds:
 
 * ``cluster_partitions``: per input partition its **epoch** (incremented by every worker that is
   assigned the partition), its input positions and the last day it committed;
@@ -12,13 +12,18 @@ outbox flag, meta) without its single-writer lock, and adds:
 * ``cluster_commits`` and ``cluster_partials``: per (day, partition) who committed it and its
   exact named counters, and per (day, query, partition) the **exact integer partial sum**. They
   are as sensitive as the events: they never leave the database.
+* ``cluster_budget_records``: per (partition, day) one packed record of the users whose budget
+  changed (``schema.PackedBudgets``), appended only; a partition's budgets are the monotone
+  merge of its records (:meth:`ClusterLedger.partition_budgets`, docs/design.md §7.4). No
+  cluster worker writes the ``budgets`` table.
 
 Transactions (all ``SERIALIZABLE``):
 
 * :meth:`ClusterLedger.commit_partitions` — a worker's day close for its partitions: the epochs
   checked (``SELECT … FOR UPDATE``; a worker that lost a partition is refused with
   :class:`PartitionFencedError` and writes nothing), the day barrier checked (the day before is
-  released, §7.2), the budgets debited, the partials written, the positions advanced.
+  released, §7.2), each partition's budget record appended, the partials written, the
+  positions advanced.
 * :meth:`ClusterLedger.release_day` — the releaser's: once every pinned partition committed the
   day, the partials summed exactly, the noise drawn (by the caller, inside the transaction), the
   releases stored under their primary key ``(day, query_id)`` and the day marked released. Killed
@@ -42,9 +47,13 @@ import numpy as np
 
 from streamfilter.engine.contract import Reject, RejectReason
 from streamfilter.engine.day import DayPartial
+from streamfilter.engine.ledger import BudgetLedger, Hasher, python_hash
+from streamfilter.engine.partitions import partitions_of
 from streamfilter.errors import StoreError
 from streamfilter.runtime.store.base import Position
+from streamfilter.runtime.store.budget_records import RECORDS_TABLE
 from streamfilter.runtime.store.postgres import PostgresStateStore, _first_line
+from streamfilter.runtime.store.schema import PackedBudgets
 
 __all__ = [
     "Claim",
@@ -160,10 +169,14 @@ class ClusterLedger(PostgresStateStore):
 
     def _create_more(self, cur: Any) -> None:
         cur.execute(_CLUSTER_TABLES.format(s=self.schema))
+        cur.execute(RECORDS_TABLE.format(s=self.schema))
 
     def _complete(self, cur: Any) -> bool:
-        cur.execute("SELECT to_regclass(%s)", (f"{self.schema}.cluster_releaser",))
-        return cur.fetchone()[0] is not None
+        for table in ("cluster_releaser", "cluster_budget_records"):
+            cur.execute("SELECT to_regclass(%s)", (f"{self.schema}.{table}",))
+            if cur.fetchone()[0] is None:
+                return False
+        return True
 
     def _serial(self, body: Callable[[Any], Any]) -> Any:
         """``body(cursor)`` in one serializable transaction, run again (after a short random
@@ -339,13 +352,114 @@ class ClusterLedger(PostgresStateStore):
             bytes(p) for (p,) in self._read("SELECT payload FROM {s}.releases ORDER BY day, ord")
         ]
 
-    # -- budgets ---------------------------------------------------------------------------
-    def budgets_of(self, users: Sequence[str]) -> list[tuple[str, int, bool]]:
+    # -- budgets (docs/design.md §7.4) -------------------------------------------------------
+    def budget_records(
+        self, partition: int, partitions: int
+    ) -> list[tuple[int, int, PackedBudgets]]:
+        """The budget records a rebuild of ``partition`` (of ``partitions``) merges, as
+        ``(partitions, partition, record)``: the partition's own, and every record written under
+        another partition count (the caller keeps only the users that map to ``partition``)."""
         rows = self._read(
-            "SELECT user_id, spent_units, retired FROM {s}.budgets WHERE user_id = ANY(%s)",
-            (list(users),),
+            "SELECT partitions, partition, n_users, id_lengths, ids, spent_units, retired "
+            "FROM {s}.cluster_budget_records WHERE (partitions = %s AND partition = %s) "
+            "OR partitions <> %s ORDER BY seq",
+            (partitions, partition, partitions),
+            binary=True,  # the packed columns as they are stored, not hex text
         )
-        return [(str(u), int(sp), bool(r)) for u, sp, r in rows]
+        return [
+            (int(n), int(p), PackedBudgets(int(k), *(bytes(b) for b in blobs)))
+            for n, p, k, *blobs in rows
+        ]
+
+    def partition_budgets(
+        self, partition: int, partitions: int, hasher: Hasher = python_hash
+    ) -> BudgetLedger:
+        """The budgets of the users of ``partition`` (Kafka's partitioner over ``partitions``),
+        rebuilt from the ledger's records by the monotone merge (``merge_monotone``: per user the
+        largest spend, retired if any record says so): no record — a hostile one included — can
+        lower a spend another record holds. The records of another partition count (the topic
+        grew) give the users among them that map to ``partition`` now."""
+        parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        for n, _p, packed in self.budget_records(partition, partitions):
+            users, spent, retired = packed.unpack(self.where)
+            ids = np.array(users, dtype=object)
+            spent_units, flags = np.array(spent, np.int64), np.array(retired, bool)
+            if n != partitions:
+                mine = partitions_of(ids, partitions) == partition
+                ids, spent_units, flags = ids[mine], spent_units[mine], flags[mine]
+            parts.append((ids, spent_units, flags))
+        ledger = BudgetLedger(hasher)
+        if parts:  # one merge of all the records: one insertion into the ledger
+            ledger.merge_monotone(*(np.concatenate(column) for column in zip(*parts, strict=True)))
+        return ledger
+
+    def fold_budgets(self) -> int:
+        """The administrator's compaction of the budget records (docs/design.md §7.4): in one
+        transaction, under a lock that holds appends back, every record is merged into one
+        snapshot record per partition of the latest pinned count (the monotone merge, the
+        rebuild's), and the folded records are deleted (the erase guard lifted for this
+        transaction only: the table's owner alone may). A rebuild gives the same budgets
+        before and after. Returns the number of records folded (0: nothing to fold)."""
+        s = self.schema
+        table = f"{s}.cluster_budget_records"
+        with self._transaction() as cur:
+            cur.execute(f"LOCK TABLE {table} IN EXCLUSIVE MODE")  # before the snapshot
+            pinned = cur.execute(
+                f"SELECT partitions FROM {s}.cluster_days ORDER BY day DESC LIMIT 1"
+            ).fetchone()
+            rows = cur.execute(
+                f"SELECT seq, partitions, partition, n_users, id_lengths, ids, spent_units, "
+                f"retired FROM {table} ORDER BY seq"
+            ).fetchall()
+            if pinned is None or not rows:
+                return 0
+            n = int(pinned[0])
+            ledgers = [BudgetLedger() for _ in range(n)]
+            for _seq, count, partition, k, *blobs in rows:
+                users, spent, retired = PackedBudgets(int(k), *map(bytes, blobs)).unpack(self.where)
+                ids = np.array(users, dtype=object)
+                spent_units, flags = np.array(spent, np.int64), np.array(retired, bool)
+                where = (
+                    np.full(len(ids), int(partition)) if int(count) == n else partitions_of(ids, n)
+                )
+                for p in np.unique(where).tolist():
+                    mine = where == p
+                    ledgers[p].merge_monotone(ids[mine], spent_units[mine], flags[mine])
+            released = self._meta("released_through") or ""
+            cur.execute(f"ALTER TABLE {table} DISABLE TRIGGER never_erased")
+            cur.execute(f"DELETE FROM {table} WHERE seq <= %s", (int(rows[-1][0]),))
+            cur.execute(f"ALTER TABLE {table} ENABLE TRIGGER never_erased")
+            for p, ledger in enumerate(ledgers):
+                if len(ledger):
+                    entries = list(ledger.items())
+                    packed = PackedBudgets.of(
+                        np.array([u for u, _, _ in entries], dtype=object),
+                        np.array([x for _, x, _ in entries], np.int64),
+                        np.array([r for _, _, r in entries], bool),
+                    )
+                    cur.execute(
+                        f"INSERT INTO {table}(day, partitions, partition, n_users, id_lengths, "
+                        "ids, spent_units, retired) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
+                        (released, n, p, *packed.values()),
+                    )
+            return len(rows)
+
+    def spent_units(self, user_id: str) -> tuple[int, bool] | None:
+        """One user's budget: the monotone merge of every record that lists them."""
+        found: tuple[int, bool] | None = None
+        rows = self._read(
+            "SELECT n_users, id_lengths, ids, spent_units, retired "
+            "FROM {s}.cluster_budget_records ORDER BY seq"
+        )
+        for k, *blobs in rows:
+            packed = PackedBudgets(int(k), *(bytes(b) for b in blobs))
+            i = packed.find(user_id, self.where)
+            if i is not None:
+                spent = int(np.frombuffer(packed.spent_units, "<i8")[i])
+                retired = bool(packed.retired[i])
+                s0, r0 = found or (0, False)
+                found = (max(s0, spent), r0 or retired)
+        return found
 
     # -- a worker's day close --------------------------------------------------------------
     def commit_partitions(
@@ -355,8 +469,11 @@ class ClusterLedger(PostgresStateStore):
         epochs: dict[int, int],
         parts: dict[int, DayPartial],
         positions: dict[int, Position],
+        partitions: int,
     ) -> None:
-        """One transaction: epochs checked, barrier checked, budgets, partials, positions."""
+        """One transaction: epochs checked, barrier checked, each partition's budget record
+        (its users whose budget changed, under the day's pinned count ``partitions``), partials,
+        positions."""
         s = self.schema
 
         def body(cur: Any) -> Any:
@@ -388,15 +505,13 @@ class ClusterLedger(PostgresStateStore):
                     f"day barrier: {day} cannot commit in {self.where} (the day before is not "
                     "released, or its queries are not frozen)"
                 )
-            users: list[str] = []
-            spent: list[int] = []
-            retired: list[bool] = []
-            for part in parts.values():
-                users.extend(str(u) for u in part.changed_users)
-                spent.extend(int(x) for x in part.spent_units)
-                retired.extend(bool(x) for x in part.retired)
-            if users:
-                self._raise_budgets(cur, users, spent, retired)
+            for p, part in parts.items():
+                if len(part.changed_users):
+                    packed = PackedBudgets.of(part.changed_users, part.spent_units, part.retired)
+                    cur.execute(  # %b: the packed columns sent as they are, not hex text
+                        f"SELECT {s}.sf_append_budgets(%s, %s, %s, %s, %b, %b, %b, %b)",
+                        (day, partitions, p, *packed.values()),
+                    )
             cur.executemany(
                 f"INSERT INTO {s}.cluster_partials(day, query_id, partition, sums) "
                 "VALUES (%s, %s, %s, %s)",

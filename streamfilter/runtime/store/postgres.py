@@ -52,6 +52,12 @@ from streamfilter.runtime.store.base import (
     check_telemetry_charge,
     telemetry_balance,
 )
+from streamfilter.runtime.store.budget_records import (
+    APPEND_FUNCTION,
+    APPEND_SIGNATURE,
+    RECORDS_TABLE,
+    budgets_to_records,
+)
 from streamfilter.runtime.store.versions import (
     SCHEMA_VERSION_KEY,
     current_version,
@@ -231,7 +237,13 @@ _WORKER_META_KEYS = (
 #: rows never deleted (nor the table truncated), when the table exists; the written-once
 #: tables' rows are never updated either
 _NEVER_ERASED = ("budgets", "releases", "meta", "queries", "cluster_days")
-_WRITTEN_ONCE = ("days", "telemetry_ledger", "cluster_commits", "cluster_partials")
+_WRITTEN_ONCE = (
+    "days",
+    "telemetry_ledger",
+    "cluster_commits",
+    "cluster_partials",
+    "cluster_budget_records",
+)
 
 
 def _add_guards(cur: Any, s: str) -> None:
@@ -239,6 +251,9 @@ def _add_guards(cur: Any, s: str) -> None:
     cur.execute(_GUARDS.format(s=s))
     keys = ", ".join(f"'{k}'" for k in _WORKER_META_KEYS)
     cur.execute(_WRITE_FUNCTIONS.format(s=s, keys=keys))
+    cur.execute("SELECT to_regclass(%s)", (f"{s}.cluster_budget_records",))
+    if cur.fetchone()[0] is not None:
+        cur.execute(APPEND_FUNCTION.format(s=s))
     for table in (*_NEVER_ERASED, *_WRITTEN_ONCE):
         cur.execute("SELECT to_regclass(%s)", (f"{s}.{table}",))
         if cur.fetchone()[0] is None:
@@ -291,6 +306,7 @@ _WORKER_TABLE_RIGHTS = {
     "cluster_days": "SELECT, INSERT, UPDATE",
     "cluster_commits": "SELECT, INSERT",
     "cluster_partials": "INSERT",
+    "cluster_budget_records": "SELECT",
     "cluster_releaser": "SELECT, INSERT, UPDATE",
 }
 
@@ -320,6 +336,9 @@ def grant_worker(cur: Any, s: str, role: str) -> None:
     cur.execute("SELECT to_regprocedure(%s)", (f"{s}.sf_day_sums(text)",))
     if cur.fetchone()[0] is not None:
         cur.execute(f"GRANT EXECUTE ON FUNCTION {s}.sf_day_sums(TEXT) TO {role}")
+    cur.execute("SELECT to_regprocedure(%s)", (f"{s}.{APPEND_SIGNATURE}",))
+    if cur.fetchone()[0] is not None:
+        cur.execute(f"GRANT EXECUTE ON FUNCTION {s}.{APPEND_SIGNATURE} TO {role}")
 
 
 def _version_2_guards(cur: Any, s: str) -> None:
@@ -327,10 +346,24 @@ def _version_2_guards(cur: Any, s: str) -> None:
     _add_guards(cur, s)
 
 
+def _version_3_partition_budgets(cur: Any, s: str) -> None:
+    """Version 2 → 3: a cluster ledger keeps its budgets as per-(partition, day) records
+    (``_BUDGET_RECORDS``) instead of one row per user. Each partition's users' ``budgets`` rows
+    (users mapped to partitions by the latest pinned partition count, as Kafka's partitioner
+    maps keys; one record of all users when no day is pinned yet) become that partition's first
+    record; the rows themselves stay (never erased),
+    read by no worker from now on. A state without cluster tables only gets the guards."""
+    cur.execute("SELECT to_regclass(%s)", (f"{s}.cluster_days",))
+    if cur.fetchone()[0] is not None:
+        cur.execute(RECORDS_TABLE.format(s=s))
+        budgets_to_records(cur, s)
+    _add_guards(cur, s)
+
+
 #: the schema's migration steps in order: ``MIGRATIONS[i]`` turns version ``i + 1`` into
 #: ``i + 2`` inside the opening transaction (versions.py); version 1 is any schema written
-#: before versions were recorded (tests/runtime/store/fixtures/postgres_schema_v1.sql)
-MIGRATIONS: list[Callable[[Any, str], None]] = [_version_2_guards]
+#: before versions were recorded (tests/system/data/schema_v1/postgres_schema_v1.sql)
+MIGRATIONS: list[Callable[[Any, str], None]] = [_version_2_guards, _version_3_partition_budgets]
 
 
 def _driver() -> Any:
@@ -485,9 +518,12 @@ class PostgresStateStore(StateStore):
                 f"{_first_line(exc)}"
             ) from None
 
-    def _read(self, sql: str, args: tuple[object, ...] = ()) -> list[tuple[Any, ...]]:
+    def _read(
+        self, sql: str, args: tuple[object, ...] = (), *, binary: bool = False
+    ) -> list[tuple[Any, ...]]:
         try:
-            return list(self._db.execute(sql.format(s=self.schema), args).fetchall())
+            rows = self._db.execute(sql.format(s=self.schema), args, binary=binary).fetchall()
+            return list(rows)
         except self._psycopg.Error as exc:
             raise StoreError(
                 f"cannot read state store {self.where}: {type(exc).__name__}: {_first_line(exc)}"

@@ -192,7 +192,9 @@ LOG_COLUMNS = "seq, n_users, id_lengths, ids, spent_units, retired, crc"
 @dataclass(frozen=True)
 class PackedBudgets:
     """One day's budget changes as one ``budget_log`` row: the UTF-8 ids back to back, their
-    byte lengths (``<u4``), spent units (``<i8``) and retired flags (``u1``)."""
+    byte lengths (``<u4``), spent units (``<i8``) and retired flags (``u1``). The one
+    serialisation of users' budgets: the cluster ledger's per-(partition, day) budget records
+    (``store.cluster``) are the same columns."""
 
     n_users: int
     id_lengths: bytes
@@ -221,7 +223,7 @@ class PackedBudgets:
     def values(self) -> tuple[int, bytes, bytes, bytes, bytes]:
         return self.n_users, self.id_lengths, self.ids, self.spent_units, self.retired
 
-    def lengths(self, path: Path) -> np.ndarray:
+    def lengths(self, path: Path | str) -> np.ndarray:
         """The ids' byte lengths; ``StoreError`` if the columns do not fit together."""
         n = self.n_users
         if not (
@@ -238,12 +240,12 @@ class PackedBudgets:
             raise CorruptRowError(path, "budget_log")
         return lengths
 
-    def offsets(self, path: Path) -> np.ndarray:
+    def offsets(self, path: Path | str) -> np.ndarray:
         """Byte offset of each id in ``ids``, and the end: ``n_users + 1`` values."""
         return np.concatenate(([0], np.cumsum(self.lengths(path))))
 
     def entries(
-        self, start: int, stop: int, path: Path, offsets: np.ndarray | None = None
+        self, start: int, stop: int, path: Path | str, offsets: np.ndarray | None = None
     ) -> PackedBudgets:
         """Entries ``start`` to ``stop`` (exclusive) as a packed row of their own (``offsets``:
         this row's :meth:`offsets`, if already known)."""
@@ -257,7 +259,7 @@ class PackedBudgets:
             self.retired[start:stop],
         )
 
-    def unpack(self, path: Path) -> tuple[list[str], list[int], list[bool]]:
+    def unpack(self, path: Path | str) -> tuple[list[str], list[int], list[bool]]:
         """``(users, spent_units, retired)``; ``StoreError`` if the columns do not decode."""
         lengths = self.lengths(path)
         try:
@@ -278,7 +280,7 @@ class PackedBudgets:
         retired = np.frombuffer(self.retired, dtype=np.uint8).astype(bool).tolist()
         return users, spent, retired
 
-    def find(self, user_id: str, path: Path) -> int | None:
+    def find(self, user_id: str, path: Path | str) -> int | None:
         """Index of ``user_id`` in this row (the last one if listed twice), or None."""
         lengths = self.lengths(path)
         needle = np.frombuffer(user_id.encode("utf-8", "surrogatepass"), np.uint8)
@@ -340,7 +342,7 @@ def lookup_budget(db: sqlite3.Connection, path: Path, user_id: str) -> tuple[int
 
 
 class CorruptRowError(StoreError):
-    def __init__(self, path: Path, table: str) -> None:
+    def __init__(self, path: Path | str, table: str) -> None:
         super().__init__(
             f"state store {path} is corrupt: a row of table {table} does not match its checksum; "
             "refusing to use it — restore the newest intact copy of the state"

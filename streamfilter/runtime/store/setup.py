@@ -4,12 +4,16 @@ role use it (docs/cluster.md, "Database roles").
     STREAMFILTER_ADMIN_URL=postgresql://admin@db/streamfilter PGPASSWORD=… \\
         python -m streamfilter.runtime.store.setup --schema streamfilter \\
         --worker-role streamfilter_worker [--single-process]
+    STREAMFILTER_ADMIN_URL=… python -m streamfilter.runtime.store.setup --schema streamfilter \
+        --fold-budgets
 
 Connected as the administrator (who owns the schema: deploy/cluster/worker-role.sql), it opens
 the state once — creating it at this code's schema version, or migrating an older one in one
 transaction (versions.py) — and grants the worker role only what ``postgres.grant_worker``
 lists. Workers connect as the worker role, which owns nothing and runs no DDL. Prints one line;
-exit 4 (with one line) when the state cannot be created, migrated or granted.
+exit 4 (with one line) when the state cannot be created, migrated or granted. With
+``--fold-budgets`` it folds a cluster ledger's budget records instead (``ClusterLedger.
+fold_budgets``; the worker role may not), which workers may run alongside.
 """
 
 from __future__ import annotations
@@ -51,11 +55,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--single-process", action="store_true", help="a single process's state, not a cluster's"
     )
+    parser.add_argument(
+        "--fold-budgets",
+        action="store_true",
+        help="fold a cluster ledger's budget records into one per partition (docs/cluster.md)",
+    )
     args = parser.parse_args(argv)
     url = os.environ.get("STREAMFILTER_ADMIN_URL", "")
     if not url:
         print("set STREAMFILTER_ADMIN_URL to the administrator's connection URL", file=sys.stderr)
         return 2
+    if args.fold_budgets:
+        try:
+            ledger = ClusterLedger(url, schema=args.schema)
+            try:
+                folded = ledger.fold_budgets()
+            finally:
+                ledger.close()
+        except StoreError as exc:
+            print(str(exc), file=sys.stderr)
+            return int(exc.exit_code)
+        print(f"state {args.schema}: {folded} budget records folded into one per partition")
+        return 0
     try:
         version = set_up(
             url,

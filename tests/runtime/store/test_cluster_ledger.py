@@ -4,6 +4,7 @@ once, and a conflicting transaction is retried rather than failed."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
 from urllib.parse import urlsplit, urlunsplit
@@ -13,6 +14,7 @@ import pytest
 
 from streamfilter.engine.contract import Reject
 from streamfilter.engine.day import DayPartial
+from streamfilter.engine.partitions import key_partition
 from streamfilter.errors import StoreError
 from streamfilter.runtime.store import Position
 from streamfilter.runtime.store.cluster import (
@@ -20,6 +22,7 @@ from streamfilter.runtime.store.cluster import (
     PartitionFencedError,
     ReleaserFencedError,
 )
+from streamfilter.runtime.store.schema import PackedBudgets
 
 DAY1, DAY2 = "2026-01-01", "2026-01-02"
 
@@ -60,17 +63,20 @@ def test_a_worker_that_lost_its_partition_commits_nothing(ledgers):
             epochs_a,
             {0: part(DAY1, {"u0": 5}, [1]), 1: part(DAY1, {"u1": 7}, [2])},
             {0: Position(3, 3), 1: Position(4, 4)},
+            2,
         )
-    assert a.budgets_of(["u0", "u1"]) == []  # nothing of the refused commit exists
+    assert a.spent_units("u0") is None  # nothing of the refused commit exists
     assert b._read("SELECT count(*) FROM {s}.cluster_partials") == [(0,)]
     # the partition a still holds commits; b commits its own; then the day releases once
     a.commit_partitions(
-        DAY1, "a", {0: epochs_a[0]}, {0: part(DAY1, {"u0": 5}, [1])}, {0: Position(3, 3)}
+        DAY1, "a", {0: epochs_a[0]}, {0: part(DAY1, {"u0": 5}, [1])}, {0: Position(3, 3)}, 2
     )
     assert not b.release_day(
         DAY1, lambda sums, counters, coverage: ([], None)
     )  # partition 1 is missing
-    b.commit_partitions(DAY1, "b", epochs_b, {1: part(DAY1, {"u1": 7}, [2])}, {1: Position(4, 4)})
+    b.commit_partitions(
+        DAY1, "b", epochs_b, {1: part(DAY1, {"u1": 7}, [2])}, {1: Position(4, 4)}, 2
+    )
     seen = {}
 
     def make(sums, counters, coverage):
@@ -82,7 +88,74 @@ def test_a_worker_that_lost_its_partition_commits_nothing(ledgers):
     assert seen["coverage"] is None and a.coverage_state() == b'{"tracker": 1}'  # same commit
     assert not a.release_day(DAY1, make)  # released once
     assert a.unsent_releases() == [(DAY1, "q", b"release")]
-    assert sorted(a.budgets_of(["u0", "u1"])) == [("u0", 5, False), ("u1", 7, False)]
+    assert (a.spent_units("u0"), a.spent_units("u1")) == ((5, False), (7, False))
+
+
+def _users_of(partition: int, partitions: int, n: int, prefix: str = "u") -> list[str]:
+    """``n`` user ids that Kafka's partitioner maps to ``partition`` of ``partitions``."""
+    out: list[str] = []
+    i = 0
+    while len(out) < n:
+        user = f"{prefix}{i}"
+        if key_partition(user.encode(), partitions) == partition:
+            out.append(user)
+        i += 1
+    return out
+
+
+def _close(ledger: ClusterLedger, day: str, epochs, parts, partitions: int) -> None:
+    """Freeze, commit ``parts`` and release ``day`` (no queries)."""
+    ledger.pin_day(day, partitions)
+    assert ledger.freeze_day(day)
+    positions = {p: Position(0, 0) for p in parts}
+    ledger.commit_partitions(day, "a", epochs, parts, positions, partitions)
+    assert ledger.release_day(day, lambda sums, counters, coverage: ([], None))
+
+
+def test_a_partitions_budgets_are_rebuilt_from_its_records(ledgers):
+    """Each day's commit appends one packed record per partition (no per-user row); a rebuild
+    merges the partition's records — per user the latest spend, retired once retired — and
+    reads nothing of the other partitions."""
+    a, _ = ledgers
+    epochs = {p: c.epoch for p, c in a.claim([0, 1], "a").items()}
+    u0, u1 = _users_of(0, 2, 3), _users_of(1, 2, 2)
+    day1 = {
+        0: part(DAY1, dict(zip(u0, [4, 5, 6], strict=True)), [0]),
+        1: part(DAY1, {u1[0]: 9}, [0]),
+    }
+    day1[0] = dataclasses.replace(day1[0], retired=np.array([False, True, False]))
+    _close(a, DAY1, epochs, day1, 2)
+    day2 = {0: part(DAY2, {u0[0]: 8, u0[2]: 7}, [0]), 1: part(DAY2, {u1[1]: 1}, [0])}
+    _close(a, DAY2, epochs, day2, 2)
+    rows = a._read("SELECT day, partition, n_users FROM {s}.cluster_budget_records ORDER BY seq")
+    assert rows == [(DAY1, 0, 3), (DAY1, 1, 1), (DAY2, 0, 2), (DAY2, 1, 1)]
+    assert a._read("SELECT count(*) FROM {s}.budgets") == [(0,)]
+    rebuilt = a.partition_budgets(0, 2)
+    assert sorted(rebuilt.items()) == sorted(
+        [(u0[0], 8, False), (u0[1], 5, True), (u0[2], 7, False)]
+    )
+    assert sorted(a.partition_budgets(1, 2).items()) == sorted(
+        [(u1[0], 9, False), (u1[1], 1, False)]
+    )
+
+
+def test_a_grown_topic_rebuilds_each_partition_from_the_users_that_map_to_it(ledgers):
+    """Partitions added (the next day pinned with a larger count): a partition's budgets under
+    the new count are those of the users that map to it now, wherever their records were
+    written."""
+    a, _ = ledgers
+    epochs = {p: c.epoch for p, c in a.claim([0, 1, 2], "a").items()}
+    users = _users_of(0, 2, 6) + _users_of(1, 2, 6)
+    spent = {u: i + 1 for i, u in enumerate(users)}
+    by_part = {
+        p: {u: s for u, s in spent.items() if key_partition(u.encode(), 2) == p} for p in (0, 1)
+    }
+    _close(
+        a, DAY1, {0: epochs[0], 1: epochs[1]}, {p: part(DAY1, by_part[p], [0]) for p in (0, 1)}, 2
+    )
+    for p in range(3):
+        want = {u: s for u, s in spent.items() if key_partition(u.encode(), 3) == p}
+        assert {u: s for u, s, _ in a.partition_budgets(p, 3).items()} == want
 
 
 def test_days_close_in_order(ledgers):
@@ -93,8 +166,8 @@ def test_days_close_in_order(ledgers):
     assert a.freeze_day(DAY1)  # the first freeze pins the first day
     assert not a.freeze_day(DAY2)  # day 2 waits for day 1's release
     with pytest.raises(StoreError, match="day barrier"):
-        a.commit_partitions(DAY2, "a", epochs, {0: part(DAY2, {}, [0])}, {0: Position(0, 0)})
-    a.commit_partitions(DAY1, "a", epochs, {0: part(DAY1, {}, [0])}, {0: Position(0, 0)})
+        a.commit_partitions(DAY2, "a", epochs, {0: part(DAY2, {}, [0])}, {0: Position(0, 0)}, 1)
+    a.commit_partitions(DAY1, "a", epochs, {0: part(DAY1, {}, [0])}, {0: Position(0, 0)}, 1)
     assert a.release_day(DAY1, lambda sums, counters, coverage: ([], None))
     assert a.freeze_day(DAY2)
 
@@ -125,7 +198,7 @@ def test_one_releaser_at_a_time_and_a_stale_one_releases_nothing(ledgers):
     a.pin_day(DAY1, 1)
     assert a.freeze_day(DAY1)
     epochs = {0: 1}
-    a.commit_partitions(DAY1, "a", epochs, {0: part(DAY1, {}, [0])}, {0: Position(0, 0)})
+    a.commit_partitions(DAY1, "a", epochs, {0: part(DAY1, {}, [0])}, {0: Position(0, 0)}, 1)
     time.sleep(1.0)  # a stops for longer than its lease
     token_b = b.hold_releaser_lease("b", None, 0.5)
     assert token_b == token_a + 1
@@ -216,3 +289,37 @@ def open_at_once(url: str, password: str, schema: str, n: int):
     for ledger in opened:
         ledger.close()
     return opened, failed
+
+
+def test_the_fold_keeps_every_partitions_budgets_and_lowers_none(ledgers):
+    """The administrator's fold merges every record into one per partition of the latest
+    count: rebuilds give the same budgets before and after, and a lower record appended before
+    the fold lowers nothing."""
+    a, _ = ledgers
+    epochs = {p: c.epoch for p, c in a.claim([0, 1], "a").items()}
+    u0, u1 = _users_of(0, 2, 4), _users_of(1, 2, 3)
+    _close(a, DAY1, epochs, {0: part(DAY1, dict.fromkeys(u0, 5), [0]), 1: part(DAY1, {}, [0])}, 2)
+    _close(
+        a,
+        DAY2,
+        epochs,
+        {0: part(DAY2, {u0[0]: 9}, [0]), 1: part(DAY2, dict.fromkeys(u1, 2), [0])},
+        2,
+    )
+    lower = PackedBudgets.of(np.array(u0, dtype=object), np.zeros(4), np.zeros(4, bool))
+    with a._transaction() as cur:  # a record of lower spends, as a hostile worker appends it
+        cur.execute(
+            f"SELECT {a.schema}.sf_append_budgets(%s, %s, %s, %s, %s, %s, %s, %s)",
+            (DAY2, 2, 0, *lower.values()),
+        )
+    before = [sorted(a.partition_budgets(p, 2).items()) for p in (0, 1)]
+    assert before[0] == sorted([(u0[0], 9, False)] + [(u, 5, False) for u in u0[1:]])
+    assert a.fold_budgets() == 4
+    rows = a._read("SELECT partitions, partition, n_users FROM {s}.cluster_budget_records")
+    assert sorted(rows) == [(2, 0, 4), (2, 1, 3)]
+    assert [sorted(a.partition_budgets(p, 2).items()) for p in (0, 1)] == before
+    assert a.fold_budgets() == 2  # folding again changes nothing
+    assert [sorted(a.partition_budgets(p, 2).items()) for p in (0, 1)] == before
+    # the erase guard is back once the fold committed
+    with pytest.raises(StoreError), a._transaction() as cur:
+        cur.execute(f"DELETE FROM {a.schema}.cluster_budget_records")

@@ -16,9 +16,12 @@ import uuid
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
+import numpy as np
 import pytest
 
 from streamfilter.cli import main
+from streamfilter.errors import StoreError
+from streamfilter.runtime.store.schema import PackedBudgets
 from tests.system.test_golden_releases import GOLDEN
 
 CLUSTER = Path(__file__).resolve().parents[3] / "deploy" / "cluster"
@@ -160,6 +163,25 @@ def test_the_worker_role_cannot_rewrite_the_ledger(postgres_url):
             (role, s),
         ).fetchone()[0]
         ledger = ClusterLedger(bare, schema=s, password=password)  # opens as the role
+        # budgets: a partition's packed records, appended through sf_append_budgets only; a
+        # hostile append of lower spends (or a revival) changes no rebuilt budget
+        honest = PackedBudgets.of(
+            np.array(["u-1", "u-2"], dtype=object), np.array([5, 7]), np.array([False, True])
+        )
+        lower = PackedBudgets.of(
+            np.array(["u-1", "u-2"], dtype=object), np.array([0, 1]), np.array([False, False])
+        )
+        append = f"SELECT {s}.sf_append_budgets(%s, %s, %s, %s, %s, %s, %s, %s)"
+        worker.execute(append, ("2026-01-01", 1, 0, *honest.values()))
+        before = sorted(ledger.partition_budgets(0, 1).items())
+        assert before == [("u-1", 5, False), ("u-2", 7, True)]
+        worker.execute(append, ("2026-01-02", 1, 0, *lower.values()))
+        assert sorted(ledger.partition_budgets(0, 1).items()) == before
+        assert ledger.spent_units("u-1") == (5, False)
+        with pytest.raises(psycopg.errors.CheckViolation):  # columns that do not fit together
+            worker.execute(append, ("2026-01-02", 1, 0, 3, *honest.values()[1:]))
+        with pytest.raises(StoreError, match="permission denied"):  # the administrator's fold
+            ledger.fold_budgets()
         ledger.close()
         # what a worker legitimately writes: new budgets, a higher spend, a release, a partial
         worker.execute(
@@ -188,6 +210,11 @@ def test_the_worker_role_cannot_rewrite_the_ledger(postgres_url):
             f"INSERT INTO {s}.meta VALUES ('first_day', '2026-01-01')",
             f"DELETE FROM {s}.meta",
             f"DELETE FROM {s}.cluster_days",
+            f"INSERT INTO {s}.cluster_budget_records(day, partitions, partition, n_users, "
+            "id_lengths, ids, spent_units, retired) VALUES ('d', 1, 0, 0, '', '', '', '')",
+            f"UPDATE {s}.cluster_budget_records SET spent_units = ''",
+            f"DELETE FROM {s}.cluster_budget_records",
+            f"TRUNCATE {s}.cluster_budget_records",
             # through the functions or the rights it has: lower, revive, erase, move back
             f"SELECT {s}.sf_raise_budgets(ARRAY['u-2'], ARRAY[0::bigint], ARRAY[false])",
             f"SELECT {s}.sf_raise_budgets(ARRAY['u-1'], ARRAY[6::bigint], ARRAY[false])",
@@ -198,6 +225,8 @@ def test_the_worker_role_cannot_rewrite_the_ledger(postgres_url):
             # DDL
             f"DROP TABLE {s}.budgets",
             f"DROP TABLE {s}.cluster_partials",
+            f"DROP TABLE {s}.cluster_budget_records",
+            f"ALTER TABLE {s}.cluster_budget_records DISABLE TRIGGER ALL",
             f"ALTER TABLE {s}.budgets DISABLE TRIGGER ALL",
             f"ALTER TABLE {s}.releases DROP CONSTRAINT releases_pkey",
             f"ALTER TABLE {s}.meta OWNER TO {role}",
@@ -230,10 +259,16 @@ def test_the_worker_role_cannot_rewrite_the_ledger(postgres_url):
         admin.execute(f"CREATE ROLE {other} LOGIN PASSWORD '{other_password}'")
         admin.execute(f"GRANT USAGE ON SCHEMA {s} TO {other}")
     _, stranger = _worker(postgres_url, other, other_password)
-    with stranger, pytest.raises(psycopg.errors.InsufficientPrivilege):
-        stranger.execute(
-            f"SELECT {s}.sf_raise_budgets(ARRAY['u-9'], ARRAY[1::bigint], ARRAY[false])"
-        )
+    with stranger:
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            stranger.execute(
+                f"SELECT {s}.sf_raise_budgets(ARRAY['u-9'], ARRAY[1::bigint], ARRAY[false])"
+            )
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            stranger.execute(
+                f"SELECT {s}.sf_append_budgets('d', 1, 0, 0, ''::bytea, ''::bytea, ''::bytea, "
+                "''::bytea)"
+            )
 
 
 def test_a_worker_role_refuses_a_state_it_would_have_to_create(postgres_url):

@@ -223,3 +223,61 @@ def test_newer_postgres_schema_is_refused(postgres_url):
     assert "\n" not in str(refused.value)
     assert f"schema version {int(PG_NOW) + 1}" in str(refused.value)
     assert f"versions 1 to {PG_NOW}" in str(refused.value)
+
+
+def _v2_cluster(postgres_url: str, schema: str, budgets: dict[str, tuple[int, bool]]) -> None:
+    """A cluster ledger as the code before partition budget records wrote it (version 2: the
+    version-1 DDL and the version-1 → 2 step), three partitions pinned, one row per user."""
+    psycopg = pytest.importorskip("psycopg")
+    import streamfilter.runtime.store.postgres as pg
+
+    ddl = (FIXTURES / "postgres_schema_v1.sql").read_text().replace("{s}", schema)
+    with psycopg.connect(postgres_url, autocommit=True) as db:
+        db.execute(ddl)
+        with db.transaction(), db.cursor() as cur:
+            pg.MIGRATIONS[0](cur, schema)
+            cur.execute(f"INSERT INTO {schema}.meta VALUES ('schema_version', '2')")
+            cur.execute(
+                f"INSERT INTO {schema}.cluster_days(day, partitions) VALUES ('2026-01-01', 3)"
+            )
+            cur.execute(
+                f"INSERT INTO {schema}.cluster_days(day, partitions) VALUES ('2026-01-02', 3)"
+            )
+            cur.execute(f"SELECT {schema}.sf_set_meta('released_through', '2026-01-02')")
+            cur.execute(
+                f"SELECT {schema}.sf_raise_budgets(%s, %s, %s)",
+                (list(budgets), [s for s, _ in budgets.values()], [r for _, r in budgets.values()]),
+            )
+
+
+def test_a_cluster_ledger_of_version_2_moves_its_budgets_to_partition_records(postgres_url):
+    """Version 2 → 3: each partition's users' budget rows (users mapped to partitions by the
+    pinned count, 3) become that partition's first record; the rebuilt budgets of every
+    partition are exactly the rows of its users; the rows stay."""
+    psycopg = pytest.importorskip("psycopg")
+    from streamfilter.engine.partitions import key_partition
+    from streamfilter.runtime.store.cluster import ClusterLedger
+
+    schema = f"sf_v2_{uuid.uuid4().hex[:8]}"
+    budgets = {f"user-{i}": (i * 3 + 1, i % 7 == 0) for i in range(60)}
+    _v2_cluster(postgres_url, schema, budgets)
+    assert _pg_version(postgres_url, schema) == "2"
+    ledger = ClusterLedger(postgres_url, schema=schema)
+    try:
+        for p in range(3):
+            want = {u: b for u, b in budgets.items() if key_partition(u.encode(), 3) == p}
+            got = {u: (s, r) for u, s, r in ledger.partition_budgets(p, 3).items()}
+            assert got == want and want
+        assert ledger.spent_units("user-7") == budgets["user-7"]
+        records = ledger._read(
+            "SELECT partitions, partition, n_users FROM {s}.cluster_budget_records ORDER BY 2"
+        )
+    finally:
+        ledger.close()
+    assert [(n, p) for n, p, _ in records] == [(3, 0), (3, 1), (3, 2)]
+    assert sum(k for _, _, k in records) == len(budgets)
+    assert _pg_version(postgres_url, schema) == PG_NOW == "3"
+    with psycopg.connect(postgres_url, autocommit=True) as db:
+        assert db.execute(f"SELECT count(*) FROM {schema}.budgets").fetchone()[0] == len(budgets)
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):  # records are never erased
+            db.execute(f"DELETE FROM {schema}.cluster_budget_records")

@@ -100,7 +100,7 @@ def test_a_transient_sink_error_is_retried_and_reported_by_readyz(tmp_path, monk
     from streamfilter.engine.monitor import Engine
     from streamfilter.engine.params import PrivacyParams
     from streamfilter.privacy.noise import SeededRandomBits
-    from streamfilter.runtime import daemon as daemon_module
+    from streamfilter.runtime import outbox as outbox_module
     from streamfilter.runtime.daemon import Daemon
     from streamfilter.runtime.observe.prometheus import PrometheusObserver
     from streamfilter.runtime.store import SQLiteStateStore
@@ -124,7 +124,7 @@ def test_a_transient_sink_error_is_retried_and_reported_by_readyz(tmp_path, monk
                 raise Outage("broker unreachable")
             super().flush()
 
-    monkeypatch.setattr(daemon_module, "RELAY_BACKOFF_S", (0.01, 0.02))
+    monkeypatch.setattr(outbox_module, "RELAY_BACKOFF_S", (0.01, 0.02))
     store = SQLiteStateStore(tmp_path / "state.db")
     sink = FlakySink()
     d = Daemon(

@@ -64,7 +64,7 @@ def run(tmp_path, name, lines, *, until_end, wall):
     else:  # follow mode: the backfill arrives long after its days ended
         for _ in range(3):
             daemon._poll_queries()
-            daemon._ingest_batches(daemon.source.poll_batches(10_000))
+            daemon.intake.ingest_batches(daemon.source.poll_batches(10_000))
             daemon._close_ready()
             clock.mono += 601  # then the partition goes idle: the last day closes too
     positions = store.load().positions
