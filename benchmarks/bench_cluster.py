@@ -139,10 +139,21 @@ def full_size() -> Size:
 #: day close is ``release``, a commit inside a close is ``commit``.
 STEPS: tuple[tuple[str, frozenset[str], str], ...] = (
     # imports (also lazy ones) and building the daemon; the CPU before py-spy attached too
-    ("start-up", frozenset({"_find_and_load", "build_daemon"}), ""),
+    ("start-up", frozenset({"_find_and_load", "build_daemon", "_build_worker"}), ""),
+    # a worker's partitions' budgets rebuilt from their records on assignment
+    ("rebuild", frozenset({"_ledger_of", "merge_monotone", "budget_records"}), "streamfilter/"),
     (
         "release",
-        frozenset({"_release_and_relay", "_relay_outbox", "_publish_lost", "_release"}),
+        frozenset(
+            {
+                "_release_and_relay",
+                "_relay_outbox",
+                "_publish_lost",
+                "_release",
+                "relay",
+                "publish_lost",
+            }
+        ),
         "streamfilter/",
     ),
     (
@@ -153,7 +164,16 @@ STEPS: tuple[tuple[str, frozenset[str], str], ...] = (
     ("commit", frozenset({"_compact_state"}), "streamfilter/"),
     (
         "partition check",
-        frozenset({"_screen_records", "key_partition", "murmur2", "_pinned_count"}),
+        frozenset(
+            {
+                "_screen_records",
+                "_columns_pass",
+                "partitions_of",
+                "key_partition",
+                "murmur2",
+                "_pinned_count",
+            }
+        ),
         "",
     ),
     (
@@ -162,7 +182,11 @@ STEPS: tuple[tuple[str, frozenset[str], str], ...] = (
         "streamfilter/",
     ),
     ("fetch", frozenset({"poll_batches", "_poll", "poll_raw"}), "streamfilter/"),
-    ("accumulate", frozenset({"_ingest_batches", "_ingest_batch"}), "streamfilter/"),
+    (
+        "accumulate",
+        frozenset({"_ingest_batches", "_ingest_batch", "ingest_batches", "ingest_batch"}),
+        "streamfilter/",
+    ),
     (
         "close",
         frozenset(
@@ -181,7 +205,7 @@ STEPS: tuple[tuple[str, frozenset[str], str], ...] = (
 )
 #: steps whose work grows with events; with user-days (close, commit, release); per process
 EVENT_STEPS = ("fetch", "decode", "partition check", "accumulate")
-DAY_STEPS = ("close", "commit", "release")
+DAY_STEPS = ("close", "commit", "release", "rebuild")
 START = "start-up"
 #: samples of no step: a background thread (the Kafka clients' I/O and heartbeat threads, the
 #: metrics server), or the main thread elsewhere (the loop's bookkeeping, unreadable stacks)
