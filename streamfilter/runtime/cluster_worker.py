@@ -47,7 +47,7 @@ from streamfilter.engine.day import (
     partial_day,
     release_partials,
 )
-from streamfilter.engine.engine import DayInput, Engine
+from streamfilter.engine.engine import Engine
 from streamfilter.engine.ledger import BudgetLedger
 from streamfilter.engine.records import DayAccumulator
 from streamfilter.errors import PublisherFencedError, StoreError
@@ -89,7 +89,7 @@ def _partition_number(label: str) -> int:
     return int(label.rsplit(":", 1)[1])
 
 
-class ClusterDaemon(Daemon):
+class ClusterDaemon(Daemon[DayAccumulator]):
     """One worker of a cluster (see the module doc)."""
 
     store: ClusterLedger
@@ -231,13 +231,13 @@ class ClusterDaemon(Daemon):
                 )
         return out
 
-    def _day_input(self, day: str, partition: str, offset: int) -> DayInput:
+    def _day_input(self, day: str, partition: str, offset: int) -> DayAccumulator:
         if day > self._max_day.get(partition, ""):
             self._max_day[partition] = day
         key = (day, _partition_number(partition))
         acc = self._parts.get(key)
         if acc is None:
-            acc = self._parts[key] = self.engine.new_accumulator(day)
+            acc = self._parts[key] = self.engine.new_day(day)
             self._open.setdefault(day, acc)
         self._min_offset.setdefault(day, {}).setdefault(partition, offset)
         return acc
@@ -369,7 +369,7 @@ class ClusterDaemon(Daemon):
         started = time.perf_counter()
         parts = {}
         for p in todo:
-            acc = self._parts.pop((day, p), None) or self.engine.new_accumulator(day)
+            acc = self._parts.pop((day, p), None) or self.engine.new_day(day)
             records = acc.finish()
             ledger = BudgetLedger()
             known = self.store.budgets_of([str(u) for u in records.users])

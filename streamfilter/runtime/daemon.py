@@ -29,11 +29,11 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from itertools import compress
 from operator import attrgetter, ne, not_
-from typing import Any
+from typing import Any, Generic
 
 from streamfilter.engine.affordability import DEFAULT_MIN_DAYS, affordability_warning, query_cost
 from streamfilter.engine.contract import MAX_EVENT_BYTES, Reject, RejectReason, Release
-from streamfilter.engine.engine import DayInput, Engine
+from streamfilter.engine.engine import DayInput, DayT, EngineCore
 from streamfilter.engine.ingest import EventColumns
 from streamfilter.engine.lines import BlockLines
 from streamfilter.engine.records import DayAccumulator
@@ -111,10 +111,10 @@ def _longest(values: Sequence[bytes]) -> int:
     return max(map(len, values))
 
 
-class Daemon:
+class Daemon(Generic[DayT]):
     def __init__(
         self,
-        engine: Engine,
+        engine: EngineCore[DayT],
         store: StateStore,
         source: Source,
         feed: QueryFeed,
@@ -163,7 +163,7 @@ class Daemon:
         self.observer = observer or DaemonObserver()
         self.stop_event = threading.Event()
         self.summary = RunSummary()
-        self._open: dict[str, DayInput] = {}
+        self._open: dict[str, DayT] = {}
         self._min_offset: dict[str, dict[str, int]] = {}  # day -> partition -> first offset
         self._read_offset: dict[str, int] = {}
         self._high: dict[str, int] = {}
@@ -523,7 +523,7 @@ class Daemon:
                 batch.partition, offset, b"", RejectReason.UNDECODABLE_BATCH, batch.undecodable
             )
 
-    def _day_input(self, day: str, partition: str, offset: int) -> DayInput:
+    def _day_input(self, day: str, partition: str, offset: int) -> DayT:
         """The open ``day``'s buffer, about to receive records of ``partition`` from ``offset``
         on (the day's first offset there is where a restart must resume while it is open)."""
         if day > self._max_day.get(partition, ""):
