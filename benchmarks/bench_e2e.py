@@ -39,7 +39,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import entry, skipped, upkeep_left
+from benchmarks.common import entry, skipped
 
 NAME = "e2e_file_days"
 BASELINE = "DuckDB 1 thread: parse, dedupe, group, clip, sum"
@@ -160,10 +160,18 @@ def _child(argv: list[str]) -> None:
     print(json.dumps({"seconds": wall, "peak_rss_mib": rss_mib, "close_seconds": close_s}))
 
 
+ROOT = Path(__file__).resolve().parent.parent
+#: the upkeep measured by the arm's own package (``compare_commits``: another checkout's)
+_UPKEEP = (
+    "import json, sys; from pathlib import Path; from benchmarks.common import upkeep_left; "
+    "print(json.dumps(upkeep_left(Path(sys.argv[1]))))"
+)
+
+
 def _arm(argv: list[str], cwd: Path) -> dict[str, float]:
     out = subprocess.run(
         [sys.executable, "-m", "benchmarks.bench_e2e", "--child", *argv],
-        cwd=Path(__file__).resolve().parent.parent,
+        cwd=ROOT,
         check=True,
         capture_output=True,
         text=True,
@@ -173,21 +181,32 @@ def _arm(argv: list[str], cwd: Path) -> dict[str, float]:
     return result
 
 
-def _streamfilter(work: Path, run_dir: Path) -> dict[str, float]:
+def streamfilter_arm(
+    work: Path, run_dir: Path, python: str = sys.executable, root: Path = ROOT
+) -> dict[str, float]:
+    """One streamfilter arm: the ``streamfilter`` next to ``python`` (another checkout's, with
+    its ``root``, for ``compare_commits``), then the fold it leaves, timed by that package."""
     run_dir.mkdir()
     (run_dir / "events.jsonl").symlink_to(work / "events.jsonl")
     (run_dir / "queries.jsonl").write_text(
         "".join(json.dumps({**q, "from_day": DAYS[0]}) + "\n" for q in QUERIES)
     )
     (run_dir / "config.toml").write_text(CONFIG)
-    exe = str(Path(sys.executable).with_name("streamfilter"))
+    exe = str(Path(python).with_name("streamfilter"))
     argv = [exe, "run", "--config", str(run_dir / "config.toml"), "--until-end"]
     result = _arm(["--cwd", str(run_dir), *argv], run_dir)
-    result["upkeep_entries"], result["upkeep_seconds"] = upkeep_left(run_dir / "state.db")
+    upkeep = subprocess.run(
+        [python, "-c", _UPKEEP, str(run_dir / "state.db")],
+        cwd=root,
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    result["upkeep_entries"], result["upkeep_seconds"] = json.loads(upkeep.stdout)
     return result
 
 
-def _duckdb(work: Path) -> dict[str, float]:
+def duckdb_arm(work: Path) -> dict[str, float]:
     sql = DUCKDB_SQL.format(path=work / "events.jsonl")
     code = f"import duckdb; duckdb.connect().execute({sql!r})"
     return _arm([sys.executable, "-c", code], work)
@@ -210,9 +229,9 @@ def run(quick: bool = False, runs: int | None = None, n_users: int | None = None
             pair = {}
             for who in arms:
                 if who == "duckdb":
-                    pair[who] = _duckdb(work)
+                    pair[who] = duckdb_arm(work)
                 else:
-                    pair[who] = _streamfilter(work, work / f"run{i}")
+                    pair[who] = streamfilter_arm(work, work / f"run{i}")
             pairs.append(pair)
     for p in pairs:
         sf = p["streamfilter"]
