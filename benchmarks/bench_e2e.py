@@ -149,22 +149,32 @@ _CLOSED = re.compile(r"closed day \S+: \d+ releases in ([0-9.]+)s")
 
 
 def _child(argv: list[str]) -> None:
-    """Run one arm; print its wall seconds, peak RSS (MiB) and, from the daemon's log, the
+    """Run one arm; print its wall and CPU seconds, peak RSS (MiB) and, from the daemon's log, the
     seconds its day closes took (records, filter, noise, durable commit, publish) as JSON."""
     t0 = time.perf_counter()
     done = subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     wall = time.perf_counter() - t0
-    rss_mib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     closes = _CLOSED.findall(done.stderr.decode(errors="replace"))
     close_s = sum(map(float, closes))
-    print(json.dumps({"seconds": wall, "peak_rss_mib": rss_mib, "close_seconds": close_s}))
+    print(
+        json.dumps(
+            {
+                "seconds": wall,
+                "cpu_seconds": usage.ru_utime + usage.ru_stime,
+                "peak_rss_mib": usage.ru_maxrss / 1024,
+                "close_seconds": close_s,
+            }
+        )
+    )
 
 
 ROOT = Path(__file__).resolve().parent.parent
 #: the upkeep measured by the arm's own package (``compare_commits``: another checkout's)
 _UPKEEP = (
-    "import json, sys; from pathlib import Path; from benchmarks.common import upkeep_left; "
-    "print(json.dumps(upkeep_left(Path(sys.argv[1]))))"
+    "import json, sys, time; from pathlib import Path; from benchmarks.common import upkeep_left; "
+    "t = time.process_time(); entries, seconds = upkeep_left(Path(sys.argv[1])); "
+    "print(json.dumps([entries, seconds, time.process_time() - t]))"
 )
 
 
@@ -202,7 +212,8 @@ def streamfilter_arm(
         capture_output=True,
         text=True,
     )
-    result["upkeep_entries"], result["upkeep_seconds"] = json.loads(upkeep.stdout)
+    entries, seconds, cpu_seconds = json.loads(upkeep.stdout)
+    result.update(upkeep_entries=entries, upkeep_seconds=seconds, upkeep_cpu_seconds=cpu_seconds)
     return result
 
 

@@ -11,7 +11,9 @@ checkout's own package. The method (stream, queries, configuration, DuckDB's SQL
 checkout's ``bench_e2e``, so both arms measure the same operation whatever their commits.
 
 Prints, per round and as medians over the rounds: each arm's seconds, its ratio to the DuckDB run
-of the same round, AFTER ÷ BEFORE, and the 1-minute load average at the round's end.
+of the same round, AFTER ÷ BEFORE, the same ratios of CPU seconds (the arm's processes' user +
+system time, plus its fold: steadier than wall time on a shared machine), and the 1-minute load
+average at the round's end.
 """
 
 from __future__ import annotations
@@ -47,19 +49,25 @@ def compare(before: Path, after: Path, pairs: int, n_users: int) -> dict[str, ob
             if i % 2:
                 arms.reverse()
             seconds: dict[str, float] = {}
+            cpu: dict[str, float] = {}
             for arm in arms:
                 if arm == "duckdb":
-                    seconds[arm] = bench_e2e.duckdb_arm(work)["seconds"]
+                    r = bench_e2e.duckdb_arm(work)
+                    seconds[arm], cpu[arm] = r["seconds"], r["cpu_seconds"]
                 else:
                     r = bench_e2e.streamfilter_arm(
                         work, work / f"{arm}{i}", pythons[arm], roots[arm]
                     )
                     seconds[arm] = r["seconds"] + r["upkeep_seconds"]
+                    cpu[arm] = r["cpu_seconds"] + r["upkeep_cpu_seconds"]
             row = {
                 **seconds,
                 "before_vs_duckdb": seconds["before"] / seconds["duckdb"],
                 "after_vs_duckdb": seconds["after"] / seconds["duckdb"],
                 "after_vs_before": seconds["after"] / seconds["before"],
+                "cpu_after_vs_before": cpu["after"] / cpu["before"],
+                "cpu_before_vs_duckdb": cpu["before"] / cpu["duckdb"],
+                "cpu_after_vs_duckdb": cpu["after"] / cpu["duckdb"],
                 "load_average": os.getloadavg()[0],
             }
             print(json.dumps({"round": i, "order": arms, **row}), flush=True)
