@@ -170,6 +170,8 @@ def _child(argv: list[str]) -> None:
 
 
 ROOT = Path(__file__).resolve().parent.parent
+#: the arms' environment: no PYTHONPATH, so that each checkout's interpreter imports its own package
+_ENV = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
 #: the upkeep measured by the arm's own package (``compare_commits``: another checkout's)
 _UPKEEP = (
     "import json, sys, time; from pathlib import Path; from benchmarks.common import upkeep_left; "
@@ -185,7 +187,7 @@ def _arm(argv: list[str], cwd: Path) -> dict[str, float]:
         check=True,
         capture_output=True,
         text=True,
-        env={**os.environ, "E2E_CWD": str(cwd)},
+        env={**_ENV, "E2E_CWD": str(cwd)},
     )
     result: dict[str, float] = json.loads(out.stdout.strip().splitlines()[-1])
     return result
@@ -208,6 +210,7 @@ def streamfilter_arm(
     upkeep = subprocess.run(
         [python, "-c", _UPKEEP, str(run_dir / "state.db")],
         cwd=root,
+        env=_ENV,
         check=True,
         capture_output=True,
         text=True,
