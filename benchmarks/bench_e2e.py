@@ -39,7 +39,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import entry, skipped, upkeep_left
+from benchmarks.common import entry, skipped
 
 NAME = "e2e_file_days"
 BASELINE = "DuckDB 1 thread: parse, dedupe, group, clip, sum"
@@ -149,45 +149,78 @@ _CLOSED = re.compile(r"closed day \S+: \d+ releases in ([0-9.]+)s")
 
 
 def _child(argv: list[str]) -> None:
-    """Run one arm; print its wall seconds, peak RSS (MiB) and, from the daemon's log, the
+    """Run one arm; print its wall and CPU seconds, peak RSS (MiB) and, from the daemon's log, the
     seconds its day closes took (records, filter, noise, durable commit, publish) as JSON."""
     t0 = time.perf_counter()
     done = subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     wall = time.perf_counter() - t0
-    rss_mib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     closes = _CLOSED.findall(done.stderr.decode(errors="replace"))
     close_s = sum(map(float, closes))
-    print(json.dumps({"seconds": wall, "peak_rss_mib": rss_mib, "close_seconds": close_s}))
+    print(
+        json.dumps(
+            {
+                "seconds": wall,
+                "cpu_seconds": usage.ru_utime + usage.ru_stime,
+                "peak_rss_mib": usage.ru_maxrss / 1024,
+                "close_seconds": close_s,
+            }
+        )
+    )
+
+
+ROOT = Path(__file__).resolve().parent.parent
+#: the arms' environment: no PYTHONPATH, so that each checkout's interpreter imports its own package
+_ENV = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+#: the upkeep measured by the arm's own package (``compare_commits``: another checkout's)
+_UPKEEP = (
+    "import json, sys, time; from pathlib import Path; from benchmarks.common import upkeep_left; "
+    "t = time.process_time(); entries, seconds = upkeep_left(Path(sys.argv[1])); "
+    "print(json.dumps([entries, seconds, time.process_time() - t]))"
+)
 
 
 def _arm(argv: list[str], cwd: Path) -> dict[str, float]:
     out = subprocess.run(
         [sys.executable, "-m", "benchmarks.bench_e2e", "--child", *argv],
-        cwd=Path(__file__).resolve().parent.parent,
+        cwd=ROOT,
         check=True,
         capture_output=True,
         text=True,
-        env={**os.environ, "E2E_CWD": str(cwd)},
+        env={**_ENV, "E2E_CWD": str(cwd)},
     )
     result: dict[str, float] = json.loads(out.stdout.strip().splitlines()[-1])
     return result
 
 
-def _streamfilter(work: Path, run_dir: Path) -> dict[str, float]:
+def streamfilter_arm(
+    work: Path, run_dir: Path, python: str = sys.executable, root: Path = ROOT
+) -> dict[str, float]:
+    """One streamfilter arm: the ``streamfilter`` next to ``python`` (another checkout's, with
+    its ``root``, for ``compare_commits``), then the fold it leaves, timed by that package."""
     run_dir.mkdir()
     (run_dir / "events.jsonl").symlink_to(work / "events.jsonl")
     (run_dir / "queries.jsonl").write_text(
         "".join(json.dumps({**q, "from_day": DAYS[0]}) + "\n" for q in QUERIES)
     )
     (run_dir / "config.toml").write_text(CONFIG)
-    exe = str(Path(sys.executable).with_name("streamfilter"))
+    exe = str(Path(python).with_name("streamfilter"))
     argv = [exe, "run", "--config", str(run_dir / "config.toml"), "--until-end"]
     result = _arm(["--cwd", str(run_dir), *argv], run_dir)
-    result["upkeep_entries"], result["upkeep_seconds"] = upkeep_left(run_dir / "state.db")
+    upkeep = subprocess.run(
+        [python, "-c", _UPKEEP, str(run_dir / "state.db")],
+        cwd=root,
+        env=_ENV,
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    entries, seconds, cpu_seconds = json.loads(upkeep.stdout)
+    result.update(upkeep_entries=entries, upkeep_seconds=seconds, upkeep_cpu_seconds=cpu_seconds)
     return result
 
 
-def _duckdb(work: Path) -> dict[str, float]:
+def duckdb_arm(work: Path) -> dict[str, float]:
     sql = DUCKDB_SQL.format(path=work / "events.jsonl")
     code = f"import duckdb; duckdb.connect().execute({sql!r})"
     return _arm([sys.executable, "-c", code], work)
@@ -210,9 +243,9 @@ def run(quick: bool = False, runs: int | None = None, n_users: int | None = None
             pair = {}
             for who in arms:
                 if who == "duckdb":
-                    pair[who] = _duckdb(work)
+                    pair[who] = duckdb_arm(work)
                 else:
-                    pair[who] = _streamfilter(work, work / f"run{i}")
+                    pair[who] = streamfilter_arm(work, work / f"run{i}")
             pairs.append(pair)
     for p in pairs:
         sf = p["streamfilter"]

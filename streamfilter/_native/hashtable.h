@@ -1,9 +1,10 @@
-/* The index the native hash tables share (engine/_pair_set.c, engine/_cell_table.c;
- * docs/design.md §8.4): entries live in dense columns, in insertion order, and the index maps a
- * 64-bit key to its entry — an open-addressing table of uint32 slots (entry + 1; 0: empty),
- * probed linearly from the key's mixed top bits, at most half full, rebuilt from the dense keys
- * when it grows. The caller compares its own entries; this header holds what every table did
- * alike: the key mixer, the slot table's growth, and the dense columns' growth.
+/* The index every native hash table shares (engine/_pair_set.c, engine/_cell_table.c,
+ * engine/_user_codes.c; docs/design.md §8.4): entries live in dense columns, in insertion order,
+ * and the index maps a 64-bit key (a packed pair or cell, a str's hash) to its entry — an
+ * open-addressing table of uint32 slots (entry + 1; 0: empty), probed linearly from the key's
+ * mixed top bits, at most half full, rebuilt from the dense keys when it grows. The caller
+ * compares its own entries; this header holds what every table does alike: the key mixer, the
+ * slot table's growth and prefetch, and the dense columns' growth.
  */
 #ifndef STREAMFILTER_HASHTABLE_H
 #define STREAMFILTER_HASHTABLE_H
@@ -39,6 +40,12 @@ static inline size_t sf_first_slot(const SfIndex *ix, int64_t key)
 }
 
 static inline size_t sf_next_slot(const SfIndex *ix, size_t j) { return (j + 1) & ix->mask; }
+
+/* Fetch the cache line of a key's first slot ahead of its look-up (a hint: no effect on the
+ * result). A batch's look-ups land in random slots of an index larger than the caches, so each
+ * would otherwise wait for memory in turn. A macro: GCC takes a function that only prefetches
+ * for one with no effect and drops its calls. */
+#define sf_prefetch_slot(ix, key) __builtin_prefetch(&(ix)->slots[sf_first_slot((ix), (key))])
 
 /* Room in the index for ``need`` entries, at most half full: a larger slot table, filled again
  * from the ``count`` entries' keys (the int64 at ``keys + i * stride``). -1 with MemoryError,

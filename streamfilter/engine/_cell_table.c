@@ -298,9 +298,7 @@ static PyObject *CellTable_add(CellTable *self, PyObject *args)
     if (reserve(self, n, aside) < 0) goto done; /* the worst case: every cell new */
     u128 one_fixed = (u128)1 << FRACTION_BITS;
     for (Py_ssize_t i = 0; i < n; i++) {
-        if (i + PREFETCH_AHEAD < n)
-            __builtin_prefetch(
-                &self->index.slots[sf_first_slot(&self->index, keys[i + PREFETCH_AHEAD])]);
+        if (i + PREFETCH_AHEAD < n) sf_prefetch_slot(&self->index, keys[i + PREFETCH_AHEAD]);
         int64_t key = keys[i];
         size_t j = sf_first_slot(&self->index, key);
         Py_ssize_t at;

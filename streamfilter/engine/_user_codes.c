@@ -10,53 +10,36 @@
  *   reserve(more): room for that many more ids, allocated at once (a size hint);
  *   len(), clear().
  * Keys are compared as Python compares str (same hash, then equal text), so the codes are those
- * the dict gave. An open-addressing table of (hash, code, id) with linear probing, at most half
- * full: no Python int per code, no Python call per id. The table holds a reference to each id
- * (a str references nothing, so no cycle can go through it).
+ * the dict gave. The table is hashtable.h's: the entries (hash, code, id) in insertion order and
+ * a slot index keyed by the id's str hash — no Python int per code, no Python call per id. At
+ * most 2**31 - 2 ids (OverflowError beyond). The table holds a reference to each id (a str
+ * references nothing, so no cycle can go through it).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+
+#include "hashtable.h"
 #include <stdint.h>
 #include <string.h>
 
 typedef struct {
-    Py_hash_t hash;
+    int64_t hash; /* the id's str hash: the index's key */
     int64_t code;
-    PyObject *id; /* NULL: an empty slot */
-} Slot;
+    PyObject *id;
+} Entry;
 
 typedef struct {
     PyObject_HEAD
-    Slot *slots;
-    Py_ssize_t mask; /* capacity - 1; capacity a power of two */
-    Py_ssize_t used;
+    Entry *entries; /* in insertion order; ``capacity`` of them */
+    Py_ssize_t count;
+    Py_ssize_t capacity;
+    SfIndex index; /* hash -> entry (hashtable.h) */
 } UserCodes;
 
-#define MIN_CAPACITY 1024
+#define MAX_IDS SF_MAX_ENTRIES
+#define MIN_CAPACITY 64
 #define PREFETCH_AHEAD 16 /* look-ups between a slot's prefetch and its use */
-
-static int resize(UserCodes *self, Py_ssize_t capacity)
-{
-    Slot *slots = PyMem_Calloc((size_t)capacity, sizeof(Slot));
-    if (slots == NULL) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    Py_ssize_t mask = capacity - 1;
-    if (self->slots != NULL) {
-        for (Py_ssize_t i = 0; i <= self->mask; i++) {
-            Slot *s = &self->slots[i];
-            if (s->id == NULL) continue;
-            Py_ssize_t j = (Py_ssize_t)((size_t)s->hash & (size_t)mask);
-            while (slots[j].id != NULL) j = (j + 1) & mask;
-            slots[j] = *s;
-        }
-        PyMem_Free(self->slots);
-    }
-    self->slots = slots;
-    self->mask = mask;
-    return 0;
-}
+#define ENTRY_AHEAD (PREFETCH_AHEAD / 2) /* between the entry's prefetch and its use */
 
 /* ``id``'s hash; -1 with an exception (TypeError for an id that is not a str). */
 static Py_hash_t id_hash(PyObject *id)
@@ -68,57 +51,64 @@ static Py_hash_t id_hash(PyObject *id)
     return PyObject_Hash(id);
 }
 
-/* Room for ``more`` ids beyond those held, the table staying at most half full. */
+/* Room for ``more`` ids beyond those held, the index at most half full with them; -1 with an
+ * exception, the ids held unchanged. */
 static int reserve(UserCodes *self, Py_ssize_t more)
 {
-    Py_ssize_t capacity = self->mask + 1;
-    while (2 * (self->used + more) > capacity) capacity *= 2;
-    return capacity == self->mask + 1 ? 0 : resize(self, capacity);
+    if (more > MAX_IDS - self->count) {
+        PyErr_SetString(PyExc_OverflowError, "UserCodes: more than 2**31 - 2 ids");
+        return -1;
+    }
+    Py_ssize_t need = self->count + more;
+    if (need > self->capacity) {
+        Py_ssize_t capacity = sf_grown(self->capacity, need, MIN_CAPACITY, MAX_IDS, 4);
+        if (sf_grow((void **)&self->entries, capacity, sizeof(Entry)) < 0) return -1;
+        self->capacity = capacity;
+    }
+    const int64_t *keys = self->count > 0 ? &self->entries[0].hash : NULL;
+    return sf_index_fit(&self->index, need, keys, sizeof(Entry), self->count);
 }
 
-/* Fetch the cache line of a hash's first slot ahead of its look-up (a hint: no effect on the
- * result). A batch's look-ups land in random slots of a table larger than the caches, so each
- * would otherwise wait for memory in turn. */
-static inline void prefetch_slot(const UserCodes *self, Py_hash_t hash)
-{
-#if defined(__GNUC__)
-    __builtin_prefetch(&self->slots[(size_t)hash & (size_t)self->mask]);
-#else
-    (void)self;
-    (void)hash;
-#endif
-}
+/* The entry a hash's first slot names fetched ahead of its look-up (a hint: no effect on the
+ * result; the slot itself fetched earlier, sf_prefetch_slot). A macro: GCC takes a function
+ * that only prefetches for one with no effect and drops its calls. */
+#define PREFETCH_ENTRY(self, hash)                                                             \
+    do {                                                                                       \
+        uint32_t s_ = (self)->index.slots[sf_first_slot(&(self)->index, (hash))];              \
+        if (s_ != 0) __builtin_prefetch(&(self)->entries[s_ - 1]);                             \
+    } while (0)
 
 /* The code of ``id`` whose hash is ``hash`` (inserting ``code`` if it is not held), room for
  * one more id reserved; -1 with an exception on error. */
 static int lookup_hashed(UserCodes *self, PyObject *id, Py_hash_t hash, int64_t code,
                          int64_t *out)
 {
-    Py_ssize_t j = (Py_ssize_t)((size_t)hash & (size_t)self->mask);
+    size_t j = sf_first_slot(&self->index, hash);
     for (;;) {
-        Slot *s = &self->slots[j];
-        if (s->id == NULL) {
-            Py_INCREF(id);
-            s->id = id;
-            s->hash = hash;
-            s->code = code;
-            self->used++;
+        uint32_t s = self->index.slots[j];
+        if (s == 0) {
+            Entry *e = &self->entries[self->count++];
+            e->hash = hash;
+            e->code = code;
+            e->id = Py_NewRef(id);
+            self->index.slots[j] = (uint32_t)self->count;
             *out = code;
             return 0;
         }
-        if (s->hash == hash) {
-            if (s->id == id) {
-                *out = s->code;
+        const Entry *e = &self->entries[s - 1];
+        if (e->hash == hash) {
+            if (e->id == id) {
+                *out = e->code;
                 return 0;
             }
-            int eq = PyUnicode_Compare(s->id, id);
+            int eq = PyUnicode_Compare(e->id, id);
             if (eq == -1 && PyErr_Occurred()) return -1;
             if (eq == 0) {
-                *out = s->code;
+                *out = e->code;
                 return 0;
             }
         }
-        j = (j + 1) & self->mask;
+        j = sf_next_slot(&self->index, j);
     }
 }
 
@@ -132,13 +122,11 @@ static int lookup(UserCodes *self, PyObject *id, int64_t code, int64_t *out)
 
 static void release(UserCodes *self)
 {
-    if (self->slots != NULL) {
-        for (Py_ssize_t i = 0; i <= self->mask; i++) Py_XDECREF(self->slots[i].id);
-        PyMem_Free(self->slots);
-    }
-    self->slots = NULL;
-    self->mask = -1;
-    self->used = 0;
+    for (Py_ssize_t i = 0; i < self->count; i++) Py_DECREF(self->entries[i].id);
+    PyMem_Free(self->entries);
+    sf_index_free(&self->index);
+    self->entries = NULL;
+    self->count = self->capacity = 0;
 }
 
 static int UserCodes_init(UserCodes *self, PyObject *args, PyObject *kwargs)
@@ -148,7 +136,7 @@ static int UserCodes_init(UserCodes *self, PyObject *args, PyObject *kwargs)
         return -1;
     }
     release(self);
-    return resize(self, MIN_CAPACITY);
+    return 0;
 }
 
 static void UserCodes_dealloc(UserCodes *self)
@@ -169,14 +157,13 @@ static PyObject *UserCodes_codes(UserCodes *self, PyObject *args)
         PyErr_SetString(PyExc_TypeError, "codes: new_ids must be a list or None");
         return NULL;
     }
-    if (self->slots == NULL && resize(self, MIN_CAPACITY) < 0) return NULL;
     Py_ssize_t n = PyList_GET_SIZE(ids);
     PyObject *out = PyByteArray_FromStringAndSize(NULL, n * 8);
     if (out == NULL) return NULL;
     int64_t *codes = (int64_t *)PyByteArray_AS_STRING(out);
-    /* the hashes first; then the look-ups in order, each slot fetched PREFETCH_AHEAD ids
-     * early. The ids are read from a copy of the list: a str subclass's __hash__ is Python
-     * code, which could change the list meanwhile. */
+    /* the hashes first; then the look-ups in order, each slot fetched PREFETCH_AHEAD ids early
+     * and its entry ENTRY_AHEAD ids early. The ids are read from a copy of the list: a str
+     * subclass's __hash__ is Python code, which could change the list meanwhile. */
     PyObject *items = PyList_GetSlice(ids, 0, n);
     Py_hash_t *hashes = PyMem_Malloc(n > 0 ? (size_t)n * sizeof(Py_hash_t) : 1);
     if (items == NULL || hashes == NULL) {
@@ -187,17 +174,23 @@ static PyObject *UserCodes_codes(UserCodes *self, PyObject *args)
         hashes[i] = id_hash(PyList_GET_ITEM(items, i));
         if (hashes[i] == -1) goto fail;
     }
-    for (Py_ssize_t i = 0; i < n && i < PREFETCH_AHEAD; i++) prefetch_slot(self, hashes[i]);
+    /* an index to prefetch from (a growth below only makes the pending prefetches useless,
+     * never wrong) */
+    if (n > 0 && reserve(self, 1) < 0) goto fail;
+    for (Py_ssize_t i = 0; i < n && i < PREFETCH_AHEAD; i++)
+        sf_prefetch_slot(&self->index, hashes[i]);
+    for (Py_ssize_t i = 0; i < n && i < ENTRY_AHEAD; i++) PREFETCH_ENTRY(self, hashes[i]);
     for (Py_ssize_t i = 0; i < n; i++) {
-        if (i + PREFETCH_AHEAD < n) prefetch_slot(self, hashes[i + PREFETCH_AHEAD]);
+        if (i + PREFETCH_AHEAD < n) sf_prefetch_slot(&self->index, hashes[i + PREFETCH_AHEAD]);
+        if (i + ENTRY_AHEAD < n) PREFETCH_ENTRY(self, hashes[i + ENTRY_AHEAD]);
         /* room for one more id, grown as ids are added (not for the whole batch: most of a
-         * batch may be ids already held, and a table sized for them all would be twice as
-         * large); a resize only makes the pending prefetches useless, never wrong */
+         * batch may be ids already held, and an index sized for them all would be twice as
+         * large) */
         if (reserve(self, 1) < 0) goto fail;
         PyObject *id = PyList_GET_ITEM(items, i);
-        Py_ssize_t held = self->used;
+        Py_ssize_t held = self->count;
         if (lookup_hashed(self, id, hashes[i], (int64_t)first, &codes[i]) < 0) goto fail;
-        if (self->used > held) { /* the id was new: it took ``first`` */
+        if (self->count > held) { /* the id was new: it took ``first`` */
             first++;
             if (new_ids != NULL && PyList_Append(new_ids, id) < 0) goto fail;
         }
@@ -218,22 +211,20 @@ static PyObject *UserCodes_code_of(UserCodes *self, PyObject *args)
     long long code;
     int64_t out;
     if (!PyArg_ParseTuple(args, "OL:code_of", &id, &code)) return NULL;
-    if (self->slots == NULL && resize(self, MIN_CAPACITY) < 0) return NULL;
     if (lookup(self, id, (int64_t)code, &out) < 0) return NULL;
     return PyLong_FromLongLong(out);
 }
 
 /* reserve(more): room for ``more`` more ids (the day's expected users) in one allocation instead
- * of a chain of doublings, each rehashing every id held. */
+ * of a chain of growths, each rehashing every id held. */
 static PyObject *UserCodes_reserve(UserCodes *self, PyObject *args)
 {
     Py_ssize_t more;
     if (!PyArg_ParseTuple(args, "n:reserve", &more)) return NULL;
-    if (more < 0 || more > PY_SSIZE_T_MAX / 4 / (Py_ssize_t)sizeof(Slot)) {
+    if (more < 0 || more > MAX_IDS - self->count) {
         PyErr_SetString(PyExc_ValueError, "UserCodes.reserve: a count out of range");
         return NULL;
     }
-    if (self->slots == NULL && resize(self, MIN_CAPACITY) < 0) return NULL;
     if (reserve(self, more) < 0) return NULL;
     Py_RETURN_NONE;
 }
@@ -244,7 +235,7 @@ static PyObject *UserCodes_clear(UserCodes *self, PyObject *Py_UNUSED(ignored))
     Py_RETURN_NONE;
 }
 
-static Py_ssize_t UserCodes_len(UserCodes *self) { return self->used; }
+static Py_ssize_t UserCodes_len(UserCodes *self) { return self->count; }
 
 static PyMethodDef UserCodes_methods[] = {
     {"codes", (PyCFunction)UserCodes_codes, METH_VARARGS,

@@ -1,7 +1,10 @@
 """The engine: the stateful, I/O-free day step that ``streamfilter run`` and ``Monitor`` share.
 
-``Engine`` holds the ledger, the query book and the release history, and exposes the day close as
-check-then-commit: :meth:`Engine.prepare_day` computes a :class:`DayOutcome` without mutating
+``EngineCore`` holds the ledger, the query book and the release history, and exposes the day close
+as check-then-commit; each engine names its day input's type (``EngineCore[DayT]``): ``Engine``
+(central mode) reads events into a ``DayAccumulator``, ``engine.local.LocalEngine``
+contributions into a ``ContributionAccumulator``, and each ``prepare_day`` takes exactly the type
+its ``new_day`` makes: :meth:`Engine.prepare_day` computes a :class:`DayOutcome` without mutating
 anything; :meth:`Engine.commit_day` applies it. The runtime puts a durable store commit between
 the two; ``Monitor`` (for notebooks and tests) calls them back to back. A restarted run hands the
 stored state to :meth:`Engine.restore`, the one way state enters an engine.
@@ -11,9 +14,10 @@ from __future__ import annotations
 
 import datetime as dt
 import weakref
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
 
@@ -40,16 +44,18 @@ class InputRecord(Protocol):
 
 
 class DayInput(Protocol):
-    """One open day's input buffer (``DayAccumulator``; local mode's
-    ``ContributionAccumulator``): ``add`` returns False for a duplicate record, ``add_many`` the
-    number of new records of a batch. A batch decoded as columns (``parse_columns``) exists only
-    for an engine that parses events, whose days are ``DayAccumulator``s (``add_columns``)."""
+    """One open day's input buffer, as the runtime fills it: ``add`` returns False for a
+    duplicate record, ``add_many`` the number of new records of a batch."""
 
     day: str
 
     def add(self, record: Any) -> bool: ...
 
     def add_many(self, records: Sequence[Any]) -> int: ...
+
+
+#: an engine's day input type: what its ``new_day`` makes and its ``prepare_day`` closes
+DayT = TypeVar("DayT", bound=DayInput)
 
 
 @dataclass(frozen=True)
@@ -59,8 +65,9 @@ class RejectedRecord:
     raw: str
 
 
-class Engine:
-    """Ledger + query book + history; one day at a time, in day order."""
+class EngineCore(ABC, Generic[DayT]):
+    """Ledger + query book + history; one day at a time, in day order. A subclass names its
+    records (``parse_record``) and its day input (``new_day``, ``prepare_day``)."""
 
     def __init__(
         self,
@@ -70,12 +77,10 @@ class Engine:
         active_set: ActiveSetTracker | None = None,
         coverage: CoverageTracker | None = None,
         population: PopulationTracker | None = None,
-        event_id_index: Callable[[str], EventIdIndex] | None = None,
         quotas: AnalystQuotas | None = None,
     ) -> None:
-        """``event_id_index(day)``: a new day's repeated-event index (the runtime's spills to
-        disk); None keeps every day's pairs in memory. ``quotas``: the analysts' per-user
-        sub-budgets (None: the default analyst owns the whole budget)."""
+        """``quotas``: the analysts' per-user sub-budgets (None: the default analyst owns the
+        whole budget)."""
         self.params = params
         self.bits = bits
         self.quotas = quotas if quotas is not None else AnalystQuotas.single(params.budget_units)
@@ -96,11 +101,6 @@ class Engine:
         self.coverage = coverage
         #: population estimate with every release (``telemetry.population``); None = off
         self.population = population
-        self.event_id_index = event_id_index
-        # the size of the days before the next one, which its tables are allocated for at once
-        # (``DayAccumulator.reserve``): the last day prepared and the newest day opened
-        self._closed_size = DaySize(0, 0)
-        self._newest: weakref.ref[DayAccumulator] | None = None
 
     def restore(
         self,
@@ -214,19 +214,14 @@ class Engine:
     def is_closed(self, day: str) -> bool:
         return self.last_closed_day is not None and day <= self.last_closed_day
 
-    # the daemon's input hooks: central mode reads events (local mode: ``engine.local``)
+    # the daemon's input hooks
+    @abstractmethod
     def parse_record(self, raw: bytes | str) -> InputRecord:
-        """Validate one input line; raise ``Reject`` (``wrong_type``: a value of another type than
-        the registered queries read)."""
-        return parse_event(raw, self.queries.kinds)
+        """Validate one input line; raise ``Reject``."""
 
     def parse_records(self, raws: Sequence[bytes]) -> Sequence[InputRecord | Reject]:
         """``parse_record`` of each line, a ``Reject`` returned in its place (the daemon's batch
-        hook). Events go through the batch decoder (``engine.ingest``: the same results, faster);
-        an engine with its own ``parse_record`` gets it called per line unless it overrides this.
-        """
-        if type(self).parse_record is Engine.parse_record:
-            return parse_events(raws, self.queries.kinds)
+        hook)."""
         out: list[InputRecord | Reject] = []
         for raw in raws:
             try:
@@ -236,52 +231,16 @@ class Engine:
         return out
 
     def parse_columns(self, raws: Sequence[bytes]) -> EventColumns | None:
-        """The lines as columns when every one is a valid event with the first one's features
-        (``engine.ingest.parse_columns``: the same events ``parse_records`` would return); else
-        None. None as well for an engine with its own ``parse_record``."""
-        if type(self).parse_record is Engine.parse_record:
-            return parse_columns(raws, self.queries.kinds)
+        """The lines as columns, for an engine that reads events (``Engine``); else None."""
         return None
 
-    def new_day(self, day: str) -> DayInput:
-        return self.new_accumulator(day)
+    @abstractmethod
+    def new_day(self, day: str) -> DayT:
+        """An open day's empty input."""
 
-    def new_accumulator(self, day: str) -> DayAccumulator:
-        """An open day's event buffer, with this engine's repeated-event index."""
-        index = None if self.event_id_index is None else self.event_id_index(day)
-        acc = DayAccumulator(day, index)
-        acc.reserve(self._expected_size())
-        self._newest = weakref.ref(acc)
-        return acc
-
-    def _expected_size(self) -> DaySize:
-        """A new day's size hint: the larger of the last day prepared and the newest day opened
-        (still growing when the next day's first event arrives)."""
-        newest = None if self._newest is None else self._newest()
-        if newest is None or newest.finished:
-            return self._closed_size
-        size, closed = newest.size(), self._closed_size
-        return DaySize(max(size.users, closed.users), max(size.cells, closed.cells))
-
-    def prepare_day(self, acc: DayInput) -> DayOutcome:
-        """Compute the day's releases and debits; mutates no state (it notes the day's size, the
-        next day's size hint: ``_expected_size``)."""
-        assert isinstance(acc, DayAccumulator)
-        self.check_day(acc.day)
-        if not acc.finished:
-            self._closed_size = acc.size()
-        return close_day(
-            acc.finish(),
-            self.queries.for_day(acc.day),
-            self.ledger,
-            self.params,
-            self.bits,
-            self.active_set,
-            self.coverage,
-            self.population,
-            self.quotas,
-            self.analyst_ledgers,
-        )
+    @abstractmethod
+    def prepare_day(self, acc: DayT) -> DayOutcome:
+        """Compute the day's releases and debits from its input; mutates no state."""
 
     def commit_day(self, outcome: DayOutcome) -> None:
         """Apply a prepared (and, in the runtime, durably stored) day."""
@@ -298,3 +257,87 @@ class Engine:
             self.coverage = outcome.coverage
         if outcome.population is not None:
             self.population = outcome.population
+
+
+class Engine(EngineCore[DayAccumulator]):
+    """The central engine: events in (``parse_event``), each day's in a ``DayAccumulator``,
+    closed by the individual filter and the noise (``engine.day.close_day``)."""
+
+    def __init__(
+        self,
+        params: PrivacyParams,
+        bits: RandomBits,
+        *,
+        active_set: ActiveSetTracker | None = None,
+        coverage: CoverageTracker | None = None,
+        population: PopulationTracker | None = None,
+        event_id_index: Callable[[str], EventIdIndex] | None = None,
+        quotas: AnalystQuotas | None = None,
+    ) -> None:
+        """``event_id_index(day)``: a new day's repeated-event index (the runtime's spills to
+        disk); None keeps every day's pairs in memory. ``quotas``: as ``EngineCore``."""
+        super().__init__(
+            params,
+            bits,
+            active_set=active_set,
+            coverage=coverage,
+            population=population,
+            quotas=quotas,
+        )
+        self.event_id_index = event_id_index
+        # the size of the days before the next one, which its tables are allocated for at once
+        # (``DayAccumulator.reserve``): the last day prepared and the newest day opened
+        self._closed_size = DaySize(0, 0)
+        self._newest: weakref.ref[DayAccumulator] | None = None
+
+    def parse_record(self, raw: bytes | str) -> InputRecord:
+        """Validate one input line; raise ``Reject`` (``wrong_type``: a value of another type than
+        the registered queries read)."""
+        return parse_event(raw, self.queries.kinds)
+
+    def parse_records(self, raws: Sequence[bytes]) -> Sequence[InputRecord | Reject]:
+        """``parse_record`` of each line through the batch decoder (``engine.ingest``: the same
+        results, faster)."""
+        return parse_events(raws, self.queries.kinds)
+
+    def parse_columns(self, raws: Sequence[bytes]) -> EventColumns | None:
+        """The lines as columns when every one is a valid event with the first one's features
+        (``engine.ingest.parse_columns``: the same events ``parse_records`` would return); else
+        None."""
+        return parse_columns(raws, self.queries.kinds)
+
+    def new_day(self, day: str) -> DayAccumulator:
+        """An open day's event buffer, with this engine's repeated-event index."""
+        index = None if self.event_id_index is None else self.event_id_index(day)
+        acc = DayAccumulator(day, index)
+        acc.reserve(self._expected_size())
+        self._newest = weakref.ref(acc)
+        return acc
+
+    def _expected_size(self) -> DaySize:
+        """A new day's size hint: the larger of the last day prepared and the newest day opened
+        (still growing when the next day's first event arrives)."""
+        newest = None if self._newest is None else self._newest()
+        if newest is None or newest.finished:
+            return self._closed_size
+        size, closed = newest.size(), self._closed_size
+        return DaySize(max(size.users, closed.users), max(size.cells, closed.cells))
+
+    def prepare_day(self, acc: DayAccumulator) -> DayOutcome:
+        """Compute the day's releases and debits; mutates no state (it notes the day's size, the
+        next day's size hint: ``_expected_size``)."""
+        self.check_day(acc.day)
+        if not acc.finished:
+            self._closed_size = acc.size()
+        return close_day(
+            acc.finish(),
+            self.queries.for_day(acc.day),
+            self.ledger,
+            self.params,
+            self.bits,
+            self.active_set,
+            self.coverage,
+            self.population,
+            self.quotas,
+            self.analyst_ledgers,
+        )

@@ -4,7 +4,8 @@ In local mode each device runs its own filter (``streamfilter.client``) and send
 vectors. The server keeps **no per-user state**: per open day it keeps one running list of
 contributions per query and the nonces it has seen (to drop a resent duplicate). The day close
 and the exactly-once machinery (one store transaction per day, the outbox) are the central ones;
-:class:`LocalEngine` only swaps the input and the release step of :class:`~engine.monitor.Engine`.
+:class:`LocalEngine` only swaps the input and the release step of the central ``Engine``
+(both are ``engine.engine.EngineCore``s).
 
 Clients are untrusted, so every contribution is checked before it can reach a sum — dimension,
 integer lattice units, and norm — and refused with a reason otherwise (never clipped silently):
@@ -38,7 +39,7 @@ import numpy as np
 
 from streamfilter.engine.contract import Reject, Release, _parse_day, load_object
 from streamfilter.engine.day import DayOutcome, ExactDayStats, noisy_release
-from streamfilter.engine.engine import DayInput, Engine, InputRecord
+from streamfilter.engine.engine import EngineCore, InputRecord
 from streamfilter.engine.ingest import day_ok
 from streamfilter.engine.params import LINF_FAILURE_PROBABILITY, PrivacyParams
 from streamfilter.engine.queries import AnyQuery
@@ -223,7 +224,7 @@ def local_noise_release(
     )
 
 
-class LocalEngine(Engine):
+class LocalEngine(EngineCore[ContributionAccumulator]):
     """The engine of ``[mode] kind = "local"``: no ledger use, contributions in, same releases.
 
     ``sigma2_local_units`` (``local_noise`` only) is the devices' ``ceil(σ_local²/γ²)``.
@@ -302,13 +303,12 @@ class LocalEngine(Engine):
                 out.append(rej)
         return out
 
-    def new_day(self, day: str) -> DayInput:
+    def new_day(self, day: str) -> ContributionAccumulator:
         return ContributionAccumulator(day)
 
-    def prepare_day(self, acc: DayInput) -> DayOutcome:
+    def prepare_day(self, acc: ContributionAccumulator) -> DayOutcome:
         """The local day close: per query of the day (registration order) the exact sum of its
         contributions, then one noise batch of size d (``central_noise``) or none."""
-        assert isinstance(acc, ContributionAccumulator)
         self.check_day(acc.day)
         releases: list[Release] = []
         counts: dict[str, int] = {}

@@ -10,13 +10,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from streamfilter.config import Settings, config_fingerprint
 from streamfilter.dedup.index import EventIdIndex
 from streamfilter.dedup.spill import SpillingEventIds
 from streamfilter.engine.day import SeededPerRelease
-from streamfilter.engine.engine import Engine
+from streamfilter.engine.engine import Engine, EngineCore
 from streamfilter.engine.ingest import SCANNER
 from streamfilter.engine.local import LocalEngine
 from streamfilter.engine.params import PrivacyParams
@@ -113,7 +113,7 @@ def _engine(
     active_set: ActiveSetTracker | None,
     coverage: CoverageTracker | None,
     population: PopulationTracker | None = None,
-) -> Engine:
+) -> EngineCore[Any]:
     if settings.mode.kind == "local":  # no per-user state on the server: no active-set estimate
         return LocalEngine(
             params,

@@ -333,7 +333,7 @@ class ClusterWorker:
         key = (day, _partition_number(partition))
         acc = self._parts.get(key)
         if acc is None:
-            acc = self._parts[key] = self.engine.new_accumulator(day)
+            acc = self._parts[key] = self.engine.new_day(day)
             self.intake.open.setdefault(day, acc)
         self.intake.min_offset.setdefault(day, {}).setdefault(partition, offset)
         return acc
@@ -486,7 +486,7 @@ class ClusterWorker:
         count = self._pinned_count(day)
         parts = {}
         for p in todo:
-            acc = self._parts.pop((day, p), None) or self.engine.new_accumulator(day)
+            acc = self._parts.pop((day, p), None) or self.engine.new_day(day)
             records = acc.finish()
             ledger = self._ledger_of(p, count)
             parts[p] = partial_day(records, queries, ledger, params, thresholds)

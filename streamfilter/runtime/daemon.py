@@ -31,10 +31,11 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from operator import attrgetter
+from typing import Any
 
 from streamfilter.engine.affordability import DEFAULT_MIN_DAYS, affordability_warning, query_cost
 from streamfilter.engine.contract import Reject, Release
-from streamfilter.engine.engine import Engine
+from streamfilter.engine.engine import EngineCore
 from streamfilter.errors import RetentionGapError
 from streamfilter.runtime.faults import crash_point
 from streamfilter.runtime.intake import (
@@ -75,7 +76,7 @@ COMPACT_BETWEEN_CLOSES_ENTRIES = 100_000
 class Daemon:
     def __init__(
         self,
-        engine: Engine,
+        engine: EngineCore[Any],
         store: StateStore,
         source: Source,
         feed: QueryFeed,

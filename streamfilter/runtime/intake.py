@@ -22,7 +22,7 @@ from operator import attrgetter, ne, not_
 from typing import Any
 
 from streamfilter.engine.contract import MAX_EVENT_BYTES, Reject, RejectReason
-from streamfilter.engine.engine import DayInput, Engine
+from streamfilter.engine.engine import DayInput, EngineCore
 from streamfilter.engine.ingest import EventColumns
 from streamfilter.engine.lines import BlockLines
 from streamfilter.engine.records import DayAccumulator
@@ -101,7 +101,7 @@ class Intake:
 
     def __init__(
         self,
-        engine: Engine,
+        engine: EngineCore[Any],
         reject_sink: Sink,
         summary: RunSummary,
         observer: DaemonObserver,

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from streamfilter.engine.contract import Reject, RejectReason
 
 if TYPE_CHECKING:
-    from streamfilter.engine.engine import Engine
+    from streamfilter.engine.engine import EngineCore
 
 
 class InputLimits(Protocol):
@@ -24,7 +24,7 @@ class InputLimits(Protocol):
     def max_live_queries(self) -> int: ...
 
 
-def admit_query(engine: Engine, limits: InputLimits, raw: bytes) -> Any:
+def admit_query(engine: EngineCore[Any], limits: InputLimits, raw: bytes) -> Any:
     """The query ``raw`` defines if it is new and within ``[limits]``; None if it is registered
     already; raises ``Reject`` (oversized, invalid, closed day, duplicate id, over a limit)."""
     if len(raw) > limits.max_query_bytes:
@@ -39,7 +39,7 @@ def admit_query(engine: Engine, limits: InputLimits, raw: bytes) -> Any:
     return query
 
 
-def _check_query_limits(engine: Engine, limits: InputLimits, query: Any) -> None:
+def _check_query_limits(engine: EngineCore[Any], limits: InputLimits, query: Any) -> None:
     """Refuse a new query whose per-day matrices would exceed ``max_query_memory_bytes`` at
     ``expected_users``, or one more than ``max_live_queries`` that still run."""
     k, d = len(query.coordinates()), len(query.labels())

@@ -198,29 +198,3 @@ def test_a_finished_day_gives_the_same_records_again_and_takes_no_more_events():
         acc.add(ev("c", {"x": 1.0}))
     with pytest.raises(RuntimeError, match="finished"):
         acc.add_many([ev("c", {"x": 1.0})])
-
-
-def test_a_new_day_is_sized_for_the_days_before_it():
-    """``Engine.new_accumulator`` reserves the newest open day's size (then the last prepared
-    day's) for the next day: one allocation instead of a chain of growths, the same records."""
-    from streamfilter.engine.engine import Engine
-    from streamfilter.engine.params import PrivacyParams
-    from streamfilter.privacy.noise import SeededRandomBits
-
-    eng = Engine(PrivacyParams.create(b_norm=4.0, rho=0.5), SeededRandomBits(1))
-    first = eng.new_accumulator("2026-01-05")
-    assert first.size() == records.DaySize(0, 0)
-    events = [ev(f"u{i}", {"x": 1.0, "c": "a"}, f"e{i}") for i in range(3000)]
-    first.add_many(events)
-    assert first.size() == records.DaySize(3000, 6000)
-    second = eng.new_accumulator("2026-01-06")
-    if isinstance(second._cells, cell_table.NativeCells):
-        assert second._cells._table.nbytes >= 6000 * 32  # allocated for the first day's cells
-    second.add_many([ev(e.user_id, e.values, e.event_id) for e in events])
-    mat = second.finish().matrix(["x", "c=a"])
-    plain = DayAccumulator("2026-01-06")
-    plain.add_many(events)
-    assert np.array_equal(mat, plain.finish().matrix(["x", "c=a"]))
-    eng.prepare_day(first)  # the last prepared day's size holds once the open days are gone
-    del first, second
-    assert eng._expected_size() == records.DaySize(3000, 6000)
