@@ -183,6 +183,7 @@ class KafkaSource(Source, BrokerSource):
         metadata_refresh_s: float = 5.0,
     ) -> None:
         self._c = _AssignedConsumer(topic, client, group_id, int(metadata_refresh_s * 1000))
+        self._gaps: dict[str, int] = {}  # the last seek's retention gaps
         self._poll_timeout_ms = poll_timeout_ms
         self._end_at_start = self._c.consumer.end_offsets(self._c.tps)
         self._ends = dict(self._end_at_start)
@@ -195,7 +196,7 @@ class KafkaSource(Source, BrokerSource):
         self._gaps = self._c.seek(offsets)
 
     def retention_gaps(self) -> dict[str, int]:
-        return dict(getattr(self, "_gaps", {}))
+        return dict(self._gaps)
 
     def poll(self, max_records: int) -> list[SourceRecord]:
         return [
