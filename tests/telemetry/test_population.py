@@ -8,10 +8,12 @@ import numpy as np
 import pytest
 
 from streamfilter.engine.contract import Release
+from streamfilter.engine.day import close_day
 from streamfilter.engine.monitor import Monitor
+from streamfilter.engine.records import DayRecords
 from streamfilter.telemetry.population import MODEL, PopulationSpec
 
-USERS, DAYS, B_NORM, CLIP, RHO = 20_000, 30, 40.0, 4.0, 0.5
+USERS, DAYS, B_NORM, CLIP, RHO = 200_000, 30, 40.0, 4.0, 0.5
 
 
 def _scenario(
@@ -20,10 +22,13 @@ def _scenario(
     """A stationary population: sessions ~ Poisson(λ_i) a day with λ_i log-normal (σ = 2, mean
     0.1115: 22.3k sessions/day per 200k users); ``every_day``: every user sends a record every
     day (else only on days with a session); from day ``decline_from`` every rate falls by 30%.
-    Returns (exact clipped truth, release) per day."""
+    The days go through the engine's own day close (``close_day``) as records built column-wise
+    (``DayRecords.from_codes``, what the accumulator builds from the same events), so 200k
+    users × 30 days take seconds. Returns (exact clipped truth, release) per day."""
     rng = np.random.default_rng(2026)
     sigma_ln, mean_rate = 2.0, 0.1115
     rate = rng.lognormal(np.log(mean_rate) - sigma_ln**2 / 2, sigma_ln, users)
+    ids = [f"u{i}" for i in range(users)]
     m = Monitor(b_norm=B_NORM, rho=RHO, population=PopulationSpec(), test_seed=7)
     m.add_query(
         {
@@ -34,18 +39,32 @@ def _scenario(
             "from_day": "2026-01-01",
         }
     )
+    engine = m.engine
     out = []
     for t in range(DAYS):
         day = (dt.date(2026, 1, 1) + dt.timedelta(days=t)).isoformat()
         factor = 0.7 if decline_from is not None and t >= decline_from else 1.0
         sessions = rng.poisson(rate * factor)
         truth = float(np.minimum(sessions, CLIP).sum())
-        events = [
-            {"user_id": f"u{i}", "day": day, "values": {"sessions": int(s)}}
-            for i, s in enumerate(sessions.tolist())
-            if every_day or s
-        ]
-        (release,) = m.close_day(day, events)
+        rows = np.arange(users) if every_day else np.flatnonzero(sessions)
+        records = DayRecords.from_codes(
+            day,
+            [ids[i] for i in rows.tolist()],
+            ["sessions"],
+            np.arange(len(rows)),
+            np.zeros(len(rows), np.int64),
+            sessions[rows].astype(np.float64),
+        )
+        outcome = close_day(
+            records,
+            engine.queries.for_day(day),
+            engine.ledger,
+            engine.params,
+            engine.bits,
+            population=engine.population,
+        )
+        engine.commit_day(outcome)
+        (release,) = outcome.releases
         out.append((truth, release))
     return out
 
@@ -72,8 +91,14 @@ def test_a_flat_truth_stays_flat_in_population_while_the_release_falls(
     assert released[-1] < 0.5 * truths[-1]
     # ... while the population estimate stays within 10% of the truth every day
     assert np.all(np.abs(population / truths - 1) < 0.10)
+    # ... its 95% interval (noise and model) covers the truth on at least 90% of the days ...
     covered = np.abs(population - truths) <= half
     assert covered.mean() >= 0.9, covered
+    # ... and is no wider than it needs to be: under 10% of the truth, so no infinite interval
+    # passes, and wider than the noise alone from the first departures on (the model term)
+    assert np.all(half < 0.10 * truths), half / truths
+    noise_only = np.array([1.96 * p.sigma for p in pops if p is not None])
+    assert np.all(half[5:] > 2 * noise_only[5:]), (half, noise_only)
 
 
 def test_a_real_30_percent_decline_shows_in_population() -> None:
