@@ -123,7 +123,7 @@ class PopulationTracker:
         pending: np.ndarray,
     ) -> PopulationTracker:
         pending_ids = tuple(str(u) for u in np.asarray(pending, dtype=object).tolist())
-        return PopulationTracker(
+        return type(self)(
             self.spec,
             self.sigma2_units,
             {**self.states, **states},

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import math
 
 import numpy as np
 import pytest
@@ -208,3 +209,58 @@ def test_the_counters_and_the_pending_users_survive_a_restart() -> None:
         return out
 
     assert run(True) == run(False)
+
+
+def test_population_noise_is_unbiased_with_the_oracle_variance_across_epochs() -> None:
+    """The population value minus the exact (release + departed) sum is the release's noise
+    plus the departed tree's: one ``N_Z(0, s²)`` and, on day ``t`` of epoch 1 (``L = 3``),
+    ``popcount(t)`` nodes ``N_Z(0, 3s²)``; in epoch 2 (``L = 4``) the root of epoch 1 plus
+    ``popcount(t − 4)`` nodes ``N_Z(0, 4s²)`` — variances the test computes itself from the
+    calibration ``s² = ceil(σ²/γ²)`` and the definition of ``N_Z`` (``oracle``), never from
+    the ``sigma`` the code states. Mean and variance, two-sided χ², α = 10⁻³ shared over the 8
+    days (``oracle.assert_power``: σ off by √2 either way fails with probability ≥ 0.999)."""
+    from streamfilter.engine.contract import parse_query
+    from streamfilter.engine.day import noisy_release
+    from streamfilter.engine.params import PrivacyParams
+    from streamfilter.privacy.departed import DepartureRule
+    from streamfilter.privacy.noise import SystemRandomBits
+    from streamfilter.telemetry.population import PopulationTracker
+    from tests.support import oracle
+
+    gamma, b_norm, rho = 2.0**-4, 4.0, 0.5
+    params = PrivacyParams.create(b_norm=b_norm, rho=rho, granularity=gamma)
+    s2 = math.ceil(b_norm / (2 * rho) / gamma**2)  # Corollary 4.7's σ², lattice units, up
+    query = parse_query(
+        {"query_id": "q", "kind": "sum", "features": ["x"], "clip": 1.0, "from_day": "2026-01-01"}
+    )
+    rule = DepartureRule.of(params.lattice.max_cost_units(1.0), 1, s2)
+    totals = [37, 5, 0, 12, 90, 3, 44, 8]  # exact release sums (lattice units)
+    departed = [4, 0, 16, 2, 0, 9, 1, 30]  # exact departing sums
+    days, trials, bits = len(totals), 1000, SystemRandomBits()
+    err = np.empty((trials, days))
+    stated = []
+    for n in range(trials):
+        tracker = PopulationTracker.create(PopulationSpec(4), params)
+        for t in range(days):
+            day = f"2026-01-{t + 1:02d}"
+            rel = noisy_release(day, query, np.array([totals[t]]), params, bits)
+            rel, state, sq = tracker.step(
+                rel, np.array([departed[t]]), np.array([departed[t] ** 2]), rule, params, bits
+            )
+            tracker = tracker.advanced({"q": state}, {"q": sq}, np.array([], dtype=object))
+            assert rel.population is not None
+            exact = totals[t] + sum(departed[: t + 1])
+            err[n, t] = rel.population.value[0] / gamma - exact
+            if n == 0:
+                stated.append(rel.population.sigma / gamma)
+    checks = 2 * days
+    for t in range(1, days + 1):
+        var = oracle.discrete_gaussian_variance(s2)
+        if t <= 4:
+            var += t.bit_count() * oracle.discrete_gaussian_variance(3 * s2)
+        else:
+            var += oracle.discrete_gaussian_variance(3 * s2)
+            var += (t - 4).bit_count() * oracle.discrete_gaussian_variance(4 * s2)
+        oracle.assert_mean_zero(err[:, t - 1], var, checks)
+        oracle.assert_variance(err[:, t - 1], var, checks=checks)
+        assert stated[t - 1] == pytest.approx(math.sqrt(var), rel=1e-6)
