@@ -25,6 +25,7 @@ def _settings(tmp_path, privacy: str = "", rest: str = ""):
         ("", '[mode]\nkind = "local"\n', False),  # no per-user state on the server
         ("", "[cluster]\nenabled = true\n" + KAFKA + POSTGRES, False),  # no departed partials
         ("", "[telemetry]\npopulation = false\n", False),  # the opt-out
+        ("", "[analysts.ads]\nshare = 0.5\n", False),  # quotas are not in the departure rule
         ('exhaustion = "retire"\n', "[telemetry]\npopulation = true\n", True),  # chosen
     ],
 )

@@ -138,7 +138,7 @@ class Settings(BaseSettings):
     @model_validator(mode="after")
     def _population_where_it_applies(self) -> Settings:
         """``[telemetry] population`` unset: on in central single-process mode with the
-        discrete Gaussian and the ``skip`` policy, off elsewhere; ``true`` where it cannot run
+        discrete Gaussian and the ``skip`` policy and no analysts, off elsewhere; ``true`` where it cannot run
         is refused (docs/design.md §2.12)."""
         cannot = [
             name
@@ -149,7 +149,8 @@ class Settings(BaseSettings):
             if applies
         ]
         if self.telemetry.population is None:
-            default = not cannot and self.privacy.exhaustion == "skip"
+            # analysts' quotas are not built into the departure rule (refused when set: load_config)
+            default = not cannot and self.privacy.exhaustion == "skip" and not self.analysts
             self.telemetry.population = default and self.mode.kind == "central"
         elif self.telemetry.population and cannot:
             raise ValueError(f"telemetry.population is not available with {', '.join(cannot)}")
