@@ -51,9 +51,6 @@ path = "releases.jsonl"
 [state]
 path = "state.db"
 
-[telemetry]
-population = true         # costs no ρ: paid inside each user's filter (docs/design.md §2.12)
-
 [metrics]
 enabled = false           # a one-shot run: nothing to scrape
 """
@@ -168,7 +165,8 @@ def run_demo(out_dir: Path, users: int, days: int, p_active: float) -> int:
     w(
         f"\nevery value ± {params.ci95_halfwidth:.2f} (95%); answers cover the active set (users "
         f"whose budget still admits the query)\n"
-        f"population: the value over all users counted so far (95% ± of the noise), if a user "
+        f"population: the value over all users counted so far (95% ± of the noise and the "
+        f"model's error), if a user "
         f"who has left keeps contributing what they contributed on the day they left; no extra "
         f"ρ: each departing value is paid inside its user's own filter\n"
         f"covered: noisy users who can still afford a full contribution to active (their share "

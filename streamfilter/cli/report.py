@@ -366,7 +366,8 @@ def _population_note(releases: Sequence[Release]) -> str:
     return (
         f'<p class="note population">Population on {esc(last.day)}: '
         f"{esc(', '.join(fmt(v) for v in p.value[:MAX_SERIES_PER_PLOT]))} ± "
-        f"{esc(fmt(p.ci95[0]))} (95%, noise only) — the value over all users counted so far, "
+        f"{esc(fmt(p.ci95[0]))} (95%: the noise, σ = {esc(fmt(p.sigma))}, and the model's own "
+        f"error, σ ≤ {esc(fmt(p.model_sigma[0]))}) — the value over all users counted so far, "
         f"if {esc(p.model)}; the release is {esc(f'{share:.0%}')} of it. Paid inside each "
         "user's own filter (docs/design.md §2.12).</p>"
     )

@@ -135,6 +135,27 @@ class Settings(BaseSettings):
             self.telemetry.coverage = True
         return self
 
+    @model_validator(mode="after")
+    def _population_where_it_applies(self) -> Settings:
+        """``[telemetry] population`` unset: on in central single-process mode with the
+        discrete Gaussian and the ``skip`` policy and no analysts, off elsewhere; ``true`` where it cannot run
+        is refused (docs/design.md §2.12)."""
+        cannot = [
+            name
+            for name, applies in (
+                ("cluster.enabled = true", self.cluster.enabled),
+                ("privacy.mechanism = 'gaussian'", self.privacy.mechanism != "discrete_gaussian"),
+            )
+            if applies
+        ]
+        if self.telemetry.population is None:
+            # analysts' quotas are not built into the departure rule (refused when set: load_config)
+            default = not cannot and self.privacy.exhaustion == "skip" and not self.analysts
+            self.telemetry.population = default and self.mode.kind == "central"
+        elif self.telemetry.population and cannot:
+            raise ValueError(f"telemetry.population is not available with {', '.join(cannot)}")
+        return self
+
     def _calibrate_sigma_local(self) -> None:
         """``sigma_local`` from a per-device target: each device's messages are
         ``B/(2·s_l²)``-zCDP against the server (Theorem 4.5 with the device's own noise), so

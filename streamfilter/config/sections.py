@@ -494,8 +494,9 @@ class TelemetrySection(_Section):
     every release (``coverage``, on by default in central mode, not available in local mode)
     costs ``coverage_rho`` (default two fifths of ``rho``) once for the whole, unbounded run; it
     tracks ``coverage_levels`` thresholds ``b_norm/2^k`` with epochs of ``coverage_epoch_days``,
-    doubling (docs/design.md §2.11). ``population`` (opt-in, central single-process mode) makes
-    every release carry its population estimate; it costs no ρ — each departing vector is paid
+    doubling (docs/design.md §2.11). ``population`` (on by default in central single-process
+    mode with the discrete Gaussian and ``skip``) makes every release carry its population
+    estimate; it costs no ρ — each departing vector is paid
     inside its user's own filter — and its counters start with epochs of
     ``population_epoch_days`` (docs/design.md §2.12). Defaults are resolved by
     :func:`load_config` (:func:`_resolve_telemetry`).
@@ -513,7 +514,8 @@ class TelemetrySection(_Section):
     coverage_rho: float = Field(0.02, gt=0, allow_inf_nan=False)
     coverage_levels: int = Field(8, ge=1, le=16)
     coverage_epoch_days: int = Field(128, ge=1, le=1 << 20)
-    population: bool = False
+    #: None: on where it applies (central single-process, discrete Gaussian, skip), else off
+    population: bool | None = None
     population_epoch_days: int = Field(32, ge=1, le=1 << 20)
 
     @field_validator("coverage_epoch_days", "population_epoch_days")

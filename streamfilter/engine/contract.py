@@ -498,16 +498,25 @@ class Coverage:
 class Population:
     """The query's value over ALL users counted so far, a private estimate (docs/design.md
     §2.12): the release plus the noisy total of what the users who left it contributed on the
-    day they left. ``value``/``ci95`` per coordinate (data units; the interval covers the noise,
-    not the model); ``model``: the one assumption it rests on."""
+    day they left. ``value`` per coordinate (data units); ``sigma``: the standard deviation of
+    its noise (exact); ``model_sigma`` per coordinate: a private upper estimate of the standard
+    deviation of the model's error (departed users counted at their departure value, not
+    today's); ``ci95`` per coordinate covers both; ``model``: the one assumption it rests on."""
 
     value: list[float]
     sigma: float
+    model_sigma: list[float]
     ci95: list[float]
     model: str
 
     def to_json_dict(self) -> dict[str, object]:
-        return {"value": self.value, "sigma": self.sigma, "ci95": self.ci95, "model": self.model}
+        return {
+            "value": self.value,
+            "sigma": self.sigma,
+            "model_sigma": self.model_sigma,
+            "ci95": self.ci95,
+            "model": self.model,
+        }
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from streamfilter.engine.ledger import BudgetLedger, KeyedUsers, UserKeys
 from streamfilter.engine.params import LINF_FAILURE_PROBABILITY, PrivacyParams
 from streamfilter.engine.queries import AnyQuery
 from streamfilter.engine.records import DayRecords
-from streamfilter.privacy.departed import filter_departures
+from streamfilter.privacy.departed import DepartureRule, filter_departures
 from streamfilter.privacy.individual_filter import filter_totals, query_vectors
 from streamfilter.privacy.noise import RandomBits, SeededRandomBits, discrete_gaussian, gaussian
 from streamfilter.privacy.quotas import DEFAULT_ANALYST, AnalystQuotas, analyst_keys
@@ -208,13 +208,13 @@ def _filter_day(
     params: PrivacyParams,
     spent: np.ndarray,
     retired: np.ndarray,
-    departed: list[np.ndarray] | None = None,
+    departed: list[_Departed] | None = None,
     analysts: AnalystState | None = None,
 ) -> tuple[list[np.ndarray], list[int], list[int]]:
     """The day's queries over all users, on blocks of users: (sums, admitted, refused) per query.
 
-    With ``departed`` (one zero vector per query), users follow the departure rule of
-    ``privacy.departed`` and the departing vectors are summed into it. With ``analysts``, a
+    With ``departed`` (one per query), users follow the departure rule of ``privacy.departed``
+    and the departing vectors and their squares are summed into it. With ``analysts``, a
     query's contributions must fit both the user's budget and its analyst's sub-budget
     (``privacy.quotas``): the filter sees the smaller remainder, and the cost is charged to
     both. Every step is row-wise (each user's own queries stay in order) and sums are exact, so
@@ -237,9 +237,13 @@ def _filter_day(
         for j, query in enumerate(queries):
             x = _query_vectors(dense, query_cols[j], weights[j])
             if departed is not None:
-                dep = filter_departures(x, query.clip, lattice, spent_b, retired_b, budget)
+                acc = departed[j]
+                dep = filter_departures(
+                    x, query.clip, lattice, spent_b, retired_b, budget, acc.rule
+                )
                 totals[j] += dep.total_units
-                departed[j] += dep.departed_units
+                np.add(acc.units, dep.departed_units, out=acc.units)
+                np.add(acc.squares, dep.squares_units, out=acc.squares)
                 spent_b += dep.cost_units
                 nonzero = (x != 0).any(axis=1)
                 admitted_n[j] += int(np.count_nonzero(dep.admitted & nonzero))
@@ -267,6 +271,21 @@ def _filter_day(
             admitted_n[j] += step.admitted_nonzero
             refused_n[j] += step.refused_nonzero
     return totals, admitted_n, refused_n
+
+
+@dataclass(frozen=True)
+class _Departed:
+    """One query's departure rule and the day's exact departed sums (SENSITIVE)."""
+
+    rule: DepartureRule
+    units: np.ndarray
+    squares: np.ndarray
+
+    @classmethod
+    def of(cls, query: AnyQuery, params: PrivacyParams) -> _Departed:
+        d = query.weights().shape[1]
+        rule = DepartureRule.of(params.lattice.max_cost_units(query.clip), d, params.sigma2_units)
+        return cls(rule, np.zeros(d, np.int64), np.zeros(d, np.int64))
 
 
 def with_coverage(
@@ -332,9 +351,7 @@ def close_day(
     spent, retired = ledger.state_at(located)
     spent_before, retired_before = spent.copy(), retired.copy()
     budget = params.budget_units
-    departed = (
-        None if population is None else [np.zeros(q.weights().shape[1], np.int64) for q in queries]
-    )
+    departed = None if population is None else [_Departed.of(q, params) for q in queries]
     state = None
     if quotas is not None and quotas.active:
         if population is not None:
@@ -356,9 +373,9 @@ def close_day(
                 who = KeyedUsers.wrap(users[moved], keys.take(moved))
                 analyst_changes.append(AnalystChanges(a, who, s_after[moved], r_after[moved]))
     absent = None
-    if population is not None and population.pending:
+    if population is not None and departed is not None and population.pending:
         # yesterday's newly departing users without a record today leave with a zero vector
-        absent = _pending_departures(population.pending, users, queries, ledger, params)
+        absent = _pending_departures(population.pending, users, departed, ledger, params)
         if absent is not None:
             users = np.concatenate([np.asarray(users, dtype=object), absent[0]])
             spent_before = np.concatenate([spent_before, absent[1]])
@@ -371,14 +388,15 @@ def close_day(
     ]
     populated = None
     if population is not None and departed is not None:
-        states = {}
+        states, squares = {}, {}
         for i, (release, dep) in enumerate(zip(releases, departed, strict=True)):
-            key = POPULATION_NOISE_PREFIX + release.query_id
-            releases[i], states[release.query_id] = population.step(
-                release, dep, params, _bits_for(bits, records.day, key)
+            qid = release.query_id
+            noise = _bits_for(bits, records.day, POPULATION_NOISE_PREFIX + qid)
+            releases[i], states[qid], squares[qid] = population.step(
+                release, dep.units, dep.squares, dep.rule, params, noise
             )
-        pending = users[_departing_next(queries, params, spent, retired)]
-        populated = population.advanced(states, pending)
+        pending = users[_departing_next(departed, params, spent, retired)]
+        populated = population.advanced(states, squares, pending)
     admitted_counts = {q.query_id: a for q, a in zip(queries, admitted_n, strict=True)}
     refused_counts = {q.query_id: r for q, r in zip(queries, refused_n, strict=True)}
     tracker = None
@@ -488,21 +506,20 @@ def _analyst_coverage_counts(
 
 
 def _departing_next(
-    queries: Sequence[AnyQuery], params: PrivacyParams, spent: np.ndarray, retired: np.ndarray
+    departed: Sequence[_Departed], params: PrivacyParams, spent: np.ndarray, retired: np.ndarray
 ) -> np.ndarray:
-    """Users who, after the day, depart some query at their next step (``c_q <= R < 2c_q``)."""
+    """Users who, after the day, depart some query at their next step (``D <= R < c + D``)."""
     remaining = params.budget_units - spent
     out = np.zeros(len(spent), dtype=bool)
-    for query in queries:
-        full = params.lattice.max_cost_units(query.clip)
-        out |= (remaining >= full) & (remaining < 2 * full)
+    for dep in departed:
+        out |= (remaining >= dep.rule.depart_at) & (remaining < dep.rule.live_at)
     return out & ~retired
 
 
 def _pending_departures(
     pending: Sequence[str],
     present: np.ndarray,
-    queries: Sequence[AnyQuery],
+    departed: Sequence[_Departed],
     ledger: BudgetLedger,
     params: PrivacyParams,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
@@ -518,11 +535,10 @@ def _pending_departures(
     spent, retired = ledger.state_at(ledger.locate(absent))
     after = spent.copy()
     budget = params.budget_units
-    for query in queries:
-        full = params.lattice.max_cost_units(query.clip)
+    for dep in departed:  # a zero vector has zero squares: the charge is R − D + 1
         remaining = budget - after
-        leaving = ~retired & (remaining >= full) & (remaining < 2 * full)
-        after += np.where(leaving, remaining - full + 1, 0)
+        leaving = ~retired & (remaining >= dep.rule.depart_at) & (remaining < dep.rule.live_at)
+        after += np.where(leaving, remaining - dep.rule.depart_at + 1, 0)
     return absent, spent, retired, after
 
 

@@ -69,6 +69,16 @@ at most ``m·L_e/(2s_e²)``, in exact rationals; the largest must not exceed ``c
 (a violation otherwise, whatever the trials say). ``coverage_sensitivity_ignored`` is a broken
 build whose noise is calibrated for one stream instead of ``m`` (σ too small by ``sqrt(m)``).
 
+Population (docs/design.md §2.12). With ``population_epoch_days`` set, the audited engine runs
+the population estimate: users follow the departure rule, and each release's population values
+(release plus the departed counter's running total) join the released values the test may use.
+It costs no ρ of its own, so the claim is unchanged; instead the accounting is recomputed from
+the counters the engine draws from, for every query and every epoch up to the 2^30-step cap, in
+exact rationals: the departed counter's ``L_e`` nodes must cost a departing vector at most the
+``‖r‖²`` it is charged, and the squares counter's at most the ``E`` its departure rule reserves
+(``population["ok"]``; a violation otherwise). ``population_noise_per_node`` is a broken build
+whose departed counter draws ``N_Z(0, s²)`` per node instead of ``N_Z(0, L_e·s²)``.
+
 Run ``python -m streamfilter.verify.audit --trials 100000`` for the full audit (JSON on stdout;
 ``--bug all`` also audits the three broken builds).
 """
@@ -114,18 +124,27 @@ from streamfilter.privacy.lattice import Lattice, round_to_lattice
 from streamfilter.privacy.noise import RandomBits, SystemRandomBits
 from streamfilter.privacy.rounding import float_up
 from streamfilter.telemetry.coverage import CoverageSpec, CoverageTracker
+from streamfilter.telemetry.population import PopulationTracker
+from streamfilter.verify.population_audit import population_accounting, population_tracker
 
 __all__ = ["BUGS", "AuditConfig", "AuditResult", "Bug", "audit", "main"]
 
 Bug = Literal[
-    "sigma_halved", "check_before_add_ignored", "cost_before_clip", "coverage_sensitivity_ignored"
+    "sigma_halved",
+    "check_before_add_ignored",
+    "cost_before_clip",
+    "coverage_sensitivity_ignored",
+    "population_noise_per_node",
 ]
 BUGS: tuple[Bug, ...] = (
     "sigma_halved",
     "check_before_add_ignored",
     "cost_before_clip",
     "coverage_sensitivity_ignored",
+    "population_noise_per_node",
 )
+#: broken builds made in ``_build`` (their trackers), not injected into ``engine.day``
+_BUILT_BUGS = ("coverage_sensitivity_ignored", "population_noise_per_node")
 
 CANARY = "canary"
 
@@ -161,6 +180,8 @@ class AuditConfig:
     coverage_rho: float | None = None
     coverage_levels: int = 8
     coverage_epoch_days: int = 1
+    #: None: the audited run has no population estimate; else its first epoch (§2.12)
+    population_epoch_days: int | None = None
 
     @property
     def budget_norm(self) -> float:
@@ -207,6 +228,8 @@ class AuditResult:
     rho_claimed: float
     #: the recomputed coverage accounting (None when the audited run has no coverage)
     coverage: dict[str, Any] | None
+    #: the recomputed population accounting (None when the audited run has none)
+    population_estimate: dict[str, Any] | None
     sigma: float
     mechanism: str
     canary_spent_fraction: float
@@ -215,6 +238,7 @@ class AuditResult:
     @property
     def violation(self) -> bool:
         broken = self.coverage is not None and not self.coverage["ok"]
+        broken |= self.population_estimate is not None and not self.population_estimate["ok"]
         return broken or self.epsilon_lower_bound > self.epsilon_claimed
 
     def to_json_dict(self) -> dict[str, Any]:
@@ -237,6 +261,7 @@ class _Scenario:
     with_canary: list[list[Event]]  # per day: population + canary
     relevant: np.ndarray  # per released coordinate: sign of the canary's raw vector (0: none)
     coverage: CoverageTracker | None = None  # the tracker every trial starts from (immutable)
+    population: PopulationTracker | None = None  # likewise
 
 
 def _day(start: str, k: int) -> str:
@@ -340,8 +365,13 @@ def _build(config: AuditConfig, bug: str | None = None) -> _Scenario:
             relevant.extend(float(np.sign(v)) for v in vec)
             if config.coverage_rho is not None:  # covered and counted users: found by the shift
                 relevant.extend([0.0, 0.0])
+            if config.population_epoch_days is not None:  # the canary's vector, or its departure
+                relevant.extend(float(np.sign(v)) for v in vec)
     tracker = _coverage_tracker(config, bug)
-    return _Scenario(params, queries, days, without, with_canary, np.array(relevant), tracker)
+    population = population_tracker(config.population_epoch_days, config.params(), bug)
+    return _Scenario(
+        params, queries, days, without, with_canary, np.array(relevant), tracker, population
+    )
 
 
 def _raw_vector(values: dict[str, float], query: AnyQuery) -> np.ndarray:
@@ -353,7 +383,7 @@ def _raw_vector(values: dict[str, float], query: AnyQuery) -> np.ndarray:
 def _run_once(sc: _Scenario, canary: bool, bits: RandomBits) -> tuple[list[float], int]:
     """One whole run on the real engine path (as ``Monitor.close_day``): released values in
     (day, query, coordinate) order, and the canary's spent budget (lattice units)."""
-    engine = Engine(sc.params, bits, coverage=sc.coverage)
+    engine = Engine(sc.params, bits, coverage=sc.coverage, population=sc.population)
     for query in sc.queries:
         engine.register_query(query)
     values: list[float] = []
@@ -368,6 +398,8 @@ def _run_once(sc: _Scenario, canary: bool, bits: RandomBits) -> tuple[list[float
             values.extend(release.value)
             if release.coverage is not None:
                 values.extend([release.coverage.users, release.coverage.counted_users])
+            if release.population is not None:
+                values.extend(release.population.value)
     return values, engine.ledger.spent_units(CANARY)
 
 
@@ -448,7 +480,7 @@ def _wrap_sigma_halved(real: Callable[..., Release]) -> Callable[..., Release]:
 @contextlib.contextmanager
 def _injected(bug: str | None) -> Iterator[None]:
     """Swap one function of ``streamfilter.engine.day`` for a broken one, then restore it."""
-    if bug is None or bug == "coverage_sensitivity_ignored":  # that one is built in _build
+    if bug is None or bug in _BUILT_BUGS:  # those are built in _build
         yield
         return
     new: Callable[..., Any]
@@ -620,6 +652,8 @@ def audit(
         raise ValueError(f"unknown bug {bug!r}; known: {', '.join(BUGS)}")
     if bug == "coverage_sensitivity_ignored" and config.coverage_rho is None:
         raise ValueError("bug coverage_sensitivity_ignored needs coverage_rho (coverage on)")
+    if bug == "population_noise_per_node" and config.population_epoch_days is None:
+        raise ValueError("bug population_noise_per_node needs population_epoch_days")
     started = time.perf_counter()
     sc = _build(config, bug)
     params = sc.params
@@ -641,6 +675,9 @@ def audit(
     if sc.coverage is not None and config.coverage_rho is not None:
         coverage = coverage_accounting(sc.coverage, config.coverage_rho)
         rho = float_up(Fraction(rho) + Fraction(config.coverage_rho))  # zCDP composition
+    population = None
+    if sc.population is not None:  # paid inside the filter: no ρ of its own (§2.12)
+        population = population_accounting(sc.population, sc.queries, params)
     return AuditResult(
         epsilon_claimed=epsilon_from_rho_cks(rho, params.delta),
         delta=params.delta,
@@ -649,6 +686,7 @@ def audit(
         bug=bug,
         rho_claimed=rho,
         coverage=coverage,
+        population_estimate=population,
         sigma=params.sigma_released,
         mechanism=params.mechanism,
         canary_spent_fraction=spent / params.budget_units,
@@ -675,6 +713,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--coverage-rho", type=float, default=None, help="audit the run with coverage on"
     )
+    parser.add_argument(
+        "--population-epoch-days",
+        type=int,
+        default=None,
+        help="audit the run with the population estimate on (its first epoch)",
+    )
     args = parser.parse_args(argv)
     config = AuditConfig(
         rho=args.rho,
@@ -682,8 +726,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         days=args.days,
         mechanism=args.mechanism,
         coverage_rho=args.coverage_rho,
+        population_epoch_days=args.population_epoch_days,
     )
-    known = [b for b in BUGS if b != "coverage_sensitivity_ignored" or args.coverage_rho]
+    needs = {
+        "coverage_sensitivity_ignored": args.coverage_rho,
+        "population_noise_per_node": args.population_epoch_days,
+    }
+    known = [b for b in BUGS if needs.get(b, True)]
     bugs: list[Bug | None] = (
         [None, *known] if args.bug == "all" else [None if args.bug == "none" else args.bug]
     )

@@ -338,7 +338,7 @@ def _population_releases(n_days: int = 10) -> tuple[list[str], list]:
     out = []
     for k, day in enumerate(days):
         value = 1000.0 - 60.0 * k
-        pop = Population([1000.0 + (-1) ** k * 10], 12.0, [30.0], "a user who has left ...")
+        pop = Population([1000.0 + (-1) ** k * 10], 12.0, [5.0], [30.0], "a user who has left ...")
         cov = Coverage(900 - 10 * k, 5.0, 10.0, 0.9 - 0.01 * k, 1000, 1.0)
         out.append(
             Release(

@@ -55,6 +55,7 @@ def reference(tmp: Path, events: list[bytes]) -> dict[tuple[str, str], bytes]:
         _head()
         + '[state]\npath = "state.db"\n[source]\nkind = "file"\npath = "events.jsonl"\n'
         + '[sink]\nkind = "file"\npath = "releases.jsonl"\n'
+        + "[telemetry]\npopulation = false\n"  # as in cluster mode, where it is not built
     )
     (ref / "events.jsonl").write_bytes(b"\n".join(events) + b"\n")
     cli(["run", "--config", "streamfilter.toml", "--until-end", "--testing"], cwd=ref)

@@ -43,6 +43,7 @@ noise_seed = 16
 [telemetry]
 rho = 1.0
 coverage_rho = 0.5
+population = false  # the exact coverage below is the plain filter's (no departure rule)
 [report]
 low_coverage_fraction = 0.6
 """

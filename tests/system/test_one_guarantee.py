@@ -36,7 +36,9 @@ def _daemon_surfaces(cfg, capsys) -> dict[str, float]:
 
 
 @pytest.mark.parametrize(
-    ("coverage", "active_set", "population"), list(itertools.product([False, True], repeat=3))
+    ("coverage", "active_set", "population"),
+    # population None: unset, on by default in central mode (it costs no ρ either way)
+    list(itertools.product([False, True], [False, True], [False, True, None])),
 )
 def test_every_surface_states_the_same_total(tmp_path, capsys, coverage, active_set, population):
     telemetry = (COVERAGE if coverage else 0.0) + (ACTIVE if active_set else 0.0)
@@ -44,7 +46,8 @@ def test_every_surface_states_the_same_total(tmp_path, capsys, coverage, active_
     cfg.write_text(
         f'[privacy]\nb_norm = 4.0\nrho = {RHO}\n[queries]\nkind = "none"\n'
         f"[telemetry]\nrho = {telemetry or 0.25}\ncoverage = {str(coverage).lower()}\n"
-        f"active_set = {str(active_set).lower()}\npopulation = {str(population).lower()}\n"
+        f"active_set = {str(active_set).lower()}\n"
+        + ("" if population is None else f"population = {str(population).lower()}\n")
         + (f"coverage_rho = {COVERAGE}\n" if coverage else "")
         + (f"active_set_rho = {ACTIVE}\n" if active_set else "")
     )
@@ -57,7 +60,7 @@ def test_every_surface_states_the_same_total(tmp_path, capsys, coverage, active_
             rho=RHO,
             coverage=CoverageSpec(rho=COVERAGE) if coverage else None,
             active_set=ActiveSetSpec(rho=ACTIVE) if active_set else None,
-            population=PopulationSpec() if population else None,
+            population=None if population is False else PopulationSpec(),
         )
         assert m.guarantee().rho == expected
         assert repr(m).startswith(f"<Monitor {expected:g}-zCDP per user in total")

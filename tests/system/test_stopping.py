@@ -148,6 +148,7 @@ active_set = true
 active_set_rho = 1.0
 active_set_horizon = 16
 coverage = false  # the whole telemetry budget goes to the estimate the policy reads
+population = false  # the plain filter's arithmetic of the comments below
 """
 
 

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import datetime as dt
+import math
 
 import numpy as np
 import pytest
 
 from streamfilter.engine.contract import Release
+from streamfilter.engine.day import close_day
 from streamfilter.engine.monitor import Monitor
+from streamfilter.engine.records import DayRecords
 from streamfilter.telemetry.population import MODEL, PopulationSpec
 
-USERS, DAYS, B_NORM, CLIP, RHO = 20_000, 30, 40.0, 4.0, 0.5
+USERS, DAYS, B_NORM, CLIP, RHO = 200_000, 30, 40.0, 4.0, 0.5
 
 
 def _scenario(
@@ -20,10 +23,13 @@ def _scenario(
     """A stationary population: sessions ~ Poisson(λ_i) a day with λ_i log-normal (σ = 2, mean
     0.1115: 22.3k sessions/day per 200k users); ``every_day``: every user sends a record every
     day (else only on days with a session); from day ``decline_from`` every rate falls by 30%.
-    Returns (exact clipped truth, release) per day."""
+    The days go through the engine's own day close (``close_day``) as records built column-wise
+    (``DayRecords.from_codes``, what the accumulator builds from the same events), so 200k
+    users × 30 days take seconds. Returns (exact clipped truth, release) per day."""
     rng = np.random.default_rng(2026)
     sigma_ln, mean_rate = 2.0, 0.1115
     rate = rng.lognormal(np.log(mean_rate) - sigma_ln**2 / 2, sigma_ln, users)
+    ids = [f"u{i}" for i in range(users)]
     m = Monitor(b_norm=B_NORM, rho=RHO, population=PopulationSpec(), test_seed=7)
     m.add_query(
         {
@@ -34,18 +40,32 @@ def _scenario(
             "from_day": "2026-01-01",
         }
     )
+    engine = m.engine
     out = []
     for t in range(DAYS):
         day = (dt.date(2026, 1, 1) + dt.timedelta(days=t)).isoformat()
         factor = 0.7 if decline_from is not None and t >= decline_from else 1.0
         sessions = rng.poisson(rate * factor)
         truth = float(np.minimum(sessions, CLIP).sum())
-        events = [
-            {"user_id": f"u{i}", "day": day, "values": {"sessions": int(s)}}
-            for i, s in enumerate(sessions.tolist())
-            if every_day or s
-        ]
-        (release,) = m.close_day(day, events)
+        rows = np.arange(users) if every_day else np.flatnonzero(sessions)
+        records = DayRecords.from_codes(
+            day,
+            [ids[i] for i in rows.tolist()],
+            ["sessions"],
+            np.arange(len(rows)),
+            np.zeros(len(rows), np.int64),
+            sessions[rows].astype(np.float64),
+        )
+        outcome = close_day(
+            records,
+            engine.queries.for_day(day),
+            engine.ledger,
+            engine.params,
+            engine.bits,
+            population=engine.population,
+        )
+        engine.commit_day(outcome)
+        (release,) = outcome.releases
         out.append((truth, release))
     return out
 
@@ -72,8 +92,14 @@ def test_a_flat_truth_stays_flat_in_population_while_the_release_falls(
     assert released[-1] < 0.5 * truths[-1]
     # ... while the population estimate stays within 10% of the truth every day
     assert np.all(np.abs(population / truths - 1) < 0.10)
+    # ... its 95% interval (noise and model) covers the truth on at least 90% of the days ...
     covered = np.abs(population - truths) <= half
     assert covered.mean() >= 0.9, covered
+    # ... and is no wider than it needs to be: under 10% of the truth, so no infinite interval
+    # passes, and wider than the noise alone from the first departures on (the model term)
+    assert np.all(half < 0.10 * truths), half / truths
+    noise_only = np.array([1.96 * p.sigma for p in pops if p is not None])
+    assert np.all(half[5:] > 2 * noise_only[5:]), (half, noise_only)
 
 
 def test_a_real_30_percent_decline_shows_in_population() -> None:
@@ -183,3 +209,58 @@ def test_the_counters_and_the_pending_users_survive_a_restart() -> None:
         return out
 
     assert run(True) == run(False)
+
+
+def test_population_noise_is_unbiased_with_the_oracle_variance_across_epochs() -> None:
+    """The population value minus the exact (release + departed) sum is the release's noise
+    plus the departed tree's: one ``N_Z(0, s²)`` and, on day ``t`` of epoch 1 (``L = 3``),
+    ``popcount(t)`` nodes ``N_Z(0, 3s²)``; in epoch 2 (``L = 4``) the root of epoch 1 plus
+    ``popcount(t − 4)`` nodes ``N_Z(0, 4s²)`` — variances the test computes itself from the
+    calibration ``s² = ceil(σ²/γ²)`` and the definition of ``N_Z`` (``oracle``), never from
+    the ``sigma`` the code states. Mean and variance, two-sided χ², α = 10⁻³ shared over the 8
+    days (``oracle.assert_power``: σ off by √2 either way fails with probability ≥ 0.999)."""
+    from streamfilter.engine.contract import parse_query
+    from streamfilter.engine.day import noisy_release
+    from streamfilter.engine.params import PrivacyParams
+    from streamfilter.privacy.departed import DepartureRule
+    from streamfilter.privacy.noise import SystemRandomBits
+    from streamfilter.telemetry.population import PopulationTracker
+    from tests.support import oracle
+
+    gamma, b_norm, rho = 2.0**-4, 4.0, 0.5
+    params = PrivacyParams.create(b_norm=b_norm, rho=rho, granularity=gamma)
+    s2 = math.ceil(b_norm / (2 * rho) / gamma**2)  # Corollary 4.7's σ², lattice units, up
+    query = parse_query(
+        {"query_id": "q", "kind": "sum", "features": ["x"], "clip": 1.0, "from_day": "2026-01-01"}
+    )
+    rule = DepartureRule.of(params.lattice.max_cost_units(1.0), 1, s2)
+    totals = [37, 5, 0, 12, 90, 3, 44, 8]  # exact release sums (lattice units)
+    departed = [4, 0, 16, 2, 0, 9, 1, 30]  # exact departing sums
+    days, trials, bits = len(totals), 1000, SystemRandomBits()
+    err = np.empty((trials, days))
+    stated = []
+    for n in range(trials):
+        tracker = PopulationTracker.create(PopulationSpec(4), params)
+        for t in range(days):
+            day = f"2026-01-{t + 1:02d}"
+            rel = noisy_release(day, query, np.array([totals[t]]), params, bits)
+            rel, state, sq = tracker.step(
+                rel, np.array([departed[t]]), np.array([departed[t] ** 2]), rule, params, bits
+            )
+            tracker = tracker.advanced({"q": state}, {"q": sq}, np.array([], dtype=object))
+            assert rel.population is not None
+            exact = totals[t] + sum(departed[: t + 1])
+            err[n, t] = rel.population.value[0] / gamma - exact
+            if n == 0:
+                stated.append(rel.population.sigma / gamma)
+    checks = 2 * days
+    for t in range(1, days + 1):
+        var = oracle.discrete_gaussian_variance(s2)
+        if t <= 4:
+            var += t.bit_count() * oracle.discrete_gaussian_variance(3 * s2)
+        else:
+            var += oracle.discrete_gaussian_variance(3 * s2)
+            var += (t - 4).bit_count() * oracle.discrete_gaussian_variance(4 * s2)
+        oracle.assert_mean_zero(err[:, t - 1], var, checks)
+        oracle.assert_variance(err[:, t - 1], var, checks=checks)
+        assert stated[t - 1] == pytest.approx(math.sqrt(var), rel=1e-6)

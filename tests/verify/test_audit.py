@@ -80,7 +80,10 @@ def _originals():
     return day_module.filter_totals, day_module.noisy_release
 
 
-@pytest.mark.parametrize("bug", [b for b in BUGS if b != "coverage_sensitivity_ignored"])
+@pytest.mark.parametrize(
+    "bug",
+    [b for b in BUGS if b not in ("coverage_sensitivity_ignored", "population_noise_per_node")],
+)
 def test_injection_is_scoped_and_restored(bug):
     before = _originals()
     with _injected(bug):

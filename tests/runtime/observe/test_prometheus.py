@@ -331,7 +331,7 @@ def test_coverage_and_population_are_gauges_of_the_noisy_releases():
         "discrete_gaussian",
         1.0,
         coverage=Coverage(41, 5.0, 9.8, 0.8, 50, 1.0),
-        population=Population([20.25], 6.0, [11.75], "m"),
+        population=Population([20.25], 6.0, [3.0], [11.75], "m"),
     )
     obs.day_closed("2026-01-01", 0.1, [rel], ExactDayStats(3))
     obs.published(1)
