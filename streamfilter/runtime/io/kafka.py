@@ -7,11 +7,9 @@ the consumer group's committed offsets only *mirror* those (so lag tools work) a
 back. Releases go out in Kafka transactions under the releases topic's own transactional id
 (``release_transactional_id``): a second instance fences the first, and only then compares the
 topic with its state. A release is marked sent in the store only after its transaction
-committed, and a restart republishes the stored bytes, so the releases topic holds exactly one
-distinct value per key for ``read_committed`` readers (possibly repeated: readers dedupe on the
-key). Codec handling: ``kafka_codecs``. In cluster mode (docs/design.md §7) the workers read the
-events through the consumer group instead (``KafkaGroupSource``) and only the releaser builds the
-release sink.
+committed, and a restart republishes the stored bytes: one distinct value per key for
+``read_committed`` readers (readers dedupe on the key). Codecs: ``kafka_codecs``. Cluster mode
+(docs/design.md §7): the workers read through the consumer group (``KafkaGroupSource``).
 """
 
 from __future__ import annotations
