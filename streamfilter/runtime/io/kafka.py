@@ -56,7 +56,7 @@ from streamfilter.runtime.io.base import (
     SourceRecord,
 )
 from streamfilter.runtime.io.kafka_codecs import Undecodable, poll_decodable
-from streamfilter.runtime.io.kafka_errors import kafka_access
+from streamfilter.runtime.io.kafka_errors import kafka_access, sink_topic_gone
 from streamfilter.runtime.io.kafka_group import GroupMembership, member_client_id
 
 __all__ = [
@@ -325,8 +325,7 @@ class KafkaGroupSource(Source, BrokerSource):
         assignment_settle_s: float = 0.0,
     ) -> None:
         self.topic = topic
-        #: this worker's name in the ledger, carried in its consumer's client id
-        self.member_name = member_name
+        self.member_name = member_name  # the worker's name, in its client id (io.kafka_group)
         self.on_assign: Any = lambda labels: {}
         self._tps: list[TopicPartition] = []
         self._poll_timeout_ms = poll_timeout_ms
@@ -346,7 +345,6 @@ class KafkaGroupSource(Source, BrokerSource):
             self.consumer.close()
             raise LookupError(f"kafka topic {topic!r} does not exist")
         self.consumer.subscribe([topic], listener=_Rebalance(self))
-        #: whether another worker has left the group (the releaser hand-over, §7.3)
         self.membership = GroupMembership(self.consumer, client, group_id)
         self._ends: dict[TopicPartition, int] = {}
         self._ends_at = 0.0
@@ -617,30 +615,8 @@ class KafkaSink(Sink):
             except KafkaTimeoutError:
                 if left <= TOPIC_PROBE_S:
                     raise
-                if self._topic_gone():
-                    raise self._gone_error() from None
-
-    def _gone_error(self) -> PublishError:
-        return PublishError(
-            f"kafka topic {self.topic!r} (sink.topic) no longer exists (was it deleted?); "
-            "nothing more is published until it is created again (streamfilter topics create), "
-            "then the releases it lost are published again from the state, with their stored "
-            "noise"
-        )
-
-    def _topic_gone(self) -> bool:
-        """Whether the broker answers that the topic does not exist (False when it cannot be
-        asked: an outage is not a deletion)."""
-        try:
-            consumer = KafkaConsumer(**self._client, group_id=None, request_timeout_ms=10_000)
-        except KafkaError:
-            return False
-        try:
-            return self.topic not in consumer.topics()
-        except KafkaError:
-            return False
-        finally:
-            consumer.close()
+                if (gone := sink_topic_gone(self._client, self.topic)) is not None:
+                    raise gone from None
 
     def last_published_day(self) -> str | None:
         """The latest day among the (committed) releases the topic held when first asked.
@@ -666,8 +642,8 @@ class KafkaSink(Sink):
         try:
             parts = consumer.partitions_for_topic(self.topic) or set()
             tps = [TopicPartition(self.topic, p) for p in sorted(parts)]
-            if not tps and self._topic_gone():  # deleted since the start-up check
-                raise self._gone_error()
+            if not tps and (gone := sink_topic_gone(self._client, self.topic)) is not None:
+                raise gone  # deleted since the start-up check
             if not tps:  # it exists: the user may not read it
                 raise KafkaAccessError(
                     f"kafka topic {self.topic!r} (sink.topic) cannot be read by this user: grant "

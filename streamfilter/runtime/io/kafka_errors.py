@@ -23,15 +23,16 @@ from kafka.errors import (
     AuthorizationError,
     ClusterAuthorizationFailedError,
     GroupAuthorizationFailedError,
+    KafkaError,
     SaslAuthenticationFailedError,
     TopicAuthorizationFailedError,
     TransactionalIdAuthorizationFailedError,
     UnsupportedSaslMechanismError,
 )
 
-from streamfilter.errors import KafkaAccessError
+from streamfilter.errors import KafkaAccessError, PublishError
 
-__all__ = ["check_group_access", "explain", "fail_fast", "kafka_access"]
+__all__ = ["check_group_access", "explain", "fail_fast", "kafka_access", "sink_topic_gone"]
 
 _MANAGER_LOG = "kafka.net.manager"
 
@@ -224,3 +225,27 @@ def check_group_access(client: dict[str, Any], group: str, topic: str) -> None:
             consumer.committed(TopicPartition(topic, 0))
         finally:
             consumer.close(autocommit=False)
+
+
+def sink_topic_gone(client: dict[str, Any], topic: str) -> PublishError | None:
+    """The error to fail closed with when the broker answers that the releases topic ``topic``
+    does not exist (deleted under a running publisher); None when it exists or the broker
+    cannot be asked (an outage is not a deletion)."""
+    from kafka import KafkaConsumer
+
+    try:
+        consumer = KafkaConsumer(**client, group_id=None, request_timeout_ms=10_000)
+    except KafkaError:
+        return None
+    try:
+        if topic in consumer.topics():
+            return None
+    except KafkaError:
+        return None
+    finally:
+        consumer.close()
+    return PublishError(
+        f"kafka topic {topic!r} (sink.topic) no longer exists (was it deleted?); nothing more "
+        "is published until it is created again (streamfilter topics create), then the "
+        "releases it lost are published again from the state, with their stored noise"
+    )
