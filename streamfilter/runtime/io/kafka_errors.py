@@ -23,10 +23,10 @@ from kafka.errors import (
     AuthorizationError,
     ClusterAuthorizationFailedError,
     GroupAuthorizationFailedError,
-    KafkaError,
     SaslAuthenticationFailedError,
     TopicAuthorizationFailedError,
     TransactionalIdAuthorizationFailedError,
+    UnknownTopicOrPartitionError,
     UnsupportedSaslMechanismError,
 )
 
@@ -228,22 +228,28 @@ def check_group_access(client: dict[str, Any], group: str, topic: str) -> None:
 
 
 def sink_topic_gone(client: dict[str, Any], topic: str) -> PublishError | None:
-    """The error to fail closed with when the broker answers that the releases topic ``topic``
-    does not exist (deleted under a running publisher); None when it exists or the broker
-    cannot be asked (an outage is not a deletion)."""
-    from kafka import KafkaConsumer
+    """The error to fail closed with when the broker says that the releases topic ``topic``
+    does not exist (deleted under a running publisher: its description answers
+    ``UNKNOWN_TOPIC_OR_PARTITION``); None when it exists, and whenever the broker gives no such
+    answer (an outage, a timeout, a refusal: none of them is a deletion)."""
+    from kafka import KafkaAdminClient
 
     try:
-        consumer = KafkaConsumer(**client, group_id=None, request_timeout_ms=10_000)
-    except KafkaError:
+        admin = KafkaAdminClient(**{**client, "request_timeout_ms": 10_000})
+    except Exception:
         return None
     try:
-        if topic in consumer.topics():
-            return None
-    except KafkaError:
+        described = admin.describe_topics([topic])
+    except Exception:
         return None
     finally:
-        consumer.close()
+        with contextlib.suppress(Exception):
+            admin.close()
+    if not any(
+        d.get("name") == topic and d.get("error_code") == UnknownTopicOrPartitionError.errno
+        for d in described
+    ):
+        return None
     return PublishError(
         f"kafka topic {topic!r} (sink.topic) no longer exists (was it deleted?); nothing more "
         "is published until it is created again (streamfilter topics create), then the "

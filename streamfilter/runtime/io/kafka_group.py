@@ -5,10 +5,11 @@ holder whose lease has not expired yet.
 Each worker's group consumer carries the worker's name in its Kafka client id
 (:func:`member_client_id`), so a group description (``DescribeGroups``, answered by the broker
 that decides who is a member) lists the workers that are members. A worker has **left** when an
-earlier stable description listed it and a stable description taken after this worker's own
-membership moved to a new generation does not: its consumer closed (``LeaveGroup``) or the
-coordinator expired its session after ``session_timeout`` (killed, stopped, cut off). Every
-departure rebalances the group, so the answer for one generation holds until the next. A worker
+earlier stable description listed it and the stable description taken in this worker's current
+generation (one per generation of its own membership) does not: its consumer closed
+(``LeaveGroup``) or the coordinator expired its session after ``session_timeout`` (killed,
+stopped, cut off). Every departure rebalances the group, so the answer for one generation holds
+until the next. A worker
 never seen as a member (it may not have joined yet) has not demonstrably left: its lease
 expires as before. The description needs no ACL beyond the group's ``READ``, which implies
 ``DESCRIBE``.
@@ -22,7 +23,6 @@ import time
 from typing import Any
 
 from kafka import KafkaAdminClient, KafkaConsumer
-from kafka.errors import KafkaError
 
 __all__ = ["GroupMembership", "member_client_id"]
 
@@ -90,11 +90,10 @@ class GroupMembership:
         member in the coordinator's view)."""
         try:
             if self._admin is None:
-                self._admin = KafkaAdminClient(
-                    **self._client, request_timeout_ms=int(DESCRIBE_TIMEOUT_S * 1000)
-                )
+                timeout = {"request_timeout_ms": int(DESCRIBE_TIMEOUT_S * 1000)}
+                self._admin = KafkaAdminClient(**{**self._client, **timeout})
             described = self._admin.describe_groups([self._group_id])
-        except KafkaError as exc:
+        except Exception as exc:  # no answer is no evidence: the lease expires as before
             log.debug("could not describe consumer group %s: %s", self._group_id, exc)
             return None
         group = described.get(self._group_id) or {}
