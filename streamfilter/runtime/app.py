@@ -543,7 +543,7 @@ def _build_worker(settings: Settings, params: PrivacyParams, bits: RandomBits) -
             "telemetry.population is not available in cluster mode yet (the partial days "
             "carry no departed sums); run a single process or set population = false"
         )
-    from streamfilter.runtime.cluster_worker import ClusterWorker
+    from streamfilter.runtime.cluster_worker import ClusterWorker, worker_name
     from streamfilter.runtime.io.kafka import KafkaGroupSource
     from streamfilter.runtime.io.kafka_errors import check_group_access, kafka_access
     from streamfilter.runtime.store.cluster import ClusterLedger
@@ -572,6 +572,7 @@ def _build_worker(settings: Settings, params: PrivacyParams, bits: RandomBits) -
                 s.topic,
                 k.client_config(),
                 k.group_id,
+                member_name=worker_name(),
                 session_timeout_s=c.session_timeout,
                 heartbeat_interval_s=c.heartbeat_interval,
                 max_poll_interval_s=c.max_poll_interval,

@@ -60,7 +60,7 @@ from streamfilter.engine.ingest import EventColumns
 from streamfilter.engine.ledger import BudgetLedger
 from streamfilter.engine.partitions import key_partition, partitions_of
 from streamfilter.engine.records import DayAccumulator
-from streamfilter.errors import PublisherFencedError, StoreError
+from streamfilter.errors import PublisherFencedError, PublishError, StoreError
 from streamfilter.runtime.faults import crash_point
 from streamfilter.runtime.intake import InputLimits, Intake, last_closable_day
 from streamfilter.runtime.io.base import QueryFeed, RecordBatch, Sink
@@ -80,6 +80,9 @@ from streamfilter.telemetry.coverage import CoverageTracker
 __all__ = ["ClusterWorker", "NoSink", "worker_name"]
 
 log = logging.getLogger("streamfilter.cluster")
+
+#: seconds no worker takes the releaser role after the releaser found its releases topic gone
+SINK_RETRY_S = 30.0
 
 
 def worker_name() -> str:
@@ -144,7 +147,7 @@ class ClusterWorker:
         self.observer = observer or DaemonObserver()
         self.stop_event = threading.Event()
         self.summary = RunSummary()
-        self.worker = worker_name()
+        self.worker = source.member_name  # its consumer's client id carries it (io.kafka_group)
         self._sink_factory = sink_factory
         self._lease_token: int | None = None
         self.lease_s = lease_s
@@ -547,35 +550,46 @@ class ClusterWorker:
     # ------------------------------------------------------------------ release
     def _release_and_relay(self) -> None:
         """The releaser (holder of the ledger's releaser lease) releases every day all
-        partitions committed, then relays the outbox; other workers try to take an expired
-        lease. A releaser whose lease moved on (it was stopped longer than the lease) steps
-        down: its release transactions are refused and its producer is fenced by the new
-        releaser's."""
-        token = self.store.hold_releaser_lease(self.worker, self._lease_token, self.lease_s)
+        partitions committed, then relays the outbox; other workers take the lease once it
+        expired, or at once when its holder has left the consumer group (``io.kafka_group``).
+        A releaser whose lease moved on (it was stopped, or left the group) steps down: its
+        release transactions are refused and its producer is fenced by the new releaser's. A
+        releaser whose releases topic is gone fails closed: it steps down and holds every
+        worker off the role for ``SINK_RETRY_S`` (``ClusterLedger.hold_off_releasers``)."""
+        token = self.store.hold_releaser_lease(
+            self.worker, self._lease_token, self.lease_s, self.source.membership.has_left
+        )
         if token is None or token != self._lease_token:
             self._step_down("the releaser lease expired or moved to another worker")
         if token is None:
             return
+        held: tuple[str | None] | None = None
         if self._lease_token is None:
             sink: Sink | None = None
             try:
                 sink = self._sink_factory()  # fences no one: the check reads the topic first
                 # a stale ledger is refused (StaleStoreError) before this worker fences the
                 # topic's publisher, and checked again once it has
-                held = check_sink_not_ahead(
-                    self.store.where, self.store.view().released_through, sink
+                held = (
+                    check_sink_not_ahead(
+                        self.store.where, self.store.view().released_through, sink
+                    ),
                 )
-            except KafkaError as exc:  # the broker is unreachable: no releaser until it is back
+            except (KafkaError, PublishError) as exc:  # the broker unreachable, the topic gone
                 if sink is not None:
                     with contextlib.suppress(Exception):
                         sink.close()
-                log.warning("cannot open the release sink (%s); the lease is retried", exc)
+                if isinstance(exc, PublishError):
+                    self._sink_gone(token, exc)
+                else:  # no releaser until the broker is back
+                    log.warning("cannot open the release sink (%s); the lease is retried", exc)
                 return
             self._lease_token = token
             self.sink = self.outbox.sink = sink
             log.info("this worker is the releaser")
-            self.outbox.publish_lost(held)
         try:
+            if held is not None:
+                self.outbox.publish_lost(held[0])
             while not self.stop_event.is_set():
                 day = self.store.view().next_day()
                 if day is None or not self._release(day):
@@ -583,6 +597,21 @@ class ClusterWorker:
             self.outbox.relay()
         except (ReleaserFencedError, PublisherFencedError) as exc:
             self._step_down(str(exc))
+        except PublishError as exc:  # the releases topic was deleted under this releaser
+            self._sink_gone(token, exc)
+
+    def _sink_gone(self, token: int, exc: PublishError) -> None:
+        """Fail closed on a releases topic that is gone: publish nothing (the releases wait in
+        the ledger's outbox), step down, and keep every worker off the role for
+        ``SINK_RETRY_S``; one line, no exit (a restarted worker could do no more)."""
+        log.error("%s; the next releaser tries the topic in %.0f s", exc, SINK_RETRY_S)
+        self.observer.sink_unavailable(type(exc).__name__)
+        self._lease_token = None
+        sink, self.sink = self.sink, NoSink()
+        self.outbox.sink = self.sink
+        with contextlib.suppress(Exception):  # nothing can be delivered: nothing is lost
+            sink.close()
+        self.store.hold_off_releasers(self.worker, token, SINK_RETRY_S)
 
     def _step_down(self, reason: str) -> None:
         if self._lease_token is None:

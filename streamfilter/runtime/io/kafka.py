@@ -54,7 +54,8 @@ from streamfilter.runtime.io.base import (
     SourceRecord,
 )
 from streamfilter.runtime.io.kafka_codecs import Undecodable, poll_decodable
-from streamfilter.runtime.io.kafka_errors import kafka_access
+from streamfilter.runtime.io.kafka_errors import kafka_access, sink_topic_gone
+from streamfilter.runtime.io.kafka_group import GroupMembership, member_client_id
 
 __all__ = [
     "KafkaGroupSource",
@@ -314,6 +315,7 @@ class KafkaGroupSource(Source, BrokerSource):
         client: dict[str, Any],
         group_id: str,
         *,
+        member_name: str,
         session_timeout_s: float = 10.0,
         heartbeat_interval_s: float = 3.0,
         max_poll_interval_s: float = 300.0,
@@ -321,13 +323,14 @@ class KafkaGroupSource(Source, BrokerSource):
         assignment_settle_s: float = 0.0,
     ) -> None:
         self.topic = topic
+        self.member_name = member_name  # the worker's name, in its client id (io.kafka_group)
         self.on_assign: Any = lambda labels: {}
         self._tps: list[TopicPartition] = []
         self._poll_timeout_ms = poll_timeout_ms
         self._settle_s = assignment_settle_s
         self._settle_until: float | None = None  # when a settling assignment is resumed
         self.consumer = KafkaConsumer(
-            **client,
+            **{**client, "client_id": member_client_id(client, member_name)},
             group_id=group_id,
             enable_auto_commit=False,
             auto_offset_reset="earliest",
@@ -340,6 +343,7 @@ class KafkaGroupSource(Source, BrokerSource):
             self.consumer.close()
             raise LookupError(f"kafka topic {topic!r} does not exist")
         self.consumer.subscribe([topic], listener=_Rebalance(self))
+        self.membership = GroupMembership(self.consumer, client, group_id)
         self._ends: dict[TopicPartition, int] = {}
         self._ends_at = 0.0
 
@@ -420,6 +424,7 @@ class KafkaGroupSource(Source, BrokerSource):
         return bool(self.consumer.position(tp) >= self._ends[tp])
 
     def close(self) -> None:
+        self.membership.close()
         self.consumer.close(autocommit=False)
 
 
@@ -608,27 +613,8 @@ class KafkaSink(Sink):
             except KafkaTimeoutError:
                 if left <= TOPIC_PROBE_S:
                     raise
-                if self._topic_gone():
-                    raise PublishError(
-                        f"kafka topic {self.topic!r} (sink.topic) no longer exists (was it "
-                        "deleted?); nothing more is published — create it again (streamfilter "
-                        "topics create) and restart: the releases it lost are published again "
-                        "from the state, with their stored noise"
-                    ) from None
-
-    def _topic_gone(self) -> bool:
-        """Whether the broker answers that the topic does not exist (False when it cannot be
-        asked: an outage is not a deletion)."""
-        try:
-            consumer = KafkaConsumer(**self._client, group_id=None, request_timeout_ms=10_000)
-        except KafkaError:
-            return False
-        try:
-            return self.topic not in consumer.topics()
-        except KafkaError:
-            return False
-        finally:
-            consumer.close()
+                if (gone := sink_topic_gone(self._client, self.topic)) is not None:
+                    raise gone from None
 
     def last_published_day(self) -> str | None:
         """The latest day among the (committed) releases the topic held when first asked.
@@ -654,7 +640,9 @@ class KafkaSink(Sink):
         try:
             parts = consumer.partitions_for_topic(self.topic) or set()
             tps = [TopicPartition(self.topic, p) for p in sorted(parts)]
-            if not tps:  # it exists (checked at start): the user may not read it
+            if not tps and (gone := sink_topic_gone(self._client, self.topic)) is not None:
+                raise gone  # deleted since the start-up check
+            if not tps:  # it exists: the user may not read it
                 raise KafkaAccessError(
                     f"kafka topic {self.topic!r} (sink.topic) cannot be read by this user: grant "
                     "READ on it — every start reads its last releases to check that the state is "

@@ -26,12 +26,13 @@ from kafka.errors import (
     SaslAuthenticationFailedError,
     TopicAuthorizationFailedError,
     TransactionalIdAuthorizationFailedError,
+    UnknownTopicOrPartitionError,
     UnsupportedSaslMechanismError,
 )
 
-from streamfilter.errors import KafkaAccessError
+from streamfilter.errors import KafkaAccessError, PublishError
 
-__all__ = ["check_group_access", "explain", "fail_fast", "kafka_access"]
+__all__ = ["check_group_access", "explain", "fail_fast", "kafka_access", "sink_topic_gone"]
 
 _MANAGER_LOG = "kafka.net.manager"
 
@@ -224,3 +225,33 @@ def check_group_access(client: dict[str, Any], group: str, topic: str) -> None:
             consumer.committed(TopicPartition(topic, 0))
         finally:
             consumer.close(autocommit=False)
+
+
+def sink_topic_gone(client: dict[str, Any], topic: str) -> PublishError | None:
+    """The error to fail closed with when the broker says that the releases topic ``topic``
+    does not exist (deleted under a running publisher: its description answers
+    ``UNKNOWN_TOPIC_OR_PARTITION``); None when it exists, and whenever the broker gives no such
+    answer (an outage, a timeout, a refusal: none of them is a deletion)."""
+    from kafka import KafkaAdminClient
+
+    try:
+        admin = KafkaAdminClient(**{**client, "request_timeout_ms": 10_000})
+    except Exception:
+        return None
+    try:
+        described = admin.describe_topics([topic])
+    except Exception:
+        return None
+    finally:
+        with contextlib.suppress(Exception):
+            admin.close()
+    if not any(
+        d.get("name") == topic and d.get("error_code") == UnknownTopicOrPartitionError.errno
+        for d in described
+    ):
+        return None
+    return PublishError(
+        f"kafka topic {topic!r} (sink.topic) no longer exists (was it deleted?); nothing more "
+        "is published until it is created again (streamfilter topics create), then the "
+        "releases it lost are published again from the state, with their stored noise"
+    )

@@ -538,43 +538,109 @@ class ClusterLedger(PostgresStateStore):
         self._serial(body)
 
     # -- the releaser ------------------------------------------------------------------------
-    def hold_releaser_lease(self, worker: str, token: int | None, lease_s: float) -> int | None:
+    def hold_releaser_lease(
+        self,
+        worker: str,
+        token: int | None,
+        lease_s: float,
+        holder_left: Callable[[str], bool] | None = None,
+    ) -> int | None:
         """Renew this worker's releaser lease (``token``: the one it holds) or take it over if
         it has expired (a new token); the token held, or None when another worker holds a live
         lease. Expiry is the server's clock (``clock_timestamp()``): the workers' clocks never
-        decide who releases."""
+        decide who releases.
+
+        With ``holder_left``, a live lease of another worker is taken over at once (a new
+        token) when ``holder_left(holder)`` says its holder has left the workers' consumer group
+        (``io.kafka_group``): asked outside any transaction, then taken only if the lease is
+        still that holder's token. Taking a lease early is as safe as after its expiry: the
+        previous holder's release transaction is refused for its token (:meth:`release_day`)
+        and its producer is fenced by the new holder's (docs/design.md §7.3).
+
+        A worker that holds no lease never waits for the lease row: while the releaser's own
+        transaction has it locked (or a stopped releaser's, until the server ends its session),
+        the answer is None at once and the worker goes on with its partitions."""
         s = self.schema
 
-        def body(cur: Any) -> int | None:
+        def body(cur: Any) -> tuple[int | None, tuple[str, int] | None]:
+            wait = "" if token is not None else " SKIP LOCKED"
             row = cur.execute(
                 f"SELECT holder, token, expires_at < clock_timestamp() FROM {s}.cluster_releaser "
-                "WHERE id = 1 FOR UPDATE"
+                f"WHERE id = 1 FOR UPDATE{wait}"
             ).fetchone()
             until = "clock_timestamp() + make_interval(secs => %s)"
             if row is None:
+                if cur.execute(f"SELECT 1 FROM {s}.cluster_releaser WHERE id = 1").fetchone():
+                    return None, None  # locked by another worker's transaction
                 cur.execute(
                     f"INSERT INTO {s}.cluster_releaser VALUES (1, %s, 1, {until})",
                     (worker, lease_s),
                 )
-                return 1
+                return 1, None
             holder, held, expired = str(row[0]), int(row[1]), bool(row[2])
             if holder == worker and held == token and not expired:
                 cur.execute(
                     f"UPDATE {s}.cluster_releaser SET expires_at = {until} WHERE id = 1",
                     (lease_s,),
                 )
-                return held
-            if not expired and not (holder == worker and held == token):
-                return None
+                return held, None
+            if not expired:
+                return None, (holder, held)
             cur.execute(
                 f"UPDATE {s}.cluster_releaser SET holder = %s, token = %s, expires_at = {until} "
                 "WHERE id = 1",
                 (worker, held + 1, lease_s),
             )
-            return held + 1
+            return held + 1, None
+
+        token_held, live = self._serial(body)
+        if token_held is not None or live is None or holder_left is None:
+            return token_held
+        if live[0] == worker or not holder_left(live[0]):
+            return None
+        return self._take_releaser_lease(worker, live, lease_s)
+
+    def _take_releaser_lease(
+        self, worker: str, seen: tuple[str, int], lease_s: float
+    ) -> int | None:
+        """The lease taken over from ``seen`` (holder, token) if it is still that: the next
+        token, else None (it moved on, or its row is locked: tried again at the next turn)."""
+        s = self.schema
+
+        def body(cur: Any) -> int | None:
+            row = cur.execute(
+                f"SELECT holder, token FROM {s}.cluster_releaser WHERE id = 1 "
+                "FOR UPDATE SKIP LOCKED"
+            ).fetchone()
+            if row is None or (str(row[0]), int(row[1])) != seen:
+                return None
+            cur.execute(
+                f"UPDATE {s}.cluster_releaser SET holder = %s, token = %s, "
+                "expires_at = clock_timestamp() + make_interval(secs => %s) WHERE id = 1",
+                (worker, seen[1] + 1, lease_s),
+            )
+            return seen[1] + 1
 
         token_held: int | None = self._serial(body)
         return token_held
+
+    def hold_off_releasers(self, worker: str, token: int, wait_s: float) -> None:
+        """The releaser ``worker`` (lease ``token``) cannot publish (its releases topic is
+        gone): its lease, renewed for ``wait_s`` and given up by the worker, keeps every worker
+        (itself too) from taking the releaser role for that long — one try of the topic per
+        ``wait_s`` for the whole cluster, not one per worker and turn. Nothing if the lease
+        moved on."""
+        s = self.schema
+
+        def body(cur: Any) -> None:
+            cur.execute(
+                f"UPDATE {s}.cluster_releaser SET "
+                "expires_at = clock_timestamp() + make_interval(secs => %s) "
+                "WHERE id = 1 AND holder = %s AND token = %s",
+                (wait_s, worker, token),
+            )
+
+        self._serial(body)
 
     def release_day(
         self, day: str, make_releases: MakeReleases, lease: tuple[str, int] | None = None

@@ -213,6 +213,92 @@ def test_one_releaser_at_a_time_and_a_stale_one_releases_nothing(ledgers):
     assert a.unsent_releases() == [(DAY1, "q", b"b")]
 
 
+def test_a_lease_whose_holder_left_the_group_is_taken_at_once_and_fences_the_holder(ledgers):
+    """Before its lease expires, a's lease passes to b only when b's membership check says a
+    has left the group; a, back, can neither renew it nor release with it."""
+    a, b = ledgers
+    token_a = a.hold_releaser_lease("a", None, 60)
+    asked: list[str] = []
+
+    def still_member(holder: str) -> bool:
+        asked.append(holder)
+        return False
+
+    assert b.hold_releaser_lease("b", None, 60, still_member) is None
+    assert asked == ["a"]
+    assert a.hold_releaser_lease("a", token_a, 60, still_member) == token_a  # no question
+    assert asked == ["a"]
+    token_b = b.hold_releaser_lease("b", None, 60, lambda holder: holder == "a")
+    assert token_b == token_a + 1  # long before the 60 s expiry
+    assert a.hold_releaser_lease("a", token_a, 60) is None
+    a.claim([0], "a")
+    a.pin_day(DAY1, 1)
+    assert a.freeze_day(DAY1)
+    a.commit_partitions(DAY1, "a", {0: 1}, {0: part(DAY1, {}, [0])}, {0: Position(0, 0)}, 1)
+    with pytest.raises(ReleaserFencedError):
+        a.release_day(
+            DAY1, lambda sums, counters, coverage: ([("q", b"a")], None), lease=("a", token_a)
+        )
+    assert b.release_day(
+        DAY1, lambda sums, counters, coverage: ([("q", b"b")], None), lease=("b", token_b)
+    )
+    assert a.unsent_releases() == [(DAY1, "q", b"b")]
+
+
+def test_a_lease_is_taken_from_the_holder_that_left_only_if_it_is_still_that_holders(
+    ledgers, postgres_url
+):
+    """The membership check runs outside the transaction: when the lease moved on meanwhile
+    (here: a third worker took it while b was asking), b takes nothing."""
+    a, b = ledgers
+    c = ClusterLedger(postgres_url, schema=a.schema)
+    try:
+        token_a = a.hold_releaser_lease("a", None, 60)
+
+        def left_while_c_takes_over(holder: str) -> bool:
+            assert c.hold_releaser_lease("c", None, 60, lambda h: h == "a") == token_a + 1
+            return True
+
+        assert b.hold_releaser_lease("b", None, 60, left_while_c_takes_over) is None
+        assert c.hold_releaser_lease("c", token_a + 1, 60) == token_a + 1
+    finally:
+        c.close()
+
+
+def test_a_worker_never_waits_for_a_lease_row_the_releaser_has_locked(ledgers, postgres_url):
+    """A releaser stopped inside its release transaction keeps the lease row locked until the
+    server ends its session: the other workers get None at once and go on with their
+    partitions (they used to wait with it)."""
+    import psycopg
+
+    a, b = ledgers
+    a.hold_releaser_lease("a", None, 0.1)
+    time.sleep(0.3)  # expired: b would take it, were the row not locked
+    with psycopg.connect(postgres_url) as stopped:
+        stopped.execute(f"SELECT * FROM {a.schema}.cluster_releaser FOR UPDATE")
+        started = time.monotonic()
+        assert b.hold_releaser_lease("b", None, 30, lambda holder: True) is None
+        assert time.monotonic() - started < 2
+    assert b.hold_releaser_lease("b", None, 30) == 2  # the lock gone, the expired lease is b's
+
+
+def test_a_releaser_without_a_topic_holds_every_worker_off_the_role(ledgers):
+    """``hold_off_releasers``: for the given time no worker takes the lease, its holder
+    included (it gave its token up), however the membership check answers; then the next one
+    does."""
+    a, b = ledgers
+    token_a = a.hold_releaser_lease("a", None, 0.2)
+    a.hold_off_releasers("a", token_a, 1.0)
+    time.sleep(0.5)  # past the 0.2 s lease
+    assert b.hold_releaser_lease("b", None, 0.2) is None
+    assert a.hold_releaser_lease("a", None, 0.2, lambda holder: True) is None
+    time.sleep(0.7)
+    assert b.hold_releaser_lease("b", None, 0.2) == token_a + 1
+    a.hold_off_releasers("a", token_a, 60)  # a no longer holds it: nothing changes
+    time.sleep(0.3)
+    assert a.hold_releaser_lease("a", None, 0.2) == token_a + 2
+
+
 def test_workers_starting_together_charge_coverage_once(postgres_url):
     """Coverage's one-time telemetry charge (docs/design.md §2.11) is made by the first worker;
     the others, starting at the same moment, find it made: one charge, one tracker."""
