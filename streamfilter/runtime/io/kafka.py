@@ -252,17 +252,20 @@ class KafkaSource(Source, BrokerSource):
         }
 
     def caught_up(self, partition: str) -> bool:
-        """Position at the partition's end offset (asked at most once a second). During a
-        broker outage the answer is False: an unreachable partition is not known to be idle."""
-        now = time.monotonic()
-        if now - self._ends_at >= 1.0:
-            try:
-                self._ends = self._c.consumer.end_offsets(self._c.tps)
-                self._ends_at = now
-            except KafkaError:
-                return False
+        """Position at the partition's end offset. A remembered end (at most a second old)
+        answers "not yet"; "caught up" is always asked of the broker now, since a record may
+        have arrived since. During a broker outage the answer is False: an unreachable
+        partition is not known to be idle."""
         tp = self._c.by_label[partition]
-        return bool(self._c.consumer.position(tp) >= self._ends.get(tp, 0))
+        position = self._c.consumer.position(tp)
+        if time.monotonic() - self._ends_at < 1.0 and position < self._ends.get(tp, 0):
+            return False
+        try:
+            self._ends = self._c.consumer.end_offsets(self._c.tps)
+            self._ends_at = time.monotonic()
+        except KafkaError:
+            return False
+        return bool(position >= self._ends.get(tp, 0))
 
     def close(self) -> None:
         self._c.close()
@@ -411,17 +414,19 @@ class KafkaGroupSource(Source, BrokerSource):
         return {_label(tp): max(0, ends[tp] - self.consumer.position(tp)) for tp in self._tps}
 
     def caught_up(self, partition: str) -> bool:
-        now = time.monotonic()
-        if now - self._ends_at >= 1.0:
-            try:
-                self._ends = self.consumer.end_offsets(self._tps)
-                self._ends_at = now
-            except KafkaError:
-                return False
+        """As ``KafkaSource.caught_up``: "caught up" is always asked of the broker now."""
         tp = TopicPartition(self.topic, int(partition.rsplit(":", 1)[1]))
-        if tp not in self._ends:
+        if tp not in self._tps:
+            return False  # not (or no longer) assigned here
+        position = self.consumer.position(tp)
+        if time.monotonic() - self._ends_at < 1.0 and position < self._ends.get(tp, 0):
             return False
-        return bool(self.consumer.position(tp) >= self._ends[tp])
+        try:
+            self._ends = self.consumer.end_offsets(self._tps)
+            self._ends_at = time.monotonic()
+        except KafkaError:
+            return False
+        return tp in self._ends and bool(position >= self._ends[tp])
 
     def close(self) -> None:
         self.membership.close()

@@ -84,3 +84,18 @@ def test_no_gaps_after_seeking_inside_the_retained_records(case):
     source = case.start()
     assert broker(source).retention_gaps() == {}
     assert broker(source).refresh_partitions(fresh=True) == []  # the topic did not grow
+
+
+def test_caught_up_sees_a_record_appended_a_moment_ago(case):
+    """A partition that was caught up a moment ago and has since received a record is not
+    caught up: the watermark rule closes an idle partition's day only when it is read to its
+    end, so an answer remembered from before the record arrived would close the day under it
+    (its record then rejected as late)."""
+    assert case.append is not None
+    source = case.start()
+    read(case, lambda: source.poll(100), case.total)
+    b = broker(source)
+    partition = sorted(non_empty(case.written))[-1]
+    assert b.caught_up(partition)
+    case.append(source, partition, b'{"record": "just now"}')
+    assert not b.caught_up(partition)
