@@ -217,10 +217,13 @@ def test_a_stale_releaser_never_stops_the_healthy_one(kafka_bootstrap, postgres_
     assert "is stale" in log and "Traceback" not in log, log
     for proc in procs:
         assert "stepping down" not in proc.log.read_text(), proc.tail()
-    releasers = [p for p in procs if "this worker is the releaser" in p.log.read_text()]
-    assert len(releasers) == 1, [p.tail() for p in procs]  # the same releaser throughout
     assert after_stale < max(day for day, _ in expected)  # it published after the stale try
     assert_same_as_reference(got, expected)
+    # a healthy worker published throughout; the lease may still pass between the two healthy
+    # workers when the loaded machine lets it expire (seen once under the parallel suite), which
+    # is the lease's own business, not the stale copy's
+    releasers = [p for p in procs if "this worker is the releaser" in p.log.read_text()]
+    assert releasers, [p.tail() for p in procs]
     assert_debits_as_reference(cluster, tmp_path / "reference")
     stale_days = cluster.sql(f"SELECT DISTINCT day FROM {stale_schema}.releases")
     assert stale_days == [("2026-01-01",)]  # the stale worker released nothing
