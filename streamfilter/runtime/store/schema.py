@@ -141,16 +141,16 @@ def _crc32_tables() -> tuple[np.ndarray, np.ndarray]:
 _CRC32_BYTE, _CRC32_PAIR = _crc32_tables()
 
 
-def _crc32_columns(block: np.ndarray) -> np.ndarray:
-    """``zlib.crc32`` of each column of a ``(bytes, rows)`` ``uint8`` array: the table-driven
-    CRC run over all columns at once, one numpy step per pair of byte positions."""
-    size, _ = block.shape
-    reg = np.full(block.shape[1], 0xFFFFFFFF, np.uint32)
-    low = block[0 : size - 1 : 2].astype(np.uint32)
-    low |= block[1:size:2].astype(np.uint32) << 8
+def _crc32_columns(block: np.ndarray, crc: int) -> np.ndarray:
+    """``zlib.crc32(column, crc)`` of each column of a ``(bytes, rows)`` ``uint8`` array: the
+    table-driven CRC run over all columns at once, one numpy step per pair of byte positions."""
+    size, columns = block.shape
+    reg = np.full(columns, crc ^ 0xFFFFFFFF, np.uint32)
+    pairs = block[0 : size - 1 : 2].astype(np.uint32)
+    pairs |= block[1:size:2].astype(np.uint32) << 8  # little-endian: byte 2k low, 2k + 1 high
     index = np.empty_like(reg)
-    for word in low:  # little-endian pairs: byte 2k in the low half, 2k + 1 in the high
-        reg ^= word
+    for pair in pairs:
+        reg ^= pair
         np.bitwise_and(reg, 0xFFFF, out=index)
         reg >>= 16
         reg ^= _CRC32_PAIR[index]
@@ -165,33 +165,25 @@ def _crc32_columns(block: np.ndarray) -> np.ndarray:
 
 def budget_crcs(packed: PackedBudgets, path: Path) -> np.ndarray:
     """``row_crc(user, spent, int(retired))`` of each entry of a packed budget row (the upkeep's
-    fold writes one ``budgets`` row per entry), as ``uint32``: the entries' ``pack_row`` bytes
-    are laid out back to back in one array from the packed columns, then the entries of each
-    size (ids of one length) are checksummed together (``_crc32_columns``) — no Python step
-    per entry."""
+    fold writes one ``budgets`` row per entry), as ``uint32``. The entries whose ids have one
+    byte length share their ``pack_row`` head (tag and length: one ``zlib.crc32``); the rest of
+    their bytes are laid out as the columns of one array from the packed columns and
+    checksummed together (``_crc32_columns``) — no Python step per entry."""
     lengths = packed.lengths(path)
     n = len(lengths)
-    sizes = lengths + (_HEAD.size + 2 * _INT.size)
-    ends = np.cumsum(sizes)
-    starts = ends - sizes
-    rows = np.empty(int(ends[-1]) if n else 0, np.uint8)
-    rows[starts] = ord("t")
-    rows[starts[:, None] + np.arange(1, 5)] = lengths.astype("<u4").view(np.uint8).reshape(n, 4)
+    ids = np.frombuffer(packed.ids, np.uint8)
     id_starts = np.cumsum(lengths) - lengths
-    text = np.repeat(starts + _HEAD.size - id_starts, lengths) + np.arange(len(packed.ids))
-    rows[text] = np.frombuffer(packed.ids, np.uint8)
-    spent = starts + _HEAD.size + lengths
-    flag = spent + _INT.size
-    rows[spent] = rows[flag] = ord("i")
-    rows[spent[:, None] + np.arange(1, 9)] = np.frombuffer(packed.spent_units, np.uint8).reshape(
-        n, 8
-    )
-    retired = np.frombuffer(packed.retired, np.uint8).astype("<i8")
-    rows[flag[:, None] + np.arange(1, 9)] = retired.view(np.uint8).reshape(n, 8)
+    spent = np.frombuffer(packed.spent_units, np.uint8).reshape(n, _INT.size - 1)
+    retired = np.frombuffer(packed.retired, np.uint8)  # 0 or 1: int64 of it is it, then zeros
     crcs = np.empty(n, np.uint32)
-    for size in np.unique(sizes).tolist():
-        group = np.flatnonzero(sizes == size)
-        crcs[group] = _crc32_columns(rows[starts[group] + np.arange(size)[:, None]])
+    for length in np.unique(lengths).tolist():
+        group = np.flatnonzero(lengths == length)
+        tail = np.zeros((length + 2 * _INT.size, len(group)), np.uint8)
+        tail[:length] = ids[id_starts[group] + np.arange(length)[:, None]]
+        tail[length] = tail[length + _INT.size] = ord("i")
+        tail[length + 1 : length + _INT.size] = spent[group].T
+        tail[length + _INT.size + 1] = retired[group]
+        crcs[group] = _crc32_columns(tail, zlib.crc32(_HEAD.pack(b"t", length)))
     return crcs
 
 
