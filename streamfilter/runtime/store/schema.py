@@ -291,12 +291,17 @@ class PackedBudgets:
             self.retired[start:stop],
         )
 
-    def unpack(self, path: Path | str) -> tuple[list[str], list[int], list[bool]]:
-        """``(users, spent_units, retired)``; ``StoreError`` if the columns do not decode."""
+    def unpack(
+        self, path: Path | str, order: np.ndarray | None = None
+    ) -> tuple[list[str], list[int], list[bool]]:
+        """``(users, spent_units, retired)``, in entry order or that of the indices ``order``;
+        ``StoreError`` if the columns do not decode."""
         lengths = self.lengths(path)
+        at = slice(None) if order is None else order
         try:
-            ends = np.cumsum(lengths).tolist()
-            starts = [0, *ends[:-1]] if ends else []
+            ends = np.cumsum(lengths)
+            starts = (ends - lengths)[at].tolist()
+            ends = ends[at].tolist()
             text = self.ids.decode("utf-8", "surrogatepass")
             if len(text) == len(self.ids):  # ASCII: character offsets are byte offsets
                 users = [text[a:b] for a, b in zip(starts, ends, strict=True)]
@@ -308,9 +313,29 @@ class PackedBudgets:
                 ]
         except ValueError:  # UnicodeDecodeError included
             raise CorruptRowError(path, "budget_log") from None
-        spent = np.frombuffer(self.spent_units, dtype="<i8").tolist()
-        retired = np.frombuffer(self.retired, dtype=np.uint8).astype(bool).tolist()
+        spent = np.frombuffer(self.spent_units, dtype="<i8")[at].tolist()
+        retired = np.frombuffer(self.retired, dtype=np.uint8)[at].astype(bool).tolist()
         return users, spent, retired
+
+    def id_order(self, path: Path | str) -> np.ndarray:
+        """The entries' indices sorted by id, stably (a user listed twice keeps their entry
+        order): the order of the ids as ``str`` (UTF-8 byte order is code point order, lone
+        surrogates included). A least-significant-first radix sort of the ids as big-endian
+        8-byte words, zero past an id's end, shorter ids first among equal words (``"a"``
+        before ``"a\\0"``): one stable numpy sort per word position, none per entry."""
+        lengths = self.lengths(path)
+        ids = np.frombuffer(self.ids, np.uint8)
+        id_starts = np.cumsum(lengths) - lengths
+        order = np.argsort(lengths, kind="stable")
+        words = (int(lengths.max()) + 7) // 8 if len(lengths) else 0
+        for first in range(8 * (words - 1), -1, -8):
+            word = np.zeros((len(lengths), 8), np.uint8)
+            for k in range(8):
+                has = np.flatnonzero(lengths > first + k)
+                word[has, k] = ids[id_starts[has] + first + k]
+            key = word.view(">u8").ravel()
+            order = order[np.argsort(key[order], kind="stable")]
+        return order
 
     def find(self, user_id: str, path: Path | str) -> int | None:
         """Index of ``user_id`` in this row (the last one if listed twice), or None."""
@@ -352,16 +377,15 @@ def fold_rows(
     """The ``budgets`` rows folding ``packed``'s entries upserts, as columns ``(users, spent
     units, retired, crcs)`` (``zip`` gives the rows), sorted by id — in key order the upserts walk
     the table's B-tree pages in sequence (a day's users come in hash order; a 600k-entry fold
-    took 10 s unsorted) — and stable, so a user listed twice keeps their newest entry last.
-    :meth:`PackedBudgets.unpack` names a corrupt row."""
-    users, _spent, _retired = packed.unpack(path)
-    order = sorted(range(len(users)), key=users.__getitem__)
-    at = np.array(order, dtype=np.intp)
+    took 10 s unsorted) — and stable, so a user listed twice keeps their newest entry last
+    (:meth:`PackedBudgets.id_order`). :meth:`PackedBudgets.unpack` names a corrupt row."""
+    order = packed.id_order(path)
+    users, spent, _retired = packed.unpack(path, order)
     return (
-        [users[i] for i in order],
-        np.frombuffer(packed.spent_units, "<i8")[at].tolist(),
-        np.frombuffer(packed.retired, np.uint8)[at].tolist(),
-        budget_crcs(packed, path)[at].tolist(),
+        users,
+        spent,
+        np.frombuffer(packed.retired, np.uint8)[order].tolist(),
+        budget_crcs(packed, path)[order].tolist(),
     )
 
 
