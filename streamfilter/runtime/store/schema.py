@@ -173,7 +173,7 @@ def budget_crcs(packed: PackedBudgets, path: Path) -> np.ndarray:
     n = len(lengths)
     ids = np.frombuffer(packed.ids, np.uint8)
     id_starts = np.cumsum(lengths) - lengths
-    spent = np.frombuffer(packed.spent_units, np.uint8).reshape(n, _INT.size - 1)
+    spent = np.frombuffer(packed.spent_units, np.uint8).reshape(n, 8)  # <i8 bytes
     retired = np.frombuffer(packed.retired, np.uint8)  # 0 or 1: int64 of it is it, then zeros
     crcs = np.empty(n, np.uint32)
     for length in np.unique(lengths).tolist():
