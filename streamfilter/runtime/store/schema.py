@@ -22,7 +22,6 @@ import struct
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
-from operator import itemgetter
 from pathlib import Path
 
 import numpy as np
@@ -127,32 +126,65 @@ def row_crc(*values: object) -> int:
     return zlib.crc32(pack_row(*values))
 
 
-def budget_crcs(packed: PackedBudgets, path: Path) -> list[int]:
+def _crc32_tables() -> tuple[np.ndarray, np.ndarray]:
+    """zlib's CRC-32 (reflected polynomial 0xEDB88320) as lookup tables: the register's step
+    over one byte (256 entries) and over two bytes at once (65,536 entries, 256 KiB)."""
+    one = np.arange(256, dtype=np.uint32)
+    for _ in range(8):
+        one = np.where(one & 1, (one >> 1) ^ np.uint32(0xEDB88320), one >> 1)
+    two = np.arange(1 << 16, dtype=np.uint32)
+    for _ in range(2):
+        two = one[two & 0xFF] ^ (two >> 8)
+    return one, two
+
+
+_CRC32_BYTE, _CRC32_PAIR = _crc32_tables()
+
+
+def _crc32_columns(block: np.ndarray, crc: int) -> np.ndarray:
+    """``zlib.crc32(column, crc)`` of each column of a ``(bytes, rows)`` ``uint8`` array: the
+    table-driven CRC run over all columns at once, one numpy step per pair of byte positions."""
+    size, columns = block.shape
+    reg = np.full(columns, crc ^ 0xFFFFFFFF, np.uint32)
+    pairs = block[0 : size - 1 : 2].astype(np.uint32)
+    pairs |= block[1:size:2].astype(np.uint32) << 8  # little-endian: byte 2k low, 2k + 1 high
+    index = np.empty_like(reg)
+    for pair in pairs:
+        reg ^= pair
+        np.bitwise_and(reg, 0xFFFF, out=index)
+        reg >>= 16
+        reg ^= _CRC32_PAIR[index]
+    if size % 2:
+        reg ^= block[-1]
+        np.bitwise_and(reg, 0xFF, out=index)
+        reg >>= 8
+        reg ^= _CRC32_BYTE[index]
+    reg ^= 0xFFFFFFFF
+    return reg
+
+
+def budget_crcs(packed: PackedBudgets, path: Path) -> np.ndarray:
     """``row_crc(user, spent, int(retired))`` of each entry of a packed budget row (the upkeep's
-    fold writes one ``budgets`` row per entry): the entries' ``pack_row`` bytes are laid out
-    back to back in one array from the packed columns (no Python step per entry), then one
-    ``zlib.crc32`` call per entry."""
+    fold writes one ``budgets`` row per entry), as ``uint32``. The entries whose ids have one
+    byte length share their ``pack_row`` head (tag and length: one ``zlib.crc32``); the rest of
+    their bytes are laid out as the columns of one array from the packed columns and
+    checksummed together (``_crc32_columns``) — no Python step per entry."""
     lengths = packed.lengths(path)
     n = len(lengths)
-    sizes = lengths + (_HEAD.size + 2 * _INT.size)
-    ends = np.cumsum(sizes)
-    starts = ends - sizes
-    rows = np.empty(int(ends[-1]) if n else 0, np.uint8)
-    rows[starts] = ord("t")
-    rows[starts[:, None] + np.arange(1, 5)] = lengths.astype("<u4").view(np.uint8).reshape(n, 4)
+    ids = np.frombuffer(packed.ids, np.uint8)
     id_starts = np.cumsum(lengths) - lengths
-    text = np.repeat(starts + _HEAD.size - id_starts, lengths) + np.arange(len(packed.ids))
-    rows[text] = np.frombuffer(packed.ids, np.uint8)
-    spent = starts + _HEAD.size + lengths
-    flag = spent + _INT.size
-    rows[spent] = rows[flag] = ord("i")
-    rows[spent[:, None] + np.arange(1, 9)] = np.frombuffer(packed.spent_units, np.uint8).reshape(
-        n, 8
-    )
-    retired = np.frombuffer(packed.retired, np.uint8).astype("<i8")
-    rows[flag[:, None] + np.arange(1, 9)] = retired.view(np.uint8).reshape(n, 8)
-    view, crc32 = rows.data, zlib.crc32
-    return [crc32(view[a:b]) for a, b in zip(starts.tolist(), ends.tolist(), strict=True)]
+    spent = np.frombuffer(packed.spent_units, np.uint8).reshape(n, 8)  # <i8 bytes
+    retired = np.frombuffer(packed.retired, np.uint8)  # 0 or 1: int64 of it is it, then zeros
+    crcs = np.empty(n, np.uint32)
+    for length in np.unique(lengths).tolist():
+        group = np.flatnonzero(lengths == length)
+        tail = np.zeros((length + 2 * _INT.size, len(group)), np.uint8)
+        tail[:length] = ids[id_starts[group] + np.arange(length)[:, None]]
+        tail[length] = tail[length + _INT.size] = ord("i")
+        tail[length + 1 : length + _INT.size] = spent[group].T
+        tail[length + _INT.size + 1] = retired[group]
+        crcs[group] = _crc32_columns(tail, zlib.crc32(_HEAD.pack(b"t", length)))
+    return crcs
 
 
 def legacy_row_crc(*values: object) -> int:
@@ -259,12 +291,17 @@ class PackedBudgets:
             self.retired[start:stop],
         )
 
-    def unpack(self, path: Path | str) -> tuple[list[str], list[int], list[bool]]:
-        """``(users, spent_units, retired)``; ``StoreError`` if the columns do not decode."""
+    def unpack(
+        self, path: Path | str, order: np.ndarray | None = None
+    ) -> tuple[list[str], list[int], list[bool]]:
+        """``(users, spent_units, retired)``, in entry order or that of the indices ``order``;
+        ``StoreError`` if the columns do not decode."""
         lengths = self.lengths(path)
+        at = slice(None) if order is None else order
         try:
-            ends = np.cumsum(lengths).tolist()
-            starts = [0, *ends[:-1]] if ends else []
+            ends = np.cumsum(lengths)
+            starts = (ends - lengths)[at].tolist()
+            ends = ends[at].tolist()
             text = self.ids.decode("utf-8", "surrogatepass")
             if len(text) == len(self.ids):  # ASCII: character offsets are byte offsets
                 users = [text[a:b] for a, b in zip(starts, ends, strict=True)]
@@ -276,9 +313,29 @@ class PackedBudgets:
                 ]
         except ValueError:  # UnicodeDecodeError included
             raise CorruptRowError(path, "budget_log") from None
-        spent = np.frombuffer(self.spent_units, dtype="<i8").tolist()
-        retired = np.frombuffer(self.retired, dtype=np.uint8).astype(bool).tolist()
+        spent = np.frombuffer(self.spent_units, dtype="<i8")[at].tolist()
+        retired = np.frombuffer(self.retired, dtype=np.uint8)[at].astype(bool).tolist()
         return users, spent, retired
+
+    def id_order(self, path: Path | str) -> np.ndarray:
+        """The entries' indices sorted by id, stably (a user listed twice keeps their entry
+        order): the order of the ids as ``str`` (UTF-8 byte order is code point order, lone
+        surrogates included). A least-significant-first radix sort of the ids as big-endian
+        8-byte words, zero past an id's end, shorter ids first among equal words (``"a"``
+        before ``"a\\0"``): one stable numpy sort per word position, none per entry."""
+        lengths = self.lengths(path)
+        ids = np.frombuffer(self.ids, np.uint8)
+        id_starts = np.cumsum(lengths) - lengths
+        order = np.argsort(lengths, kind="stable")
+        words = (int(lengths.max()) + 7) // 8 if len(lengths) else 0
+        for first in range(8 * (words - 1), -1, -8):
+            word = np.zeros((len(lengths), 8), np.uint8)
+            for k in range(8):
+                has = np.flatnonzero(lengths > first + k)
+                word[has, k] = ids[id_starts[has] + first + k]
+            key = word.view(">u8").ravel()
+            order = order[np.argsort(key[order], kind="stable")]
+        return order
 
     def find(self, user_id: str, path: Path | str) -> int | None:
         """Index of ``user_id`` in this row (the last one if listed twice), or None."""
@@ -314,15 +371,22 @@ def newest_in_log(db: sqlite3.Connection, path: Path) -> dict[str, tuple[int, bo
     return newest
 
 
-def fold_rows(packed: PackedBudgets, path: Path) -> list[tuple[str, int, int, int]]:
-    """The ``budgets`` rows folding ``packed``'s entries upserts: ``(user, spent units, retired,
-    crc)``, sorted by id — in key order the upserts walk the table's B-tree pages in sequence
-    (a day's users come in hash order; a 600k-entry fold took 10 s unsorted) — and stable, so
-    a user listed twice keeps their newest entry last. :meth:`PackedBudgets.unpack` names a
-    corrupt row."""
-    users, spent, retired = packed.unpack(path)
-    crcs = budget_crcs(packed, path)
-    return sorted(zip(users, spent, map(int, retired), crcs, strict=True), key=itemgetter(0))
+def fold_rows(
+    packed: PackedBudgets, path: Path
+) -> tuple[list[str], list[int], list[int], list[int]]:
+    """The ``budgets`` rows folding ``packed``'s entries upserts, as columns ``(users, spent
+    units, retired, crcs)`` (``zip`` gives the rows), sorted by id — in key order the upserts walk
+    the table's B-tree pages in sequence (a day's users come in hash order; a 600k-entry fold
+    took 10 s unsorted) — and stable, so a user listed twice keeps their newest entry last
+    (:meth:`PackedBudgets.id_order`). :meth:`PackedBudgets.unpack` names a corrupt row."""
+    order = packed.id_order(path)
+    users, spent, _retired = packed.unpack(path, order)
+    return (
+        users,
+        spent,
+        np.frombuffer(packed.retired, np.uint8)[order].tolist(),
+        budget_crcs(packed, path)[order].tolist(),
+    )
 
 
 def lookup_budget(db: sqlite3.Connection, path: Path, user_id: str) -> tuple[int, bool] | None:

@@ -528,7 +528,8 @@ class SQLiteStateStore(StateStore):
             seq, packed, offsets = oldest
             stop = min(folded + n_entries, packed.n_users)
             part = packed.entries(folded, stop, self.path, offsets)
-            db.executemany(BUDGET_UPSERT, fold_rows(part, self.path))  # in key order
+            users, spent, retired, crcs = fold_rows(part, self.path)  # in key order
+            db.executemany(BUDGET_UPSERT, zip(users, spent, retired, crcs, strict=True))
             crash_point("mid_compaction")
             n_entries -= stop - folded
             folded = stop
